@@ -1,0 +1,59 @@
+#include "common/dtype.h"
+
+namespace kvp {
+
+std::optional<DType> parse_dtype(std::string_view name) {
+  if (name == "f32" || name == "float32" || name == "float") return DType::F32;
+  if (name == "f16" || name == "float16" || name == "half") return DType::F16;
+  if (name == "bf16" || name == "bfloat16") return DType::BF16;
+  return std::nullopt;
+}
+
+float f16_to_f32(F16 x) {
+  const uint32_t sign = uint32_t{x.bits & 0x8000u} << 16;
+  const uint32_t exponent = (x.bits >> 10) & 0x1fu;
+  uint32_t mantissa = x.bits & 0x3ffu;
+  uint32_t out;
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      out = sign;
+    } else {  // subnormal: normalise
+      int e = -1;
+      do {
+        ++e;
+        mantissa <<= 1;
+      } while ((mantissa & 0x400u) == 0);
+      out = sign | ((127 - 15 - e) << 23) | ((mantissa & 0x3ffu) << 13);
+    }
+  } else if (exponent == 0x1f) {
+    out = sign | 0x7f800000u | (mantissa << 13);
+  } else {
+    out = sign | ((exponent + 127 - 15) << 23) | (mantissa << 13);
+  }
+  return std::bit_cast<float>(out);
+}
+
+F16 f32_to_f16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return F16{static_cast<uint16_t>(sign | 0x7e00u)};  // NaN
+  if (abs >= 0x477ff000u) return F16{static_cast<uint16_t>(sign | 0x7c00u)};  // overflow -> inf
+  if (abs < 0x38800000u) {  // result is subnormal or zero
+    if (abs < 0x33000000u) return F16{static_cast<uint16_t>(sign)};
+    const uint32_t exponent = abs >> 23;
+    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exponent;  // value = mantissa * 2^(exponent-150); unit 2^-24
+    uint32_t half = mantissa >> shift;
+    const uint32_t rem = mantissa & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+    return F16{static_cast<uint16_t>(sign | half)};
+  }
+  uint32_t half = ((abs >> 13) - ((127 - 15) << 10));
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return F16{static_cast<uint16_t>(sign | half)};
+}
+
+}  // namespace kvp

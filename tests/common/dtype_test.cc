@@ -1,0 +1,69 @@
+// Conversions checked against the compiler's own _Float16 and against exhaustive round trips.
+#include "common/dtype.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace kvp {
+namespace {
+
+TEST(DType, F16ToF32MatchesCompilerForEveryPattern) {
+  for (uint32_t bits = 0; bits < 0x10000u; ++bits) {
+    _Float16 h;
+    const uint16_t b = static_cast<uint16_t>(bits);
+    std::memcpy(&h, &b, 2);
+    const float expected = static_cast<float>(h);
+    const float got = f16_to_f32(F16{b});
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(got)) << bits;
+    } else {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(expected)) << bits;
+    }
+  }
+}
+
+TEST(DType, F32ToF16RoundsLikeCompilerOnRandomAndEdgeValues) {
+  std::mt19937 rng(1234);
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e-8f, 5.96e-8f, 2.98e-8f,
+                               6.1e-5f, std::numeric_limits<float>::infinity(), 1e9f};
+  std::uniform_int_distribution<uint32_t> bits_dist;
+  for (int i = 0; i < 200000; ++i) values.push_back(std::bit_cast<float>(bits_dist(rng)));
+  for (float f : values) {
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(f))));
+      continue;
+    }
+    const _Float16 h = static_cast<_Float16>(f);
+    uint16_t expected;
+    std::memcpy(&expected, &h, 2);
+    ASSERT_EQ(f32_to_f16(f).bits, expected) << "value " << f;
+  }
+}
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(f32_to_bf16(1.0f).bits, 0x3f80);
+  // 1 + 2^-8 is halfway between two bf16 values: ties to the even one (1.0)
+  EXPECT_EQ(f32_to_bf16(1.0f + std::ldexp(1.0f, -8)).bits, 0x3f80);
+  EXPECT_EQ(f32_to_bf16(1.0f + 3 * std::ldexp(1.0f, -8)).bits, 0x3f82);
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  for (uint32_t bits = 0; bits < 0x10000u; bits += 7) {
+    const Bf16 b{static_cast<uint16_t>(bits)};
+    const float f = bf16_to_f32(b);
+    if (!std::isnan(f)) {
+      EXPECT_EQ(f32_to_bf16(f).bits, b.bits);
+    }
+  }
+}
+
+TEST(DType, ParsesNames) {
+  EXPECT_EQ(parse_dtype("bfloat16"), DType::BF16);
+  EXPECT_EQ(parse_dtype("f16"), DType::F16);
+  EXPECT_EQ(parse_dtype("float32"), DType::F32);
+  EXPECT_FALSE(parse_dtype("int8").has_value());
+}
+
+}  // namespace
+}  // namespace kvp
