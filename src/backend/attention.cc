@@ -76,8 +76,8 @@ Status check_attention_args(const AttentionParams& params, const AttentionBatch&
     for (int64_t b = 0; b < blocks_needed; ++b) {
       if (table[b] < 0 || table[b] >= kv.num_blocks) {
         return Status::invalid_argument(
-            "attention: sequence {} block table entry {} is block {}, outside the pool of {}", i,
-            b, table[b], kv.num_blocks);
+            "attention: sequence {} block table entry {} is block {}, outside the pool of {}", i, b,
+            table[b], kv.num_blocks);
       }
     }
   }

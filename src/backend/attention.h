@@ -52,10 +52,10 @@ struct AttentionParams {
 // CPU backend, device for CUDA); the maxima are host values used to shape the work.
 struct AttentionBatch {
   int32_t num_seqs = 0;
-  int32_t num_tokens = 0;               // query_start[num_seqs]
-  const int32_t* query_start = nullptr;  // [num_seqs + 1], query_start[0] = 0, non-decreasing
-  const int32_t* kv_lens = nullptr;      // [num_seqs]
-  const int32_t* block_tables = nullptr; // [num_seqs][max_blocks_per_seq]
+  int32_t num_tokens = 0;                 // query_start[num_seqs]
+  const int32_t* query_start = nullptr;   // [num_seqs + 1], query_start[0] = 0, non-decreasing
+  const int32_t* kv_lens = nullptr;       // [num_seqs]
+  const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks_per_seq]
   int32_t max_blocks_per_seq = 0;
   int32_t max_q_len = 0;   // >= every q_len
   int32_t max_kv_len = 0;  // >= every kv_len

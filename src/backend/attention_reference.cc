@@ -23,8 +23,8 @@ void reference_paged_attention(const AttentionParams& params, const AttentionBat
       values.assign(static_cast<size_t>(kv_len) * head_dim, 0.0);
       for (int32_t j = 0; j < kv_len; ++j) {
         const int64_t block = table[j / kv.block_size];
-        const int64_t base = block * kv.block_pitch +
-                             (int64_t{kvh} * kv.block_size + j % kv.block_size) * head_dim;
+        const int64_t base =
+            block * kv.block_pitch + (int64_t{kvh} * kv.block_size + j % kv.block_size) * head_dim;
         for (int32_t d = 0; d < head_dim; ++d) {
           keys[size_t(j) * head_dim + d] = load_as_f32(kv.k, kv.dtype, base + d);
           values[size_t(j) * head_dim + d] = load_as_f32(kv.v, kv.dtype, base + d);
@@ -45,7 +45,8 @@ void reference_paged_attention(const AttentionParams& params, const AttentionBat
                      keys[size_t(j) * head_dim + d];
             }
             double logit = dot * params.scale;
-            if (params.soft_cap > 0.0f) logit = params.soft_cap * std::tanh(logit / params.soft_cap);
+            if (params.soft_cap > 0.0f)
+              logit = params.soft_cap * std::tanh(logit / params.soft_cap);
             logits[j] = logit;
             max_logit = std::max(max_logit, logit);
           }

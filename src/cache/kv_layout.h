@@ -47,8 +47,7 @@ struct KvLayout {
     return (int64_t{layer} * num_blocks + block) * block_pitch() + kv * block_stride();
   }
   // Element offset of one token's head vector.
-  int64_t elem_offset(int32_t layer, int32_t block, int32_t kv, int32_t head,
-                      int32_t token) const {
+  int64_t elem_offset(int32_t layer, int32_t block, int32_t kv, int32_t head, int32_t token) const {
     return block_offset(layer, block, kv) + (int64_t{head} * block_size + token) * head_dim;
   }
 

@@ -27,12 +27,12 @@ std::string check_message(fmt::format_string<Args...> f, Args&&... args) {
 
 }  // namespace kvp::detail
 
-#define KVP_CHECK(cond, ...)                                                               \
-  do {                                                                                     \
-    if (!(cond)) [[unlikely]] {                                                            \
-      ::kvp::detail::check_failed(__FILE__, __LINE__, #cond,                               \
-                                  ::kvp::detail::check_message(__VA_ARGS__));              \
-    }                                                                                      \
+#define KVP_CHECK(cond, ...)                                                  \
+  do {                                                                        \
+    if (!(cond)) [[unlikely]] {                                               \
+      ::kvp::detail::check_failed(__FILE__, __LINE__, #cond,                  \
+                                  ::kvp::detail::check_message(__VA_ARGS__)); \
+    }                                                                         \
   } while (0)
 
 #if defined(KVP_ENABLE_DCHECK)

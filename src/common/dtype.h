@@ -16,9 +16,12 @@ enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
 constexpr size_t dtype_size_bytes(DType t) { return t == DType::F32 ? 4 : 2; }
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
   }
   return "?";
 }
@@ -46,18 +49,27 @@ F16 f32_to_f16(float f);
 // Reads element i of a buffer of type t as float.
 inline float load_as_f32(const void* data, DType t, size_t i) {
   switch (t) {
-    case DType::F32: return static_cast<const float*>(data)[i];
-    case DType::F16: return f16_to_f32(static_cast<const F16*>(data)[i]);
-    case DType::BF16: return bf16_to_f32(static_cast<const Bf16*>(data)[i]);
+    case DType::F32:
+      return static_cast<const float*>(data)[i];
+    case DType::F16:
+      return f16_to_f32(static_cast<const F16*>(data)[i]);
+    case DType::BF16:
+      return bf16_to_f32(static_cast<const Bf16*>(data)[i]);
   }
   return 0.0f;
 }
 // Writes element i of a buffer of type t from float (rounded to nearest even).
 inline void store_from_f32(void* data, DType t, size_t i, float v) {
   switch (t) {
-    case DType::F32: static_cast<float*>(data)[i] = v; break;
-    case DType::F16: static_cast<F16*>(data)[i] = f32_to_f16(v); break;
-    case DType::BF16: static_cast<Bf16*>(data)[i] = f32_to_bf16(v); break;
+    case DType::F32:
+      static_cast<float*>(data)[i] = v;
+      break;
+    case DType::F16:
+      static_cast<F16*>(data)[i] = f32_to_f16(v);
+      break;
+    case DType::BF16:
+      static_cast<Bf16*>(data)[i] = f32_to_bf16(v);
+      break;
   }
 }
 

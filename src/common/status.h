@@ -83,7 +83,7 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : data_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : data_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : data_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     KVP_CHECK(!std::get<Status>(data_).is_ok(), "Result built from an ok Status carries no value");
   }
@@ -121,9 +121,9 @@ class [[nodiscard]] Result {
 #define KVP_CONCAT(a, b) KVP_CONCAT_INNER(a, b)
 
 // Returns the Status from the enclosing function if `expr` is not ok.
-#define KVP_RETURN_IF_ERROR(expr)         \
-  do {                                    \
-    ::kvp::Status kvp_status_ = (expr);   \
+#define KVP_RETURN_IF_ERROR(expr)                 \
+  do {                                            \
+    ::kvp::Status kvp_status_ = (expr);           \
     if (!kvp_status_.is_ok()) return kvp_status_; \
   } while (0)
 

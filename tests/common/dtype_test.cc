@@ -27,8 +27,10 @@ TEST(DType, F16ToF32MatchesCompilerForEveryPattern) {
 
 TEST(DType, F32ToF16RoundsLikeCompilerOnRandomAndEdgeValues) {
   std::mt19937 rng(1234);
-  std::vector<float> values = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 1e-8f, 5.96e-8f, 2.98e-8f,
-                               6.1e-5f, std::numeric_limits<float>::infinity(), 1e9f};
+  std::vector<float> values = {
+      0.0f,  -0.0f,    1.0f,     65504.0f, 65520.0f,
+      1e-8f, 5.96e-8f, 2.98e-8f, 6.1e-5f,  std::numeric_limits<float>::infinity(),
+      1e9f};
   std::uniform_int_distribution<uint32_t> bits_dist;
   for (int i = 0; i < 200000; ++i) values.push_back(std::bit_cast<float>(bits_dist(rng)));
   for (float f : values) {

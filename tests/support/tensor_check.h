@@ -19,7 +19,7 @@ struct TensorDiff {
   double relative_error = 0.0;  // ||out - ref|| / ||ref||
   double max_abs_diff = 0.0;
   size_t worst_index = 0;
-  size_t non_finite = 0;        // NaN or Inf in out
+  size_t non_finite = 0;  // NaN or Inf in out
   std::string describe() const;
 };
 
