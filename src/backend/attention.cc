@@ -73,7 +73,10 @@ Status check_attention_args(const AttentionParams& params, const AttentionBatch&
           blocks_needed, kv_len, batch.max_blocks_per_seq);
     }
     const int32_t* table = batch.block_tables + int64_t{i} * batch.max_blocks_per_seq;
-    for (int64_t b = 0; b < blocks_needed; ++b) {
+    // With a window, blocks wholly before the first query's window are never read (a windowed
+    // cache group may already have released them), so their entries are not checked.
+    const int64_t first_visible = first_visible_key(params, kv_len, q_len);
+    for (int64_t b = first_visible / kv.block_size; b < blocks_needed; ++b) {
       if (table[b] < 0 || table[b] >= kv.num_blocks) {
         return Status::invalid_argument(
             "attention: sequence {} block table entry {} is block {}, outside the pool of {}", i, b,

@@ -61,9 +61,19 @@ struct AttentionBatch {
   int32_t max_kv_len = 0;  // >= every kv_len
 };
 
+// The first key position any query of a sequence can see: 0 without a window; with window W,
+// that of its first query, max(0, kv_len - q_len - W + 1). Block-table entries before the
+// block holding it are never read.
+inline int32_t first_visible_key(const AttentionParams& params, int32_t kv_len, int32_t q_len) {
+  if (params.window <= 0) return 0;
+  const int32_t first = kv_len - q_len - params.window + 1;
+  return first > 0 ? first : 0;
+}
+
 // Checks the arguments of an attention call whose batch metadata is in host memory: head counts
 // that divide, q_len <= kv_len, block tables long enough for kv_len, block ids in range, maxima
-// that hold, a supported head_dim. Does not read q, out or the KV bytes.
+// that hold, a supported head_dim. Entries before first_visible_key's block are not checked. Does
+// not read q, out or the KV bytes.
 Status check_attention_args(const AttentionParams& params, const AttentionBatch& batch,
                             const PagedKv& kv);
 

@@ -21,7 +21,7 @@ void reference_paged_attention(const AttentionParams& params, const AttentionBat
       // gather this KV head's keys and values: [kv_len][head_dim]
       keys.assign(static_cast<size_t>(kv_len) * head_dim, 0.0);
       values.assign(static_cast<size_t>(kv_len) * head_dim, 0.0);
-      for (int32_t j = 0; j < kv_len; ++j) {
+      for (int32_t j = first_visible_key(params, kv_len, q_len); j < kv_len; ++j) {
         const int64_t block = table[j / kv.block_size];
         const int64_t base =
             block * kv.block_pitch + (int64_t{kvh} * kv.block_size + j % kv.block_size) * head_dim;
