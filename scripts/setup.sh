@@ -9,6 +9,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build pkg-config clang-format
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libxxhash-dev nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev
+  libopenblas-dev
   python3-venv
 )
 PIP_PACKAGES=(

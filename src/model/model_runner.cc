@@ -1,0 +1,322 @@
+#include "model/model_runner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/attention.h"
+#include "backend/cpu_layer_ops.h"
+
+namespace kvp {
+
+namespace {
+
+Status read_into(const WeightSource& source, const std::string& name,
+                 std::initializer_list<int64_t> shape, std::vector<float>* out) {
+  KVP_ASSIGN_OR_RETURN(*out, source.read_f32(name, std::span(shape.begin(), shape.size())));
+  return Status::ok();
+}
+
+void append(std::vector<float>* dst, const std::vector<float>& src) {
+  dst->insert(dst->end(), src.begin(), src.end());
+}
+
+}  // namespace
+
+Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source) {
+  const int64_t hidden = spec.hidden_size, head_dim = spec.head_dim;
+  const int64_t q_dim = int64_t{spec.num_q_heads} * head_dim;
+  const int64_t kv_dim = int64_t{spec.num_kv_heads} * head_dim;
+  const int64_t inter = spec.intermediate_size;
+  ModelWeights w;
+  KVP_RETURN_IF_ERROR(
+      read_into(source, "model.embed_tokens.weight", {spec.vocab_size, hidden}, &w.embed));
+  KVP_RETURN_IF_ERROR(read_into(source, "model.norm.weight", {hidden}, &w.final_norm));
+  if (!spec.tie_word_embeddings || source.contains("lm_head.weight")) {
+    KVP_RETURN_IF_ERROR(read_into(source, "lm_head.weight", {spec.vocab_size, hidden}, &w.lm_head));
+  }
+  w.layers.resize(spec.num_layers);
+  std::vector<float> part;
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    const std::string p = fmt::format("model.layers.{}.", l);
+    KVP_RETURN_IF_ERROR(read_into(source, p + "input_layernorm.weight", {hidden}, &lw.attn_norm));
+    KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.q_proj.weight", {q_dim, hidden}, &part));
+    append(&lw.qkv, part);
+    KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.k_proj.weight", {kv_dim, hidden}, &part));
+    append(&lw.qkv, part);
+    KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.v_proj.weight", {kv_dim, hidden}, &part));
+    append(&lw.qkv, part);
+    if (spec.qkv_bias) {
+      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.q_proj.bias", {q_dim}, &part));
+      append(&lw.qkv_bias, part);
+      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.k_proj.bias", {kv_dim}, &part));
+      append(&lw.qkv_bias, part);
+      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.v_proj.bias", {kv_dim}, &part));
+      append(&lw.qkv_bias, part);
+    }
+    if (spec.qk_norm) {
+      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.q_norm.weight", {head_dim}, &lw.q_norm));
+      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.k_norm.weight", {head_dim}, &lw.k_norm));
+    }
+    KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.o_proj.weight", {hidden, q_dim}, &lw.o));
+    if (spec.sandwich_norms) {
+      KVP_RETURN_IF_ERROR(
+          read_into(source, p + "post_attention_layernorm.weight", {hidden}, &lw.post_attn_norm));
+      KVP_RETURN_IF_ERROR(
+          read_into(source, p + "pre_feedforward_layernorm.weight", {hidden}, &lw.mlp_norm));
+      KVP_RETURN_IF_ERROR(
+          read_into(source, p + "post_feedforward_layernorm.weight", {hidden}, &lw.post_mlp_norm));
+    } else {
+      KVP_RETURN_IF_ERROR(
+          read_into(source, p + "post_attention_layernorm.weight", {hidden}, &lw.mlp_norm));
+    }
+    KVP_RETURN_IF_ERROR(read_into(source, p + "mlp.gate_proj.weight", {inter, hidden}, &part));
+    append(&lw.gate_up, part);
+    KVP_RETURN_IF_ERROR(read_into(source, p + "mlp.up_proj.weight", {inter, hidden}, &part));
+    append(&lw.gate_up, part);
+    KVP_RETURN_IF_ERROR(read_into(source, p + "mlp.down_proj.weight", {hidden, inter}, &lw.down));
+  }
+  return w;
+}
+
+ModelRunner::ModelRunner(ModelSpec spec, ModelWeights weights)
+    : spec_(std::move(spec)), weights_(std::move(weights)) {
+  KVP_CHECK(spec_.validate().is_ok(), "{}", spec_.validate().to_string());
+  layer_group_.resize(spec_.num_layers);
+  layer_slot_.resize(spec_.num_layers);
+  for (int32_t l = 0; l < spec_.num_layers; ++l) {
+    const int32_t group = spec_.layer_is_sliding[l] ? 1 : 0;
+    if (group_layers_.size() <= static_cast<size_t>(group)) group_layers_.resize(group + 1);
+    layer_group_[l] = group;
+    layer_slot_[l] = static_cast<int32_t>(group_layers_[group].size());
+    group_layers_[group].push_back(l);
+  }
+  // a model whose layers are all sliding keeps them in group 1 with group 0 empty: renumber
+  if (group_layers_[0].empty()) {
+    group_layers_.erase(group_layers_.begin());
+    for (int32_t& g : layer_group_) g = 0;
+  }
+  inv_freq_global_ = cpu::rope_inverse_frequencies(spec_.head_dim, spec_.rope_global.theta,
+                                                   spec_.rope_global.scaling);
+  inv_freq_local_ = cpu::rope_inverse_frequencies(spec_.head_dim, spec_.rope_local.theta,
+                                                  spec_.rope_local.scaling);
+}
+
+bool ModelRunner::group_is_sliding(int32_t group) const {
+  return spec_.layer_is_sliding[group_layers_[group].front()];
+}
+
+KvLayout ModelRunner::group_layout(int32_t group, int32_t num_blocks, int32_t block_size,
+                                   DType dtype) const {
+  KvLayout layout;
+  layout.num_layers = static_cast<int32_t>(group_layers_[group].size());
+  layout.num_blocks = num_blocks;
+  layout.num_kv_heads = spec_.num_kv_heads;
+  layout.block_size = block_size;
+  layout.head_dim = spec_.head_dim;
+  layout.dtype = dtype;
+  return layout;
+}
+
+Status ModelRunner::check_batch(const ForwardBatch& batch, std::span<HostKvSlab> slabs,
+                                std::span<float> logits) const {
+  const auto num_tokens = static_cast<int64_t>(batch.token_ids.size());
+  if (batch.query_start.empty() || batch.query_start.size() != batch.kv_lens.size() + 1) {
+    return Status::invalid_argument("forward: {} query starts for {} sequences",
+                                    batch.query_start.size(), batch.kv_lens.size());
+  }
+  if (batch.query_start.back() != num_tokens) {
+    return Status::invalid_argument("forward: query_start ends at {} but the batch has {} tokens",
+                                    batch.query_start.back(), num_tokens);
+  }
+  for (int32_t t : batch.token_ids) {
+    if (t < 0 || t >= spec_.vocab_size) {
+      return Status::invalid_argument("forward: token id {} outside the vocabulary of {}", t,
+                                      spec_.vocab_size);
+    }
+  }
+  for (int32_t row : batch.logit_rows) {
+    if (row < 0 || row >= num_tokens) {
+      return Status::invalid_argument("forward: logit row {} outside the batch of {} tokens", row,
+                                      num_tokens);
+    }
+  }
+  if (logits.size() != batch.logit_rows.size() * static_cast<size_t>(spec_.vocab_size)) {
+    return Status::invalid_argument("forward: logits buffer of {} floats, need {} x {}",
+                                    logits.size(), batch.logit_rows.size(), spec_.vocab_size);
+  }
+  if (static_cast<int32_t>(batch.groups.size()) != num_cache_groups() ||
+      static_cast<int32_t>(slabs.size()) != num_cache_groups()) {
+    return Status::invalid_argument("forward: {} batch groups and {} slabs for {} cache groups",
+                                    batch.groups.size(), slabs.size(), num_cache_groups());
+  }
+  for (int32_t g = 0; g < num_cache_groups(); ++g) {
+    const ForwardBatch::Group& group = batch.groups[g];
+    const KvLayout& layout = slabs[g].layout;
+    if (layout.num_layers != static_cast<int32_t>(group_layers_[g].size()) ||
+        layout.num_kv_heads != spec_.num_kv_heads || layout.head_dim != spec_.head_dim ||
+        slabs[g].bytes.size() != layout.size_bytes()) {
+      return Status::invalid_argument("forward: slab of cache group {} does not fit the model", g);
+    }
+    if (static_cast<int64_t>(group.slot_mapping.size()) != num_tokens) {
+      return Status::invalid_argument("forward: group {} slot mapping has {} entries for {} tokens",
+                                      g, group.slot_mapping.size(), num_tokens);
+    }
+    if (group.block_tables.size() != batch.kv_lens.size() * group.max_blocks_per_seq) {
+      return Status::invalid_argument(
+          "forward: group {} block tables hold {} entries, need {} x {}", g,
+          group.block_tables.size(), batch.kv_lens.size(), group.max_blocks_per_seq);
+    }
+    // every attention call of this group sees the same metadata: check it once, up front
+    AttentionParams params;
+    params.num_q_heads = spec_.num_q_heads;
+    params.window = group_is_sliding(g) ? spec_.sliding_window : 0;
+    AttentionBatch ab;
+    ab.num_seqs = static_cast<int32_t>(batch.kv_lens.size());
+    ab.num_tokens = static_cast<int32_t>(num_tokens);
+    ab.query_start = batch.query_start.data();
+    ab.kv_lens = batch.kv_lens.data();
+    ab.block_tables = group.block_tables.data();
+    ab.max_blocks_per_seq = group.max_blocks_per_seq;
+    ab.max_q_len = ab.max_kv_len = 0;
+    for (int32_t s = 0; s < ab.num_seqs; ++s) {
+      ab.max_q_len = std::max(ab.max_q_len, batch.query_start[s + 1] - batch.query_start[s]);
+      ab.max_kv_len = std::max(ab.max_kv_len, batch.kv_lens[s]);
+    }
+    PagedKv kv = paged_kv_for_layer(layout, const_cast<std::byte*>(slabs[g].bytes.data()), 0);
+    KVP_RETURN_IF_ERROR(check_attention_args(params, ab, kv));
+    KvWrite write;
+    write.k = write.v = slabs[g].bytes.data();
+    write.slot_mapping = group.slot_mapping.data();
+    write.num_tokens = static_cast<int32_t>(num_tokens);
+    KVP_RETURN_IF_ERROR(check_kv_write_args(write, kv));
+  }
+  return Status::ok();
+}
+
+Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> slabs,
+                            std::span<float> logits) {
+  KVP_RETURN_IF_ERROR(check_batch(batch, slabs, logits));
+  const auto num_tokens = static_cast<int64_t>(batch.token_ids.size());
+  const int32_t num_seqs = static_cast<int32_t>(batch.kv_lens.size());
+  const int64_t hidden = spec_.hidden_size, head_dim = spec_.head_dim;
+  const int64_t num_q_heads = spec_.num_q_heads, num_kv_heads = spec_.num_kv_heads;
+  const int64_t q_dim = num_q_heads * head_dim, kv_dim = num_kv_heads * head_dim;
+  const int64_t qkv_dim = q_dim + 2 * kv_dim, inter = spec_.intermediate_size;
+
+  std::vector<int32_t> positions(num_tokens);  // [num_tokens]
+  int32_t max_q_len = 0, max_kv_len = 0;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    const int32_t q_len = batch.query_start[s + 1] - batch.query_start[s];
+    for (int32_t t = 0; t < q_len; ++t) {
+      positions[batch.query_start[s] + t] = batch.kv_lens[s] - q_len + t;
+    }
+    max_q_len = std::max(max_q_len, q_len);
+    max_kv_len = std::max(max_kv_len, batch.kv_lens[s]);
+  }
+
+  std::vector<float> x(num_tokens * hidden);           // [num_tokens][hidden] residual stream
+  std::vector<float> xn(num_tokens * hidden);          // [num_tokens][hidden] normed
+  std::vector<float> qkv(num_tokens * qkv_dim);        // [num_tokens][q_dim + 2 kv_dim]
+  std::vector<float> q(num_tokens * q_dim);            // [num_tokens][q_heads][head_dim]
+  std::vector<float> k(num_tokens * kv_dim);           // [num_tokens][kv_heads][head_dim]
+  std::vector<float> v(num_tokens * kv_dim);           // [num_tokens][kv_heads][head_dim]
+  std::vector<float> attn(num_tokens * q_dim);         // [num_tokens][q_heads][head_dim]
+  std::vector<float> proj(num_tokens * hidden);        // [num_tokens][hidden]
+  std::vector<float> gate_up(num_tokens * 2 * inter);  // [num_tokens][2 * intermediate]
+  std::vector<float> act(num_tokens * inter);          // [num_tokens][intermediate]
+
+  cpu::embedding_lookup(weights_.embed.data(), batch.token_ids, x.data(), hidden,
+                        spec_.embedding_scale);
+  const float eps = spec_.rms_norm_eps;
+  for (int32_t l = 0; l < spec_.num_layers; ++l) {
+    const LayerWeights& lw = weights_.layers[l];
+    const int32_t g = layer_group_[l];
+    const bool sliding = spec_.layer_is_sliding[l];
+    cpu::rms_norm(x.data(), lw.attn_norm.data(), xn.data(), num_tokens, hidden, eps,
+                  spec_.norm_style);
+    cpu::linear(xn.data(), lw.qkv.data(), lw.qkv_bias, qkv.data(), num_tokens, hidden, qkv_dim);
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      const float* row = qkv.data() + t * qkv_dim;
+      std::copy(row, row + q_dim, q.data() + t * q_dim);
+      std::copy(row + q_dim, row + q_dim + kv_dim, k.data() + t * kv_dim);
+      std::copy(row + q_dim + kv_dim, row + qkv_dim, v.data() + t * kv_dim);
+    }
+    if (spec_.qk_norm) {
+      cpu::rms_norm(q.data(), lw.q_norm.data(), num_tokens * num_q_heads, head_dim, eps,
+                    spec_.norm_style);
+      cpu::rms_norm(k.data(), lw.k_norm.data(), num_tokens * num_kv_heads, head_dim, eps,
+                    spec_.norm_style);
+    }
+    const std::vector<float>& inv_freq = sliding ? inv_freq_local_ : inv_freq_global_;
+    cpu::apply_rope(q.data(), positions, num_q_heads, head_dim, inv_freq, spec_.rope_style);
+    cpu::apply_rope(k.data(), positions, num_kv_heads, head_dim, inv_freq, spec_.rope_style);
+
+    // K and V into their slots, then attention over the paged cache
+    HostKvSlab& slab = slabs[g];
+    PagedKv kv = paged_kv_for_layer(slab.layout, slab.bytes.data(), layer_slot_[l]);
+    const ForwardBatch::Group& group = batch.groups[g];
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      const int64_t slot = group.slot_mapping[t];
+      if (slot < 0) continue;
+      const int64_t block = slot / kv.block_size, offset = slot % kv.block_size;
+      for (int64_t h = 0; h < num_kv_heads; ++h) {
+        const int64_t dst = block * kv.block_pitch + (h * kv.block_size + offset) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) {
+          store_from_f32(kv.k, kv.dtype, dst + d, k[(t * num_kv_heads + h) * head_dim + d]);
+          store_from_f32(kv.v, kv.dtype, dst + d, v[(t * num_kv_heads + h) * head_dim + d]);
+        }
+      }
+    }
+    AttentionParams params;
+    params.num_q_heads = spec_.num_q_heads;
+    params.scale = spec_.attention_scale;
+    params.soft_cap = spec_.attn_logit_softcap;
+    params.window = sliding ? spec_.sliding_window : 0;
+    AttentionBatch ab;
+    ab.num_seqs = num_seqs;
+    ab.num_tokens = static_cast<int32_t>(num_tokens);
+    ab.query_start = batch.query_start.data();
+    ab.kv_lens = batch.kv_lens.data();
+    ab.block_tables = group.block_tables.data();
+    ab.max_blocks_per_seq = group.max_blocks_per_seq;
+    ab.max_q_len = max_q_len;
+    ab.max_kv_len = max_kv_len;
+    reference_paged_attention(params, ab, kv, q.data(), DType::F32, attn.data());
+
+    cpu::linear(attn.data(), lw.o.data(), {}, proj.data(), num_tokens, q_dim, hidden);
+    if (!lw.post_attn_norm.empty()) {
+      cpu::rms_norm(proj.data(), lw.post_attn_norm.data(), num_tokens, hidden, eps,
+                    spec_.norm_style);
+    }
+    for (int64_t i = 0; i < num_tokens * hidden; ++i) x[i] += proj[i];
+
+    cpu::rms_norm(x.data(), lw.mlp_norm.data(), xn.data(), num_tokens, hidden, eps,
+                  spec_.norm_style);
+    cpu::linear(xn.data(), lw.gate_up.data(), {}, gate_up.data(), num_tokens, hidden, 2 * inter);
+    cpu::gated_activation(gate_up.data(), act.data(), num_tokens, inter, spec_.activation);
+    cpu::linear(act.data(), lw.down.data(), {}, proj.data(), num_tokens, inter, hidden);
+    if (!lw.post_mlp_norm.empty()) {
+      cpu::rms_norm(proj.data(), lw.post_mlp_norm.data(), num_tokens, hidden, eps,
+                    spec_.norm_style);
+    }
+    for (int64_t i = 0; i < num_tokens * hidden; ++i) x[i] += proj[i];
+  }
+
+  const auto num_rows = static_cast<int64_t>(batch.logit_rows.size());
+  std::vector<float> rows(num_rows * hidden);  // [num_rows][hidden]
+  for (int64_t r = 0; r < num_rows; ++r) {
+    std::copy_n(x.data() + batch.logit_rows[r] * hidden, hidden, rows.data() + r * hidden);
+  }
+  cpu::rms_norm(rows.data(), weights_.final_norm.data(), num_rows, hidden, eps, spec_.norm_style);
+  const std::vector<float>& head = weights_.lm_head.empty() ? weights_.embed : weights_.lm_head;
+  cpu::linear(rows.data(), head.data(), {}, logits.data(), num_rows, hidden, spec_.vocab_size);
+  if (spec_.final_logit_softcap > 0.0f) {
+    cpu::soft_cap(logits.data(), static_cast<int64_t>(logits.size()), spec_.final_logit_softcap);
+  }
+  return Status::ok();
+}
+
+}  // namespace kvp

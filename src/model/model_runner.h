@@ -1,0 +1,104 @@
+// ModelRunner: one forward pass of a decoder-only transformer over a packed, mixed batch
+// (DESIGN.md §1), with every token's K and V written into, and read from, the paged pool.
+//
+//   tokens of all sequences, packed:   [ seq0: q_len0 tokens | seq1: q_len1 | … ]
+//   per layer: norm → q,k,v → (q/k norm) → rope → write k,v to their slots (slot mapping of the
+//              layer's cache group) → paged attention over each sequence's block table
+//              → o → (+ residual) → norm → gated MLP → (+ residual)
+//   logits only for the rows asked for (usually each sequence's last token).
+//
+// Layers are assigned to cache groups: group 0 holds the global layers, group 1 the
+// sliding-window layers (if any). Each group has its own KV slab (layout cache/kv_layout.h),
+// block tables and slot mapping.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "cache/kv_layout.h"
+#include "common/status.h"
+#include "model/model_spec.h"
+#include "model/weight_source.h"
+
+namespace kvp {
+
+struct LayerWeights {
+  std::vector<float> attn_norm;       // [hidden]
+  std::vector<float> qkv;             // [(q_heads + 2 kv_heads) * head_dim][hidden]
+  std::vector<float> qkv_bias;        // [(q_heads + 2 kv_heads) * head_dim] or empty
+  std::vector<float> q_norm, k_norm;  // [head_dim] (Gemma 3) or empty
+  std::vector<float> o;               // [hidden][q_heads * head_dim]
+  std::vector<float> post_attn_norm;  // [hidden] (Gemma 3) or empty
+  std::vector<float> mlp_norm;        // [hidden]
+  std::vector<float> gate_up;         // [2 * intermediate][hidden]: gate rows, then up rows
+  std::vector<float> down;            // [hidden][intermediate]
+  std::vector<float> post_mlp_norm;   // [hidden] (Gemma 3) or empty
+};
+
+struct ModelWeights {
+  std::vector<float> embed;  // [vocab][hidden]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;  // [hidden]
+  std::vector<float> lm_head;     // [vocab][hidden]; empty when tied to embed
+};
+
+// Reads every weight of `spec` from `source` (Hugging Face tensor names), as f32.
+Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source);
+
+// The KV storage of one cache group in host memory.
+struct HostKvSlab {
+  KvLayout layout;
+  std::vector<std::byte> bytes;  // layout.size_bytes()
+};
+
+// The batch of one step. Spans point at host memory owned by the caller.
+struct ForwardBatch {
+  std::span<const int32_t> token_ids;    // [num_tokens]
+  std::span<const int32_t> query_start;  // [num_seqs + 1]; sequence i's tokens are rows
+                                         // query_start[i] .. query_start[i+1]-1
+  std::span<const int32_t> kv_lens;      // [num_seqs] tokens cached after this step; the new
+                                         // tokens sit at positions kv_len - q_len .. kv_len - 1
+  struct Group {
+    std::span<const int64_t> slot_mapping;  // [num_tokens]
+    std::span<const int32_t> block_tables;  // [num_seqs][max_blocks_per_seq]
+    int32_t max_blocks_per_seq = 0;
+  };
+  std::vector<Group> groups;            // one per cache group of the model
+  std::span<const int32_t> logit_rows;  // token rows whose logits are wanted
+};
+
+class ModelRunner {
+ public:
+  ModelRunner(ModelSpec spec, ModelWeights weights);
+
+  const ModelSpec& spec() const { return spec_; }
+  // Number of cache groups (1, or 2 with sliding-window layers) and the layers of each.
+  int32_t num_cache_groups() const { return static_cast<int32_t>(group_layers_.size()); }
+  const std::vector<int32_t>& group_layers(int32_t group) const { return group_layers_[group]; }
+  // Whether group `group` holds sliding-window layers (window = spec().sliding_window).
+  bool group_is_sliding(int32_t group) const;
+  // The KV layout of one group for a pool of `num_blocks` blocks of `block_size` tokens.
+  KvLayout group_layout(int32_t group, int32_t num_blocks, int32_t block_size, DType dtype) const;
+
+  // Runs the batch: writes the new tokens' K and V into `slabs` (one per cache group) and
+  // fills logits [logit_rows.size()][vocab_size]. Bad batches (sizes that disagree, token ids
+  // outside the vocabulary, block tables or slots out of range) → invalid_argument, with
+  // nothing written.
+  Status forward(const ForwardBatch& batch, std::span<HostKvSlab> slabs, std::span<float> logits);
+
+ private:
+  Status check_batch(const ForwardBatch& batch, std::span<HostKvSlab> slabs,
+                     std::span<float> logits) const;
+
+  ModelSpec spec_;
+  ModelWeights weights_;
+  std::vector<std::vector<int32_t>> group_layers_;  // [group] -> model layer indices
+  std::vector<int32_t> layer_group_;                // [layer] -> group
+  std::vector<int32_t> layer_slot_;                 // [layer] -> index within its group
+  std::vector<float> inv_freq_global_, inv_freq_local_;
+};
+
+}  // namespace kvp

@@ -1,0 +1,284 @@
+#include "model/model_spec.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+
+namespace kvp {
+
+using nlohmann::json;
+
+const char* architecture_name(Architecture arch) {
+  switch (arch) {
+    case Architecture::kLlama:
+      return "llama";
+    case Architecture::kQwen2:
+      return "qwen2";
+    case Architecture::kGemma3:
+      return "gemma3";
+  }
+  return "?";
+}
+
+Status ModelSpec::validate() const {
+  if (vocab_size <= 0 || hidden_size <= 0 || intermediate_size <= 0 || num_layers <= 0 ||
+      num_q_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0) {
+    return Status::invalid_argument(
+        "model spec: sizes must be positive (vocab {}, hidden {}, intermediate {}, layers {}, "
+        "heads {}, kv heads {}, head dim {})",
+        vocab_size, hidden_size, intermediate_size, num_layers, num_q_heads, num_kv_heads,
+        head_dim);
+  }
+  if (num_q_heads % num_kv_heads != 0) {
+    return Status::invalid_argument("model spec: {} attention heads not a multiple of {} kv heads",
+                                    num_q_heads, num_kv_heads);
+  }
+  if (head_dim % 2 != 0) {
+    return Status::invalid_argument("model spec: head dim {} is odd (rope needs pairs)", head_dim);
+  }
+  if (static_cast<int32_t>(layer_is_sliding.size()) != num_layers) {
+    return Status::invalid_argument("model spec: {} layer types for {} layers",
+                                    layer_is_sliding.size(), num_layers);
+  }
+  for (bool sliding : layer_is_sliding) {
+    if (sliding && sliding_window <= 0) {
+      return Status::invalid_argument("model spec: a sliding layer needs sliding_window > 0");
+    }
+  }
+  return Status::ok();
+}
+
+namespace {
+
+// Typed field access with errors that name the file and the field.
+class Fields {
+ public:
+  Fields(const json& j, const std::string& source) : j_(j), source_(source) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  Result<int32_t> int_field(const char* key) const {
+    if (!has(key)) return Status::invalid_argument("{}: missing field '{}'", source_, key);
+    if (!j_[key].is_number_integer()) {
+      return Status::invalid_argument("{}: field '{}' is not an integer", source_, key);
+    }
+    return j_[key].get<int32_t>();
+  }
+  Result<int32_t> int_field(const char* key, int32_t fallback) const {
+    return has(key) ? int_field(key) : Result<int32_t>(fallback);
+  }
+  Result<double> number_field(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_number()) {
+      return Status::invalid_argument("{}: field '{}' is not a number", source_, key);
+    }
+    return j_[key].get<double>();
+  }
+  Result<bool> bool_field(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_boolean()) {
+      return Status::invalid_argument("{}: field '{}' is not a boolean", source_, key);
+    }
+    return j_[key].get<bool>();
+  }
+  Result<std::string> string_field(const char* key, const std::string& fallback) const {
+    if (!has(key)) return fallback;
+    if (!j_[key].is_string()) {
+      return Status::invalid_argument("{}: field '{}' is not a string", source_, key);
+    }
+    return j_[key].get<std::string>();
+  }
+
+ private:
+  const json& j_;
+  const std::string& source_;
+};
+
+// One rope description: {"rope_type"|"type", "rope_theta", "factor", llama3 fields}.
+Result<RopeSpec> parse_rope(const json& r, double default_theta, const std::string& source) {
+  RopeSpec rope;
+  Fields f(r, source);
+  KVP_ASSIGN_OR_RETURN(rope.theta, f.number_field("rope_theta", default_theta));
+  KVP_ASSIGN_OR_RETURN(std::string type, f.string_field("rope_type", ""));
+  if (type.empty()) {
+    KVP_ASSIGN_OR_RETURN(type, f.string_field("type", "default"));
+  }
+  if (type == "default") {
+    rope.scaling.kind = cpu::RopeScaling::Kind::kNone;
+  } else if (type == "linear") {
+    rope.scaling.kind = cpu::RopeScaling::Kind::kLinear;
+    KVP_ASSIGN_OR_RETURN(rope.scaling.factor, f.number_field("factor", 1.0));
+  } else if (type == "llama3") {
+    rope.scaling.kind = cpu::RopeScaling::Kind::kLlama3;
+    KVP_ASSIGN_OR_RETURN(rope.scaling.factor, f.number_field("factor", 8.0));
+    KVP_ASSIGN_OR_RETURN(rope.scaling.low_freq_factor, f.number_field("low_freq_factor", 1.0));
+    KVP_ASSIGN_OR_RETURN(rope.scaling.high_freq_factor, f.number_field("high_freq_factor", 4.0));
+    KVP_ASSIGN_OR_RETURN(rope.scaling.original_max_position_embeddings,
+                         f.number_field("original_max_position_embeddings", 8192.0));
+    if (rope.scaling.high_freq_factor <= rope.scaling.low_freq_factor) {
+      return Status::invalid_argument("{}: llama3 rope needs high_freq_factor > low_freq_factor",
+                                      source);
+    }
+  } else {
+    return Status::unsupported("{}: rope type '{}' is not supported (default, linear, llama3)",
+                               source, type);
+  }
+  return rope;
+}
+
+}  // namespace
+
+Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string& source) {
+  if (!root.is_object()) return Status::invalid_argument("{}: not a JSON object", source);
+  const json& config = root.contains("text_config") ? root["text_config"] : root;
+  Fields f(config, source);
+  Fields top(root, source);
+
+  KVP_ASSIGN_OR_RETURN(std::string model_type, f.string_field("model_type", ""));
+  if (model_type.empty()) {
+    KVP_ASSIGN_OR_RETURN(model_type, top.string_field("model_type", ""));
+  }
+  ModelSpec spec;
+  if (model_type == "llama") {
+    spec.architecture = Architecture::kLlama;
+  } else if (model_type == "qwen2") {
+    spec.architecture = Architecture::kQwen2;
+  } else if (model_type == "gemma3_text" || model_type == "gemma3") {
+    spec.architecture = Architecture::kGemma3;
+  } else {
+    return Status::unsupported("{}: model_type '{}' is not supported (llama, qwen2, gemma3_text)",
+                               source, model_type);
+  }
+  const bool gemma = spec.architecture == Architecture::kGemma3;
+
+  KVP_ASSIGN_OR_RETURN(spec.vocab_size, f.int_field("vocab_size"));
+  KVP_ASSIGN_OR_RETURN(spec.hidden_size, f.int_field("hidden_size"));
+  KVP_ASSIGN_OR_RETURN(spec.intermediate_size, f.int_field("intermediate_size"));
+  KVP_ASSIGN_OR_RETURN(spec.num_layers, f.int_field("num_hidden_layers"));
+  KVP_ASSIGN_OR_RETURN(spec.num_q_heads, f.int_field("num_attention_heads"));
+  KVP_ASSIGN_OR_RETURN(spec.num_kv_heads, f.int_field("num_key_value_heads", spec.num_q_heads));
+  if (spec.num_q_heads <= 0) {
+    return Status::invalid_argument("{}: num_attention_heads {} must be positive", source,
+                                    spec.num_q_heads);
+  }
+  KVP_ASSIGN_OR_RETURN(spec.head_dim, f.int_field("head_dim", spec.hidden_size / spec.num_q_heads));
+  KVP_ASSIGN_OR_RETURN(double eps, f.number_field("rms_norm_eps", 1e-6));
+  spec.rms_norm_eps = static_cast<float>(eps);
+  KVP_ASSIGN_OR_RETURN(spec.tie_word_embeddings, top.bool_field("tie_word_embeddings", gemma));
+  if (f.has("tie_word_embeddings")) {
+    KVP_ASSIGN_OR_RETURN(spec.tie_word_embeddings, f.bool_field("tie_word_embeddings", gemma));
+  }
+  KVP_ASSIGN_OR_RETURN(bool mlp_bias, f.bool_field("mlp_bias", false));
+  if (mlp_bias) return Status::unsupported("{}: mlp_bias = true is not supported", source);
+  if (spec.architecture == Architecture::kQwen2) {
+    spec.qkv_bias = true;
+    KVP_ASSIGN_OR_RETURN(bool sliding, f.bool_field("use_sliding_window", false));
+    if (sliding) {
+      return Status::unsupported("{}: Qwen2 with use_sliding_window = true is not supported",
+                                 source);
+    }
+  } else if (spec.architecture == Architecture::kLlama) {
+    KVP_ASSIGN_OR_RETURN(bool attention_bias, f.bool_field("attention_bias", false));
+    if (attention_bias) {
+      return Status::unsupported("{}: Llama with attention_bias = true is not supported", source);
+    }
+  }
+
+  spec.attention_scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
+  spec.layer_is_sliding.assign(spec.num_layers, false);
+  if (gemma) {
+    spec.activation = cpu::Activation::kGeluTanh;
+    spec.norm_style = cpu::NormStyle::kOnePlusW;
+    spec.embedding_scale = std::sqrt(static_cast<float>(spec.hidden_size));
+    KVP_ASSIGN_OR_RETURN(double scalar,
+                         f.number_field("query_pre_attn_scalar", double(spec.head_dim)));
+    spec.attention_scale = static_cast<float>(1.0 / std::sqrt(scalar));
+    KVP_ASSIGN_OR_RETURN(double attn_cap, f.number_field("attn_logit_softcapping", 0.0));
+    KVP_ASSIGN_OR_RETURN(double final_cap, f.number_field("final_logit_softcapping", 0.0));
+    spec.attn_logit_softcap = static_cast<float>(attn_cap);
+    spec.final_logit_softcap = static_cast<float>(final_cap);
+    spec.qk_norm = true;
+    spec.sandwich_norms = true;
+    KVP_ASSIGN_OR_RETURN(spec.sliding_window, f.int_field("sliding_window", 4096));
+    if (f.has("layer_types")) {
+      const json& types = config["layer_types"];
+      if (!types.is_array() || static_cast<int32_t>(types.size()) != spec.num_layers) {
+        return Status::invalid_argument("{}: 'layer_types' must list {} layers", source,
+                                        spec.num_layers);
+      }
+      for (int32_t i = 0; i < spec.num_layers; ++i) {
+        const std::string t = types[i].is_string() ? types[i].get<std::string>() : "";
+        if (t != "sliding_attention" && t != "full_attention") {
+          return Status::invalid_argument("{}: layer_types[{}] = {} is not a known layer type",
+                                          source, i, types[i].dump());
+        }
+        spec.layer_is_sliding[i] = t == "sliding_attention";
+      }
+    } else {
+      KVP_ASSIGN_OR_RETURN(int32_t pattern, f.int_field("sliding_window_pattern", 6));
+      if (pattern <= 0) {
+        return Status::invalid_argument("{}: sliding_window_pattern {} must be positive", source,
+                                        pattern);
+      }
+      for (int32_t i = 0; i < spec.num_layers; ++i) {
+        spec.layer_is_sliding[i] = (i + 1) % pattern != 0;
+      }
+    }
+  }
+
+  // Rope: transformers 5 writes rope_parameters (per layer type for Gemma 3); older configs
+  // write rope_theta / rope_scaling (and rope_local_base_freq for Gemma 3's sliding layers).
+  if (f.has("rope_parameters")) {
+    const json& rp = config["rope_parameters"];
+    if (gemma && rp.contains("full_attention")) {
+      KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(rp["full_attention"], 1e6, source));
+      if (rp.contains("sliding_attention")) {
+        KVP_ASSIGN_OR_RETURN(spec.rope_local, parse_rope(rp["sliding_attention"], 1e4, source));
+      }
+    } else {
+      KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(rp, 10000.0, source));
+      spec.rope_local = spec.rope_global;
+    }
+  } else {
+    json legacy = f.has("rope_scaling") ? config["rope_scaling"] : json::object();
+    KVP_ASSIGN_OR_RETURN(double theta, f.number_field("rope_theta", gemma ? 1e6 : 10000.0));
+    legacy["rope_theta"] = theta;
+    KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(legacy, theta, source));
+    if (gemma) {
+      KVP_ASSIGN_OR_RETURN(double local_theta, f.number_field("rope_local_base_freq", 10000.0));
+      spec.rope_local.theta = local_theta;
+    } else {
+      spec.rope_local = spec.rope_global;
+    }
+  }
+
+  KVP_ASSIGN_OR_RETURN(spec.bos_token_id, top.int_field("bos_token_id", -1));
+  if (top.has("eos_token_id")) {
+    const json& eos = root["eos_token_id"];
+    if (eos.is_number_integer()) {
+      spec.eos_token_ids.push_back(eos.get<int32_t>());
+    } else if (eos.is_array()) {
+      for (const json& e : eos) {
+        if (!e.is_number_integer()) {
+          return Status::invalid_argument("{}: eos_token_id holds a non-integer", source);
+        }
+        spec.eos_token_ids.push_back(e.get<int32_t>());
+      }
+    } else {
+      return Status::invalid_argument("{}: eos_token_id is neither an integer nor a list", source);
+    }
+  }
+  KVP_RETURN_IF_ERROR(spec.validate());
+  return spec;
+}
+
+Result<ModelSpec> load_hf_config(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::not_found("{}: cannot open", path);
+  json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (config.is_discarded()) return Status::corruption("{}: not valid JSON", path);
+  return model_spec_from_hf_config(config, path);
+}
+
+}  // namespace kvp

@@ -1,0 +1,66 @@
+// A decoder-only transformer's hyper-parameters, for the architectures kvpool runs:
+// Llama (incl. Llama 3 rope scaling; SmolLM2 is a Llama), Qwen2 (q/k/v bias) and Gemma 3
+// (interleaved sliding-window and global layers, each with its own rope, q/k norms, pre- and
+// post-norms, GELU-tanh, scaled embeddings). Read from a Hugging Face config.json (both the
+// older rope_theta/rope_scaling fields and transformers 5's rope_parameters).
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/cpu_layer_ops.h"
+#include "common/status.h"
+
+namespace kvp {
+
+enum class Architecture { kLlama, kQwen2, kGemma3 };
+const char* architecture_name(Architecture arch);
+
+struct RopeSpec {
+  double theta = 10000.0;
+  cpu::RopeScaling scaling;
+};
+
+struct ModelSpec {
+  Architecture architecture = Architecture::kLlama;
+  int32_t vocab_size = 0;
+  int32_t hidden_size = 0;
+  int32_t intermediate_size = 0;
+  int32_t num_layers = 0;
+  int32_t num_q_heads = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  float rms_norm_eps = 1e-6f;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;
+  cpu::Activation activation = cpu::Activation::kSilu;
+  cpu::NormStyle norm_style = cpu::NormStyle::kPlain;
+  cpu::RopeStyle rope_style = cpu::RopeStyle::kHalves;
+  float embedding_scale = 1.0f;  // Gemma: sqrt(hidden_size)
+  float attention_scale =
+      0.0f;  // multiplies q·k: 1/sqrt(head_dim), Gemma: query_pre_attn_scalar^-½
+  float attn_logit_softcap = 0.0f;     // 0: off
+  float final_logit_softcap = 0.0f;    // 0: off
+  bool qk_norm = false;                // Gemma 3: RMS norm of each q and k head
+  bool sandwich_norms = false;         // Gemma 3: post-attention and pre/post-feedforward norms
+  RopeSpec rope_global;                // rope of global layers
+  RopeSpec rope_local;                 // rope of sliding-window layers (Gemma 3)
+  int32_t sliding_window = 0;          // tokens; 0: no sliding layers
+  std::vector<bool> layer_is_sliding;  // [num_layers]
+  int32_t bos_token_id = -1;
+  std::vector<int32_t> eos_token_ids;
+
+  // Checks internal consistency (positive sizes, heads that divide, layer list length).
+  Status validate() const;
+};
+
+// Parses a Hugging Face config.json (already read); `source` names the file in errors.
+Result<ModelSpec> model_spec_from_hf_config(const nlohmann::json& config,
+                                            const std::string& source);
+// Reads and parses a config.json file.
+Result<ModelSpec> load_hf_config(const std::string& path);
+
+}  // namespace kvp
