@@ -1,0 +1,369 @@
+// CPU paged attention: work planning, query/output conversion and the exact merge of split
+// softmax states around the Highway kernel (cpu_attention_kernel.cc); the scalar baseline;
+// KV write and block copy.
+#include "backend/cpu_attention.h"
+
+#include <hwy/aligned_allocator.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "backend/cpu_attention_kernel.h"
+
+namespace kvp::cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Automatic splits never cut a key range finer than this: a smaller item costs more to merge
+// than it gains in balance.
+constexpr int32_t kMinSplitKeys = 256;
+
+Status check_pointers(const AttentionBatch& batch, const PagedKv& kv, const void* q,
+                      const void* out) {
+  if (batch.num_tokens > 0 && (q == nullptr || out == nullptr)) {
+    return Status::invalid_argument("attention: q or out is null for {} tokens", batch.num_tokens);
+  }
+  if (batch.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
+    return Status::invalid_argument("attention: KV pointer is null");
+  }
+  return Status::ok();
+}
+
+// One (sequence, KV head, query tile): its rows and the keys they can see.
+struct Tile {
+  int32_t seq = 0;
+  int32_t kv_head = 0;
+  int32_t first_token = 0;  // batch row of the tile's first query token
+  int32_t num_tokens = 0;
+  int32_t first_pos = 0;  // position of that token
+  int32_t kv_lo = 0;      // keys [kv_lo, kv_hi) are visible to some row of the tile
+  int32_t kv_hi = 0;
+  int32_t first_item = 0;  // its work items are [first_item, first_item + num_splits)
+  int32_t num_splits = 0;
+};
+
+struct Item {
+  int32_t tile = 0;
+  int32_t kv_begin = 0;
+  int32_t kv_end = 0;
+};
+
+}  // namespace
+
+Status paged_attention(const AttentionParams& params, const AttentionBatch& batch,
+                       const PagedKv& kv, const void* q, DType q_dtype, void* out, ThreadPool* pool,
+                       const AttentionTuning& tuning) {
+  KVP_RETURN_IF_ERROR(check_attention_args(params, batch, kv));
+  KVP_RETURN_IF_ERROR(check_pointers(batch, kv, q, out));
+  const int32_t head_dim = kv.head_dim;
+  const int32_t group = params.num_q_heads / kv.num_kv_heads;
+  const int32_t tokens_per_tile = std::max(1, tuning.tile_rows / group);
+  const int32_t max_rows = tokens_per_tile * group;
+  const int num_threads = pool == nullptr ? 1 : pool->num_threads();
+
+  // Plan tiles (each KV head of a sequence shares its tiles' geometry).
+  std::vector<Tile> tiles;
+  int64_t total_keys = 0;  // sum of visible key ranges over tiles: the work to balance
+  for (int32_t s = 0; s < batch.num_seqs; ++s) {
+    const int32_t q_begin = batch.query_start[s];
+    const int32_t q_len = batch.query_start[s + 1] - q_begin;
+    const int32_t kv_len = batch.kv_lens[s];
+    for (int32_t t0 = 0; t0 < q_len; t0 += tokens_per_tile) {
+      Tile tile;
+      tile.seq = s;
+      tile.first_token = q_begin + t0;
+      tile.num_tokens = std::min(tokens_per_tile, q_len - t0);
+      tile.first_pos = kv_len - q_len + t0;
+      tile.kv_hi = tile.first_pos + tile.num_tokens;
+      tile.kv_lo = params.window > 0 ? std::max(0, tile.first_pos - params.window + 1) : 0;
+      for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+        tile.kv_head = h;
+        tiles.push_back(tile);
+        total_keys += tile.kv_hi - tile.kv_lo;
+      }
+    }
+  }
+  if (tiles.empty()) return Status::ok();
+
+  int64_t split_keys = tuning.split_keys;
+  if (split_keys <= 0) {
+    split_keys = std::numeric_limits<int32_t>::max();
+    if (num_threads > 1 && static_cast<int64_t>(tiles.size()) < 4 * num_threads) {
+      // Aim at 4 items per thread so uneven ranges still balance.
+      const int64_t per_item = (total_keys + 4 * num_threads - 1) / (4 * num_threads);
+      split_keys =
+          std::max<int64_t>(kMinSplitKeys, (per_item + kChunkKeys - 1) / kChunkKeys * kChunkKeys);
+    }
+  }
+  std::vector<Item> items;
+  int64_t num_partial_rows = 0;  // rows of items whose tile is split
+  for (int32_t i = 0; i < static_cast<int32_t>(tiles.size()); ++i) {
+    Tile& tile = tiles[i];
+    const int64_t range = tile.kv_hi - tile.kv_lo;
+    tile.num_splits = static_cast<int32_t>((range + split_keys - 1) / split_keys);
+    tile.first_item = static_cast<int32_t>(items.size());
+    for (int32_t k = 0; k < tile.num_splits; ++k) {
+      const int64_t begin = tile.kv_lo + k * split_keys;
+      items.push_back({i, static_cast<int32_t>(begin),
+                       static_cast<int32_t>(std::min<int64_t>(tile.kv_hi, begin + split_keys))});
+    }
+    if (tile.num_splits > 1) num_partial_rows += int64_t{tile.num_splits} * max_rows;
+  }
+
+  // Per-thread scratch: q tile, state (o, m, l) of an unsplit tile, kernel scratch.
+  // Each section starts on a 64-byte boundary (the kernel's scratch must).
+  auto align16 = [](int64_t floats) { return (floats + 15) / 16 * 16; };
+  const int64_t q_floats = align16(int64_t{max_rows} * head_dim);
+  const int64_t state_floats = align16(int64_t{max_rows} * (head_dim + 2));
+  const int64_t kernel_floats = align16(tile_scratch_floats(max_rows, head_dim));
+  const int64_t thread_floats = q_floats + state_floats + kernel_floats;
+  hwy::AlignedFreeUniquePtr<float[]> thread_scratch =
+      hwy::AllocateAligned<float>(static_cast<size_t>(thread_floats * num_threads));
+  // Partial states of split tiles: item k's rows at partial_index[k] * (head_dim + 2).
+  std::vector<float> partials(static_cast<size_t>(num_partial_rows * (head_dim + 2)));
+  std::vector<int64_t> partial_row(items.size(), -1);  // first partial row of each split item
+  {
+    int64_t next = 0;
+    for (const Tile& tile : tiles) {
+      if (tile.num_splits <= 1) continue;
+      for (int32_t k = 0; k < tile.num_splits; ++k) {
+        partial_row[tile.first_item + k] = next;
+        next += max_rows;
+      }
+    }
+  }
+
+  const float scale = params.scale;
+  const int32_t num_q_heads = params.num_q_heads;
+  // Batch row index of (tile token, row) -> element offset of its head vector in q / out.
+  auto head_offset = [&](const Tile& tile, int32_t row) {
+    const int64_t token = tile.first_token + row / group;
+    return (token * num_q_heads + int64_t{tile.kv_head} * group + row % group) * head_dim;
+  };
+
+  auto run_item = [&](int64_t item_index, int thread) {
+    const Item& item = items[static_cast<size_t>(item_index)];
+    const Tile& tile = tiles[static_cast<size_t>(item.tile)];
+    const int32_t num_rows = tile.num_tokens * group;
+    float* base = thread_scratch.get() + thread * thread_floats;
+    float* q_tile = base;  // [num_rows][head_dim], scaled
+    float* o = nullptr;    // [num_rows][head_dim]
+    float* m = nullptr;    // [num_rows]
+    float* l = nullptr;    // [num_rows]
+    const int64_t partial = partial_row[static_cast<size_t>(item_index)];
+    if (partial >= 0) {
+      o = partials.data() + partial * (head_dim + 2);
+    } else {
+      o = base + q_floats;
+    }
+    m = o + int64_t{num_rows} * head_dim;
+    l = m + num_rows;
+    float* kernel_scratch = base + q_floats + state_floats;
+
+    for (int32_t r = 0; r < num_rows; ++r) {
+      const int64_t src = head_offset(tile, r);
+      float* dst = q_tile + int64_t{r} * head_dim;
+      if (q_dtype == DType::F32) {
+        const float* q_row = static_cast<const float*>(q) + src;
+        for (int32_t d = 0; d < head_dim; ++d) dst[d] = q_row[d] * scale;
+      } else {
+        for (int32_t d = 0; d < head_dim; ++d) dst[d] = load_as_f32(q, q_dtype, src + d) * scale;
+      }
+    }
+    std::fill(o, o + int64_t{num_rows} * head_dim, 0.0f);
+    std::fill(m, m + num_rows, kNegInf);
+    std::fill(l, l + num_rows, 0.0f);
+
+    TileTask task;
+    task.kv = &kv;
+    task.block_table = batch.block_tables + int64_t{tile.seq} * batch.max_blocks_per_seq;
+    task.kv_head = tile.kv_head;
+    task.head_dim = head_dim;
+    task.num_rows = num_rows;
+    task.rows_per_token = group;
+    task.first_pos = tile.first_pos;
+    task.kv_begin = item.kv_begin;
+    task.kv_end = item.kv_end;
+    task.window = params.window;
+    task.soft_cap = params.soft_cap;
+    task.q = q_tile;
+    task.o = o;
+    task.m = m;
+    task.l = l;
+    task.scratch = kernel_scratch;
+    attend_tile(task);
+
+    if (partial >= 0) return;  // merged below
+    for (int32_t r = 0; r < num_rows; ++r) {
+      KVP_DCHECK(l[r] > 0.0f, "row {} of a tile saw no key", r);
+      const float inv = 1.0f / l[r];
+      const float* o_row = o + int64_t{r} * head_dim;
+      const int64_t dst = head_offset(tile, r);
+      if (q_dtype == DType::F32) {
+        float* out_row = static_cast<float*>(out) + dst;
+        for (int32_t d = 0; d < head_dim; ++d) out_row[d] = o_row[d] * inv;
+      } else {
+        for (int32_t d = 0; d < head_dim; ++d)
+          store_from_f32(out, q_dtype, dst + d, o_row[d] * inv);
+      }
+    }
+  };
+  parallel_for(pool, static_cast<int64_t>(items.size()), run_item);
+
+  if (num_partial_rows == 0) return Status::ok();
+  std::vector<int32_t> split_tiles;
+  for (int32_t i = 0; i < static_cast<int32_t>(tiles.size()); ++i) {
+    if (tiles[i].num_splits > 1) split_tiles.push_back(i);
+  }
+  auto merge_tile = [&](int64_t index, int thread) {
+    const Tile& tile = tiles[static_cast<size_t>(split_tiles[static_cast<size_t>(index)])];
+    const int32_t num_rows = tile.num_tokens * group;
+    float* acc = thread_scratch.get() + thread * thread_floats;  // [head_dim]
+    for (int32_t r = 0; r < num_rows; ++r) {
+      // State of split k, row r: o at rows_k + r * head_dim, m and l after the tile's o.
+      auto state = [&](int32_t k) {
+        return partials.data() +
+               partial_row[static_cast<size_t>(tile.first_item + k)] * (head_dim + 2);
+      };
+      float m_max = kNegInf;
+      for (int32_t k = 0; k < tile.num_splits; ++k) {
+        m_max = std::max(m_max, state(k)[int64_t{num_rows} * head_dim + r]);
+      }
+      std::fill(acc, acc + head_dim, 0.0f);
+      float l_sum = 0.0f;
+      for (int32_t k = 0; k < tile.num_splits; ++k) {
+        const float* st = state(k);
+        const float m_k = st[int64_t{num_rows} * head_dim + r];
+        if (m_k == kNegInf) continue;  // this split's keys are all masked for the row
+        const float w = std::exp(m_k - m_max);
+        l_sum += w * st[int64_t{num_rows} * head_dim + num_rows + r];
+        const float* o_k = st + int64_t{r} * head_dim;
+        for (int32_t d = 0; d < head_dim; ++d) acc[d] += w * o_k[d];
+      }
+      KVP_DCHECK(l_sum > 0.0f, "row {} of a split tile saw no key", r);
+      const float inv = 1.0f / l_sum;
+      const int64_t dst = head_offset(tile, r);
+      for (int32_t d = 0; d < head_dim; ++d) store_from_f32(out, q_dtype, dst + d, acc[d] * inv);
+    }
+  };
+  parallel_for(pool, static_cast<int64_t>(split_tiles.size()), merge_tile);
+  return Status::ok();
+}
+
+Status paged_attention_scalar(const AttentionParams& params, const AttentionBatch& batch,
+                              const PagedKv& kv, const void* q, DType q_dtype, void* out,
+                              ThreadPool* pool) {
+  KVP_RETURN_IF_ERROR(check_attention_args(params, batch, kv));
+  KVP_RETURN_IF_ERROR(check_pointers(batch, kv, q, out));
+  const int32_t head_dim = kv.head_dim;
+  const int32_t group = params.num_q_heads / kv.num_kv_heads;
+  const int num_threads = pool == nullptr ? 1 : pool->num_threads();
+  std::vector<float> scratch(static_cast<size_t>(num_threads) * 2 * head_dim);
+  auto run = [&](int64_t index, int thread) {  // index = seq * num_q_heads + head
+    const int32_t s = static_cast<int32_t>(index / params.num_q_heads);
+    const int32_t h = static_cast<int32_t>(index % params.num_q_heads);
+    const int32_t q_begin = batch.query_start[s];
+    const int32_t q_len = batch.query_start[s + 1] - q_begin;
+    const int32_t kv_len = batch.kv_lens[s];
+    const int32_t* table = batch.block_tables + int64_t{s} * batch.max_blocks_per_seq;
+    float* q_row = scratch.data() + size_t(thread) * 2 * head_dim;  // [head_dim]
+    float* acc = q_row + head_dim;                                  // [head_dim]
+    for (int32_t t = 0; t < q_len; ++t) {
+      const int64_t row = (int64_t{q_begin} + t) * params.num_q_heads + h;
+      for (int32_t d = 0; d < head_dim; ++d) q_row[d] = load_as_f32(q, q_dtype, row * head_dim + d);
+      const int32_t pos = kv_len - q_len + t;
+      const int32_t first = params.window > 0 ? std::max(0, pos - params.window + 1) : 0;
+      float m = kNegInf, l = 0.0f;
+      std::fill(acc, acc + head_dim, 0.0f);
+      for (int32_t j = first; j <= pos; ++j) {
+        const int64_t base = table[j / kv.block_size] * kv.block_pitch +
+                             (int64_t{h / group} * kv.block_size + j % kv.block_size) * head_dim;
+        float dot = 0.0f;
+        for (int32_t d = 0; d < head_dim; ++d)
+          dot += q_row[d] * load_as_f32(kv.k, kv.dtype, base + d);
+        float logit = dot * params.scale;
+        if (params.soft_cap > 0.0f) logit = params.soft_cap * std::tanh(logit / params.soft_cap);
+        const float m_new = std::max(m, logit);
+        const float alpha = std::exp(m - m_new);
+        const float p = std::exp(logit - m_new);
+        l = l * alpha + p;
+        for (int32_t d = 0; d < head_dim; ++d) {
+          acc[d] = acc[d] * alpha + p * load_as_f32(kv.v, kv.dtype, base + d);
+        }
+        m = m_new;
+      }
+      for (int32_t d = 0; d < head_dim; ++d)
+        store_from_f32(out, q_dtype, row * head_dim + d, acc[d] / l);
+    }
+  };
+  parallel_for(pool, int64_t{batch.num_seqs} * params.num_q_heads, run);
+  return Status::ok();
+}
+
+Status write_kv(const KvWrite& write, const PagedKv& kv) {
+  KVP_RETURN_IF_ERROR(check_kv_write_args(write, kv));
+  if (write.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
+    return Status::invalid_argument("kv write: KV pointer is null");
+  }
+  const size_t elem_bytes = dtype_size_bytes(kv.dtype);
+  const size_t row_bytes = size_t(kv.head_dim) * elem_bytes;
+  for (int32_t i = 0; i < write.num_tokens; ++i) {
+    const int64_t slot = write.slot_mapping[i];
+    if (slot < 0) continue;  // padding
+    const int64_t block = slot / kv.block_size;
+    const int64_t token = slot % kv.block_size;
+    for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
+      const int64_t src = (int64_t{i} * kv.num_kv_heads + h) * kv.head_dim;
+      const int64_t dst =
+          block * kv.block_pitch + (int64_t{h} * kv.block_size + token) * kv.head_dim;
+      std::memcpy(static_cast<std::byte*>(kv.k) + size_t(dst) * elem_bytes,
+                  static_cast<const std::byte*>(write.k) + size_t(src) * elem_bytes, row_bytes);
+      std::memcpy(static_cast<std::byte*>(kv.v) + size_t(dst) * elem_bytes,
+                  static_cast<const std::byte*>(write.v) + size_t(src) * elem_bytes, row_bytes);
+    }
+  }
+  return Status::ok();
+}
+
+Status copy_blocks(const KvLayout& layout, void* slab, std::span<const BlockCopy> copies) {
+  if (layout.num_layers <= 0 || layout.num_blocks <= 0 || layout.num_kv_heads <= 0 ||
+      layout.block_size <= 0 || layout.head_dim <= 0) {
+    return Status::invalid_argument(
+        "copy blocks: layout must be positive (layers {}, blocks {}, kv heads {}, block size {}, "
+        "head dim {})",
+        layout.num_layers, layout.num_blocks, layout.num_kv_heads, layout.block_size,
+        layout.head_dim);
+  }
+  if (!copies.empty() && slab == nullptr) {
+    return Status::invalid_argument("copy blocks: slab is null");
+  }
+  for (size_t i = 0; i < copies.size(); ++i) {
+    for (const BlockId id : {copies[i].src, copies[i].dst}) {
+      if (id.value < 0 || id.value >= layout.num_blocks) {
+        return Status::invalid_argument(
+            "copy blocks: copy {} names block {}, outside the pool of {}", i, id.value,
+            layout.num_blocks);
+      }
+    }
+  }
+  const size_t elem_bytes = dtype_size_bytes(layout.dtype);
+  const size_t block_bytes = size_t(layout.block_pitch()) * elem_bytes;  // one layer's K and V
+  auto* base = static_cast<std::byte*>(slab);
+  for (const BlockCopy& copy : copies) {
+    if (copy.src == copy.dst) continue;
+    for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
+      std::memcpy(base + size_t(layout.block_offset(layer, copy.dst.value, 0)) * elem_bytes,
+                  base + size_t(layout.block_offset(layer, copy.src.value, 0)) * elem_bytes,
+                  block_bytes);
+    }
+  }
+  return Status::ok();
+}
+
+const char* kernel_target() { return attend_tile_target(); }
+
+}  // namespace kvp::cpu

@@ -1,0 +1,71 @@
+// A small fixed pool of worker threads with a blocking parallel-for, for kernels (attention,
+// GEMM) that split work into coarse independent items. The calling thread takes part, so a
+// pool of N threads starts N - 1 workers. Not re-entrant: parallel_for must not be called from
+// inside an item, and one pool runs one parallel_for at a time.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace kvp {
+
+class ThreadPool {
+ public:
+  // requires: num_threads >= 1. Starts num_threads - 1 workers.
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  // Threads taking part in a parallel_for, the caller included.
+  int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(item, thread) once for every item in [0, num_items), spread over the threads;
+  // thread is in [0, num_threads()) and no two concurrent calls share it (per-thread scratch).
+  // Returns when every call has returned. Items are handed out one at a time, in order.
+  template <typename Fn>
+  void parallel_for(int64_t num_items, Fn&& fn) {
+    using F = std::remove_reference_t<Fn>;
+    run(
+        num_items,
+        [](void* ctx, int64_t item, int thread) { (*static_cast<F*>(ctx))(item, thread); },
+        const_cast<void*>(static_cast<const void*>(&fn)));
+  }
+
+ private:
+  using ItemFn = void (*)(void* ctx, int64_t item, int thread);
+  void run(int64_t num_items, ItemFn fn, void* ctx);
+  void worker_loop(int thread);
+  void drain(int thread);
+
+  std::vector<std::thread> workers_;
+  std::mutex mutex_;
+  std::condition_variable wake_;      // workers wait here for a new job or stop
+  std::condition_variable finished_;  // the caller waits here for the workers to leave a job
+  uint64_t generation_ = 0;           // bumped per job, guarded by mutex_
+  int active_workers_ = 0;            // workers inside the current job, guarded by mutex_
+  bool stop_ = false;                 // guarded by mutex_
+  // The current job; written by the caller before a generation bump, read by workers after.
+  ItemFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+  int64_t num_items_ = 0;
+  std::atomic<int64_t> next_item_{0};
+};
+
+// Runs fn(item, 0) for every item on the calling thread when pool is null, else
+// pool->parallel_for(num_items, fn).
+template <typename Fn>
+void parallel_for(ThreadPool* pool, int64_t num_items, Fn&& fn) {
+  if (pool == nullptr) {
+    for (int64_t i = 0; i < num_items; ++i) fn(i, 0);
+  } else {
+    pool->parallel_for(num_items, fn);
+  }
+}
+
+}  // namespace kvp

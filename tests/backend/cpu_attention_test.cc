@@ -1,0 +1,404 @@
+// cpu::paged_attention against reference_paged_attention (double precision, dense gather) on
+// fresh random inputs in shuffled, non-contiguous block tables, over a sampled matrix of block
+// sizes, head dims, GQA ratios, query lengths, KV lengths, windows, soft caps, dtypes and
+// forced KV splits; plus 32K contexts and bad arguments. Outputs are poisoned with NaN before
+// every call, so an element left unwritten shows as non-finite.
+#include "backend/cpu_attention.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/tensor_check.h"
+
+namespace kvp {
+namespace {
+
+struct SeqShape {
+  int32_t q_len = 0;
+  int32_t kv_len = 0;
+};
+
+struct CaseSpec {
+  int32_t block_size = 16;
+  int32_t head_dim = 64;
+  int32_t num_kv_heads = 2;
+  int32_t group = 1;  // query heads per KV head
+  DType kv_dtype = DType::F32;
+  DType q_dtype = DType::F32;
+  AttentionParams params;  // num_q_heads filled in by the fixture
+  std::vector<SeqShape> seqs;
+};
+
+std::string describe(const CaseSpec& c) {
+  std::string seqs;
+  for (const SeqShape& s : c.seqs) seqs += fmt::format(" ({},{})", s.q_len, s.kv_len);
+  return fmt::format(
+      "block {} head_dim {} kv_heads {} group {} kv {} q {} scale {} cap {} window {} seqs "
+      "(q_len,kv_len):{}",
+      c.block_size, c.head_dim, c.num_kv_heads, c.group, dtype_name(c.kv_dtype),
+      dtype_name(c.q_dtype), c.params.scale, c.params.soft_cap, c.params.window, seqs);
+}
+
+// A two-layer pool (attention reads layer 1, so layer offsets matter) with random K/V, each
+// sequence's blocks drawn from a random permutation of the pool, and random queries.
+class PagedProblem {
+ public:
+  PagedProblem(const CaseSpec& spec, std::mt19937_64& rng) : spec_(spec) {
+    params_ = spec.params;
+    params_.num_q_heads = spec.num_kv_heads * spec.group;
+    int32_t blocks_needed = 0;
+    int32_t max_blocks = 1;
+    for (const SeqShape& s : spec.seqs) {
+      const int32_t n = (s.kv_len + spec.block_size - 1) / spec.block_size;
+      blocks_needed += n;
+      max_blocks = std::max(max_blocks, n + 1);  // one spare entry: tables longer than needed
+    }
+    layout_ = KvLayout{
+        2, blocks_needed + 5, spec.num_kv_heads, spec.block_size, spec.head_dim, spec.kv_dtype};
+    slab_.resize(layout_.size_bytes());
+    testing::fill_random(slab_.data(), spec.kv_dtype, static_cast<size_t>(layout_.size_elems()),
+                         rng);
+    kv_ = paged_kv_for_layer(layout_, slab_.data(), 1);
+
+    std::vector<int32_t> ids(static_cast<size_t>(layout_.num_blocks));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    const int32_t num_seqs = static_cast<int32_t>(spec.seqs.size());
+    tables_.assign(size_t(num_seqs) * max_blocks, -1);
+    query_start_.assign(1, 0);
+    size_t next_id = 0;
+    int32_t max_q = 0, max_kv = 0;
+    for (int32_t i = 0; i < num_seqs; ++i) {
+      const SeqShape& s = spec.seqs[size_t(i)];
+      const int32_t n = (s.kv_len + spec.block_size - 1) / spec.block_size;
+      for (int32_t b = 0; b < n; ++b) tables_[size_t(i) * max_blocks + b] = ids[next_id++];
+      query_start_.push_back(query_start_.back() + s.q_len);
+      kv_lens_.push_back(s.kv_len);
+      max_q = std::max(max_q, s.q_len);
+      max_kv = std::max(max_kv, s.kv_len);
+    }
+    batch_.num_seqs = num_seqs;
+    batch_.num_tokens = query_start_.back();
+    batch_.query_start = query_start_.data();
+    batch_.kv_lens = kv_lens_.data();
+    batch_.block_tables = tables_.data();
+    batch_.max_blocks_per_seq = max_blocks;
+    batch_.max_q_len = max_q;
+    batch_.max_kv_len = max_kv;
+
+    q_.resize(out_elems() * dtype_size_bytes(spec.q_dtype));
+    testing::fill_random(q_.data(), spec.q_dtype, out_elems(), rng);
+  }
+
+  size_t out_elems() const {
+    return size_t(batch_.num_tokens) * params_.num_q_heads * spec_.head_dim;
+  }
+  // The oracle's answer, in f32.
+  std::vector<float> reference() const {
+    std::vector<float> ref(out_elems(), std::numeric_limits<float>::quiet_NaN());
+    if (spec_.q_dtype == DType::F32) {
+      reference_paged_attention(params_, batch_, kv_, q_.data(), DType::F32, ref.data());
+    } else {
+      // The reference writes q's dtype; widen the query so its f32 output is not rounded.
+      std::vector<float> q32(out_elems());
+      for (size_t i = 0; i < q32.size(); ++i) q32[i] = load_as_f32(q_.data(), spec_.q_dtype, i);
+      reference_paged_attention(params_, batch_, kv_, q32.data(), DType::F32, ref.data());
+    }
+    return ref;
+  }
+  // A NaN-poisoned output buffer of q's dtype.
+  std::vector<std::byte> poisoned_out() const {
+    std::vector<std::byte> out(out_elems() * dtype_size_bytes(spec_.q_dtype));
+    for (size_t i = 0; i < out_elems(); ++i) {
+      store_from_f32(out.data(), spec_.q_dtype, i, std::numeric_limits<float>::quiet_NaN());
+    }
+    return out;
+  }
+
+  const AttentionParams& params() const { return params_; }
+  const AttentionBatch& batch() const { return batch_; }
+  AttentionBatch& mutable_batch() { return batch_; }
+  std::vector<int32_t>& tables() { return tables_; }
+  const PagedKv& kv() const { return kv_; }
+  const void* q() const { return q_.data(); }
+  DType q_dtype() const { return spec_.q_dtype; }
+
+ private:
+  CaseSpec spec_;
+  AttentionParams params_;
+  KvLayout layout_;
+  std::vector<std::byte> slab_;  // [2 layers][num_blocks][K,V][kv_heads][block_size][head_dim]
+  PagedKv kv_;
+  std::vector<int32_t> tables_;       // [num_seqs][max_blocks_per_seq], shuffled block ids
+  std::vector<int32_t> query_start_;  // [num_seqs + 1]
+  std::vector<int32_t> kv_lens_;      // [num_seqs]
+  std::vector<std::byte> q_;          // [num_tokens][num_q_heads][head_dim] of q_dtype
+  AttentionBatch batch_;
+};
+
+// Output of q's dtype: f32 keeps the f32-accumulation bound whatever the KV dtype (the reference
+// reads the same rounded KV values); a 16-bit output adds its own rounding.
+double tolerance(DType out_dtype) {
+  switch (out_dtype) {
+    case DType::F32:
+      return 1e-5;
+    case DType::F16:
+      return 2e-3;
+    case DType::BF16:
+      return 1e-2;
+  }
+  return 0.0;
+}
+
+// Runs the fast kernel (and, if asked, the scalar baseline) in several configurations and
+// compares each with the reference.
+void expect_matches_reference(const CaseSpec& spec, std::mt19937_64& rng, bool also_scalar) {
+  SCOPED_TRACE(describe(spec));
+  PagedProblem problem(spec, rng);
+  const std::vector<float> ref = problem.reference();
+  ThreadPool pool(2);
+  std::uniform_int_distribution<int32_t> split_dist(1, 97);
+  struct Run {
+    std::string name;
+    ThreadPool* pool;
+    cpu::AttentionTuning tuning;
+  };
+  std::vector<Run> runs = {
+      {"1 thread, automatic", nullptr, {}},
+      {"2 threads, automatic", &pool, {}},
+      {"2 threads, split", &pool, {split_dist(rng), 16}},
+      {"1 thread, split, 5-row tiles", nullptr, {split_dist(rng), 5}},
+  };
+  testing::TensorDiff worst;
+  for (const Run& run : runs) {
+    SCOPED_TRACE(fmt::format("{} (split_keys {}, tile_rows {})", run.name, run.tuning.split_keys,
+                             run.tuning.tile_rows));
+    std::vector<std::byte> out = problem.poisoned_out();
+    ASSERT_TRUE(cpu::paged_attention(problem.params(), problem.batch(), problem.kv(), problem.q(),
+                                     problem.q_dtype(), out.data(), run.pool, run.tuning)
+                    .is_ok());
+    const testing::TensorDiff diff =
+        testing::compare(out.data(), problem.q_dtype(), ref.data(), DType::F32, ref.size());
+    EXPECT_EQ(diff.non_finite, 0u) << diff.describe();
+    EXPECT_LE(diff.relative_error, tolerance(problem.q_dtype())) << diff.describe();
+    if (diff.relative_error >= worst.relative_error) worst = diff;
+  }
+  std::cout << "[ worst    ] " << worst.describe() << "\n";
+  if (also_scalar) {
+    std::vector<std::byte> out = problem.poisoned_out();
+    ASSERT_TRUE(cpu::paged_attention_scalar(problem.params(), problem.batch(), problem.kv(),
+                                            problem.q(), problem.q_dtype(), out.data(), &pool)
+                    .is_ok());
+    const testing::TensorDiff diff =
+        testing::compare(out.data(), problem.q_dtype(), ref.data(), DType::F32, ref.size());
+    EXPECT_EQ(diff.non_finite, 0u) << "scalar: " << diff.describe();
+    EXPECT_LE(diff.relative_error, tolerance(problem.q_dtype())) << "scalar: " << diff.describe();
+  }
+}
+
+// ---- the sampled matrix: every (block size, head dim, GQA ratio), one mixed batch each ----
+
+using MatrixParam = std::tuple<int32_t, int32_t, int32_t>;  // block size, head dim, group
+class CpuAttentionMatrix : public ::testing::TestWithParam<MatrixParam> {};
+
+TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
+  const auto [block_size, head_dim, group] = GetParam();
+  // A seed per combination: every combination sees its own inputs, reproducibly.
+  const uint64_t seed = uint64_t(block_size) * 1000003u + uint64_t(head_dim) * 101u + group;
+  std::mt19937_64 rng(seed);
+  const int32_t combo = block_size + head_dim / 64 + group;  // rotates the options below
+  auto round_up = [&](int32_t x) { return (x + block_size - 1) / block_size * block_size; };
+  CaseSpec spec;
+  spec.block_size = block_size;
+  spec.head_dim = head_dim;
+  spec.group = group;
+  spec.num_kv_heads = group == 8 ? 1 : 2;
+  const DType kv_types[] = {DType::F32, DType::BF16, DType::F16};
+  spec.kv_dtype = kv_types[combo % 3];
+  spec.q_dtype = combo % 7 == 0 ? DType::BF16 : DType::F32;
+  // Logit spread: from near-uniform attention to sharp.
+  spec.params.scale = (combo % 2 == 0 ? 1.0f : 3.0f) / std::sqrt(float(head_dim));
+  spec.params.soft_cap = combo % 5 == 1 ? 2.0f : 0.0f;
+  // Windows smaller than a block, larger than a block, or off.
+  const int32_t window_kind = combo % 4;
+  spec.params.window = window_kind == 1   ? std::max(1, block_size / 2)
+                       : window_kind == 2 ? block_size + 3
+                                          : 0;
+  spec.seqs = {
+      {1, round_up(200)},       // decode, kv_len at a block multiple
+      {3, round_up(100) + 1},   // short chunk, one past a multiple
+      {64, round_up(130) - 1},  // prefill chunk, one short of a multiple
+      {64, 64},                 // empty prefix: the whole sequence is new
+      {0, 5},                   // in the batch, but nothing to compute
+      {1, 1},                   // first token
+  };
+  std::cout << "[ sampled  ] " << describe(spec) << "\n";
+  expect_matches_reference(spec, rng, /*also_scalar=*/combo % 6 == 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockHeadGroup, CpuAttentionMatrix,
+                         ::testing::Combine(::testing::Values(1, 8, 16, 32, 256),
+                                            ::testing::Values(64, 128, 256),
+                                            ::testing::Values(1, 4, 8)),
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) {
+                           return fmt::format("block{}_dim{}_group{}", std::get<0>(info.param),
+                                              std::get<1>(info.param), std::get<2>(info.param));
+                         });
+
+// ---- targeted cases ----
+
+TEST(CpuAttention, WindowsAroundTheBlockSize) {
+  std::mt19937_64 rng(7);
+  for (int32_t window : {1, 2, 15, 16, 17, 40, 1000}) {
+    CaseSpec spec;
+    spec.block_size = 16;
+    spec.head_dim = 64;
+    spec.group = 4;
+    spec.kv_dtype = DType::BF16;
+    spec.params.scale = 0.3f;
+    spec.params.window = window;
+    spec.seqs = {{1, 97}, {20, 96}, {33, 33}};
+    expect_matches_reference(spec, rng, /*also_scalar=*/window == 17);
+  }
+}
+
+TEST(CpuAttention, SoftCapOnSharpLogits) {
+  std::mt19937_64 rng(11);
+  CaseSpec spec;
+  spec.block_size = 8;
+  spec.head_dim = 128;
+  spec.group = 2;
+  spec.params.scale = 1.0f;  // logits of several units: the cap changes the result a lot
+  spec.params.soft_cap = 5.0f;
+  spec.seqs = {{1, 300}, {7, 64}};
+  expect_matches_reference(spec, rng, /*also_scalar=*/true);
+}
+
+TEST(CpuAttention, UnusualHeadDimAndGroup) {
+  // head_dim not a multiple of the vector width; GQA ratio 3 and 16.
+  std::mt19937_64 rng(13);
+  for (int32_t group : {3, 16}) {
+    CaseSpec spec;
+    spec.block_size = 16;
+    spec.head_dim = 72;
+    spec.group = group;
+    spec.kv_dtype = DType::F16;
+    spec.params.scale = 0.2f;
+    spec.seqs = {{1, 50}, {5, 41}};
+    expect_matches_reference(spec, rng, /*also_scalar=*/false);
+  }
+}
+
+TEST(CpuAttention, LongContextsUpTo32K) {
+  std::mt19937_64 rng(17);
+  for (DType kv_dtype : {DType::BF16, DType::F32}) {
+    CaseSpec spec;
+    spec.block_size = 16;
+    spec.head_dim = 128;
+    spec.num_kv_heads = 1;
+    spec.group = 4;
+    spec.kv_dtype = kv_dtype;
+    spec.params.scale = 4.0f / std::sqrt(128.0f);
+    spec.seqs = {{1, 32768}, {1, 32767}, {1, 16385}};
+    std::cout << "[ sampled  ] " << describe(spec) << "\n";
+    expect_matches_reference(spec, rng, /*also_scalar=*/false);
+  }
+  CaseSpec windowed;
+  windowed.block_size = 256;
+  windowed.head_dim = 64;
+  windowed.group = 8;
+  windowed.num_kv_heads = 1;
+  windowed.kv_dtype = DType::BF16;
+  windowed.params.scale = 0.25f;
+  windowed.params.window = 4096;
+  windowed.seqs = {{2, 32768}};
+  expect_matches_reference(windowed, rng, /*also_scalar=*/false);
+}
+
+TEST(CpuAttention, EmptyBatchWritesNothing) {
+  std::mt19937_64 rng(19);
+  CaseSpec spec;
+  spec.seqs = {{0, 3}};
+  PagedProblem problem(spec, rng);
+  EXPECT_TRUE(cpu::paged_attention(problem.params(), problem.batch(), problem.kv(), nullptr,
+                                   DType::F32, nullptr, nullptr)
+                  .is_ok());
+}
+
+// ---- bad arguments: a clear error, not a crash ----
+
+class CpuAttentionErrors : public ::testing::Test {
+ protected:
+  CpuAttentionErrors() : rng_(23), problem_(spec(), rng_), out_(problem_.poisoned_out()) {}
+  static CaseSpec spec() {
+    CaseSpec s;
+    s.block_size = 8;
+    s.group = 2;
+    s.seqs = {{2, 20}, {1, 9}};
+    return s;
+  }
+  Status run(const AttentionParams& params, const AttentionBatch& batch, const PagedKv& kv) {
+    return cpu::paged_attention(params, batch, kv, problem_.q(), DType::F32, out_.data(), nullptr);
+  }
+  void expect_error(const Status& status, const std::string& fragment) {
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.to_string();
+    EXPECT_NE(status.message().find(fragment), std::string::npos) << status.to_string();
+  }
+  std::mt19937_64 rng_;
+  PagedProblem problem_;
+  std::vector<std::byte> out_;
+};
+
+TEST_F(CpuAttentionErrors, HeadCountsThatDoNotDivide) {
+  AttentionParams params = problem_.params();
+  params.num_q_heads = 3;  // 2 KV heads
+  expect_error(run(params, problem_.batch(), problem_.kv()), "not a positive multiple");
+}
+
+TEST_F(CpuAttentionErrors, BlockTableShorterThanKvLen) {
+  AttentionBatch batch = problem_.batch();
+  batch.max_blocks_per_seq = 2;  // sequence 0 needs 3 blocks for kv_len 20
+  expect_error(run(problem_.params(), batch, problem_.kv()), "needs 3 blocks");
+}
+
+TEST_F(CpuAttentionErrors, BlockIdOutOfRange) {
+  problem_.tables()[1] = problem_.kv().num_blocks;
+  expect_error(run(problem_.params(), problem_.batch(), problem_.kv()), "outside the pool");
+  problem_.tables()[1] = -1;
+  expect_error(run(problem_.params(), problem_.batch(), problem_.kv()), "outside the pool");
+}
+
+TEST_F(CpuAttentionErrors, QueryLongerThanKv) {
+  std::vector<int32_t> kv_lens = {1, 9};  // sequence 0 has q_len 2
+  AttentionBatch batch = problem_.batch();
+  batch.kv_lens = kv_lens.data();
+  expect_error(run(problem_.params(), batch, problem_.kv()), "kv_len 1 < q_len 2");
+}
+
+TEST_F(CpuAttentionErrors, NullQuery) {
+  expect_error(cpu::paged_attention(problem_.params(), problem_.batch(), problem_.kv(), nullptr,
+                                    DType::F32, out_.data(), nullptr),
+               "null");
+}
+
+TEST_F(CpuAttentionErrors, ErrorsLeaveTheOutputUntouched) {
+  AttentionParams params = problem_.params();
+  params.window = -1;
+  expect_error(run(params, problem_.batch(), problem_.kv()), "window");
+  const std::vector<std::byte> fresh = problem_.poisoned_out();
+  EXPECT_EQ(std::memcmp(out_.data(), fresh.data(), fresh.size()), 0);
+}
+
+}  // namespace
+}  // namespace kvp
