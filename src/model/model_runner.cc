@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/attention.h"
+#include "backend/cpu_attention.h"
 #include "backend/cpu_layer_ops.h"
 
 namespace kvp {
@@ -81,8 +82,8 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
   return w;
 }
 
-ModelRunner::ModelRunner(ModelSpec spec, ModelWeights weights)
-    : spec_(std::move(spec)), weights_(std::move(weights)) {
+ModelRunner::ModelRunner(ModelSpec spec, ModelWeights weights, ThreadPool* pool)
+    : spec_(std::move(spec)), weights_(std::move(weights)), pool_(pool) {
   KVP_CHECK(spec_.validate().is_ok(), "{}", spec_.validate().to_string());
   layer_group_.resize(spec_.num_layers);
   layer_slot_.resize(spec_.num_layers);
@@ -227,6 +228,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
   std::vector<float> proj(num_tokens * hidden);        // [num_tokens][hidden]
   std::vector<float> gate_up(num_tokens * 2 * inter);  // [num_tokens][2 * intermediate]
   std::vector<float> act(num_tokens * inter);          // [num_tokens][intermediate]
+  std::vector<std::byte> kv_staging;  // new K then V rows in the pool's dtype (non-f32 pools)
 
   cpu::embedding_lookup(weights_.embed.data(), batch.token_ids, x.data(), hidden,
                         spec_.embedding_scale);
@@ -258,17 +260,23 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     HostKvSlab& slab = slabs[g];
     PagedKv kv = paged_kv_for_layer(slab.layout, slab.bytes.data(), layer_slot_[l]);
     const ForwardBatch::Group& group = batch.groups[g];
-    for (int64_t t = 0; t < num_tokens; ++t) {
-      const int64_t slot = group.slot_mapping[t];
-      if (slot < 0) continue;
-      const int64_t block = slot / kv.block_size, offset = slot % kv.block_size;
-      for (int64_t h = 0; h < num_kv_heads; ++h) {
-        const int64_t dst = block * kv.block_pitch + (h * kv.block_size + offset) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) {
-          store_from_f32(kv.k, kv.dtype, dst + d, k[(t * num_kv_heads + h) * head_dim + d]);
-          store_from_f32(kv.v, kv.dtype, dst + d, v[(t * num_kv_heads + h) * head_dim + d]);
-        }
+    KvWrite write;
+    write.k = k.data();
+    write.v = v.data();
+    write.slot_mapping = group.slot_mapping.data();
+    write.num_tokens = static_cast<int32_t>(num_tokens);
+    if (kv.dtype == DType::F32) {
+      KVP_RETURN_IF_ERROR(cpu::write_kv(write, kv));
+    } else {  // the pool holds bf16/f16: convert the new rows first
+      const size_t count = static_cast<size_t>(num_tokens * kv_dim);
+      kv_staging.resize(2 * count * dtype_size_bytes(kv.dtype));
+      for (size_t i = 0; i < count; ++i) {
+        store_from_f32(kv_staging.data(), kv.dtype, i, k[i]);
+        store_from_f32(kv_staging.data(), kv.dtype, count + i, v[i]);
       }
+      write.k = kv_staging.data();
+      write.v = kv_staging.data() + count * dtype_size_bytes(kv.dtype);
+      KVP_RETURN_IF_ERROR(cpu::write_kv(write, kv));
     }
     AttentionParams params;
     params.num_q_heads = spec_.num_q_heads;
@@ -284,7 +292,8 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     ab.max_blocks_per_seq = group.max_blocks_per_seq;
     ab.max_q_len = max_q_len;
     ab.max_kv_len = max_kv_len;
-    reference_paged_attention(params, ab, kv, q.data(), DType::F32, attn.data());
+    KVP_RETURN_IF_ERROR(
+        cpu::paged_attention(params, ab, kv, q.data(), DType::F32, attn.data(), pool_));
 
     cpu::linear(attn.data(), lw.o.data(), {}, proj.data(), num_tokens, q_dim, hidden);
     if (!lw.post_attn_norm.empty()) {

@@ -20,6 +20,7 @@
 
 #include "cache/kv_layout.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "model/model_spec.h"
 #include "model/weight_source.h"
 
@@ -72,7 +73,8 @@ struct ForwardBatch {
 
 class ModelRunner {
  public:
-  ModelRunner(ModelSpec spec, ModelWeights weights);
+  // pool: threads for attention (null: the calling thread only); not owned.
+  ModelRunner(ModelSpec spec, ModelWeights weights, ThreadPool* pool = nullptr);
 
   const ModelSpec& spec() const { return spec_; }
   // Number of cache groups (1, or 2 with sliding-window layers) and the layers of each.
@@ -99,6 +101,7 @@ class ModelRunner {
   std::vector<int32_t> layer_group_;                // [layer] -> group
   std::vector<int32_t> layer_slot_;                 // [layer] -> index within its group
   std::vector<float> inv_freq_global_, inv_freq_local_;
+  ThreadPool* pool_ = nullptr;
 };
 
 }  // namespace kvp
