@@ -1,0 +1,289 @@
+// The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2 and
+// Gemma 3 models and their golden logits and greedy continuations, made by
+// scripts/make_tiny_models.py (transformers 5.17, float32, eager attention) and committed under
+// tests/model/fixtures/tiny/. kvpool runs them on its paged KV pool with shuffled block tables,
+// alone, batched, and in prefill chunks.
+#include "model/model_runner.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "model/safetensors_file.h"
+
+namespace kvp {
+namespace {
+
+const char* kFixtures = "tests/model/fixtures/tiny/";
+
+struct Golden {
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::vector<float>> logits;  // [prompt][len * vocab]
+  std::vector<std::vector<int32_t>> greedy;
+};
+
+std::vector<int32_t> read_ids(const SafetensorsModel& file, const std::string& name) {
+  const SafetensorsTensor& t = file.tensors().at(name);
+  std::vector<int32_t> ids(t.size_bytes / 4);
+  std::memcpy(ids.data(), t.data, t.size_bytes);
+  return ids;
+}
+
+struct TinyModel {
+  std::unique_ptr<ModelRunner> runner;
+  Golden golden;
+};
+
+TinyModel load_tiny(const std::string& name) {
+  const std::string dir = kFixtures + name;
+  auto spec = load_hf_config(dir + "/config.json");
+  KVP_CHECK(spec.is_ok(), "{}", spec.status().to_string());
+  auto weights_file = SafetensorsModel::open(dir + "/model.safetensors");
+  KVP_CHECK(weights_file.is_ok(), "{}", weights_file.status().to_string());
+  auto weights = load_model_weights(*spec, **weights_file);
+  KVP_CHECK(weights.is_ok(), "{}", weights.status().to_string());
+  TinyModel model;
+  model.runner = std::make_unique<ModelRunner>(*spec, std::move(weights).value());
+  auto golden_file = SafetensorsModel::open(dir + "/golden.safetensors");
+  KVP_CHECK(golden_file.is_ok(), "{}", golden_file.status().to_string());
+  for (int i = 0; golden_file.value()->contains("prompt_" + std::to_string(i)); ++i) {
+    const std::string s = std::to_string(i);
+    model.golden.prompts.push_back(read_ids(**golden_file, "prompt_" + s));
+    model.golden.greedy.push_back(read_ids(**golden_file, "greedy_" + s));
+    const auto& logits = golden_file.value()->tensors().at("logits_" + s);
+    auto values = golden_file.value()->read_f32("logits_" + s, logits.shape);
+    KVP_CHECK(values.is_ok(), "{}", values.status().to_string());
+    model.golden.logits.push_back(std::move(values).value());
+  }
+  return model;
+}
+
+// A pool per cache group and per-sequence block lists drawn in shuffled order, so that no
+// sequence's blocks are contiguous: paging mistakes change the output.
+class PagedPool {
+ public:
+  PagedPool(const ModelRunner& runner, int32_t num_seqs, int32_t max_tokens, int32_t block_size,
+            uint64_t seed)
+      : block_size_(block_size), max_blocks_per_seq_((max_tokens + block_size - 1) / block_size) {
+    const int32_t num_blocks = num_seqs * max_blocks_per_seq_ + 3;
+    std::mt19937_64 rng(seed);
+    for (int32_t g = 0; g < runner.num_cache_groups(); ++g) {
+      HostKvSlab slab;
+      slab.layout = runner.group_layout(g, num_blocks, block_size, DType::F32);
+      slab.bytes.assign(slab.layout.size_bytes(), std::byte{0xff});  // NaN until written
+      slabs_.push_back(std::move(slab));
+      std::vector<int32_t> ids(num_blocks);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      ids.resize(static_cast<size_t>(num_seqs) * max_blocks_per_seq_);
+      tables_.push_back(std::move(ids));
+    }
+  }
+
+  // Runs one step: seqs[i] brings new_tokens[i] after kv_before[i] cached tokens.
+  std::vector<float> step(ModelRunner& runner, const std::vector<std::vector<int32_t>>& new_tokens,
+                          const std::vector<int32_t>& kv_before) {
+    std::vector<int32_t> token_ids, query_start = {0}, kv_lens, logit_rows;
+    for (size_t s = 0; s < new_tokens.size(); ++s) {
+      token_ids.insert(token_ids.end(), new_tokens[s].begin(), new_tokens[s].end());
+      query_start.push_back(static_cast<int32_t>(token_ids.size()));
+      kv_lens.push_back(kv_before[s] + static_cast<int32_t>(new_tokens[s].size()));
+    }
+    std::vector<std::vector<int64_t>> slots(slabs_.size());
+    ForwardBatch batch;
+    batch.token_ids = token_ids;
+    batch.query_start = query_start;
+    batch.kv_lens = kv_lens;
+    for (size_t g = 0; g < slabs_.size(); ++g) {
+      for (size_t s = 0; s < new_tokens.size(); ++s) {
+        for (size_t t = 0; t < new_tokens[s].size(); ++t) {
+          const int64_t pos = kv_before[s] + static_cast<int64_t>(t);
+          const int32_t block = tables_[g][s * max_blocks_per_seq_ + pos / block_size_];
+          slots[g].push_back(int64_t{block} * block_size_ + pos % block_size_);
+        }
+      }
+      ForwardBatch::Group group;
+      group.slot_mapping = slots[g];
+      group.block_tables = std::span(tables_[g]).first(new_tokens.size() * max_blocks_per_seq_);
+      group.max_blocks_per_seq = max_blocks_per_seq_;
+      batch.groups.push_back(group);
+    }
+    for (int32_t r = 0; r < static_cast<int32_t>(token_ids.size()); ++r) logit_rows.push_back(r);
+    batch.logit_rows = logit_rows;
+    std::vector<float> logits(token_ids.size() * runner.spec().vocab_size);
+    Status st = runner.forward(batch, slabs_, logits);
+    KVP_CHECK(st.is_ok(), "{}", st.to_string());
+    return logits;
+  }
+
+  int32_t block_size() const { return block_size_; }
+
+ private:
+  int32_t block_size_;
+  int32_t max_blocks_per_seq_;
+  std::vector<HostKvSlab> slabs_;
+  std::vector<std::vector<int32_t>> tables_;  // [group][seq * max_blocks_per_seq + i]
+};
+
+double relative_error(std::span<const float> got, std::span<const float> want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+int32_t argmax(std::span<const float> row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+
+// The goldens were generated with min_new_tokens = max_new_tokens, which sets the end-of-sequence
+// logits to -inf at every step: do the same before the argmax.
+int32_t greedy_token(std::span<const float> row, const ModelSpec& spec) {
+  std::vector<float> masked(row.begin(), row.end());
+  for (int32_t eos : spec.eos_token_ids) masked[eos] = -INFINITY;
+  return argmax(masked);
+}
+
+class TinyModelTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TinyModelTest, PrefillLogitsMatchTransformers) {
+  TinyModel model = load_tiny(GetParam());
+  const int32_t vocab = model.runner->spec().vocab_size;
+  for (size_t p = 0; p < model.golden.prompts.size(); ++p) {
+    const auto& prompt = model.golden.prompts[p];
+    PagedPool pool(*model.runner, 1, static_cast<int32_t>(prompt.size()), 4, 17 + p);
+    auto logits = pool.step(*model.runner, {prompt}, {0});
+    ASSERT_EQ(logits.size(), prompt.size() * vocab);
+    const double err = relative_error(logits, model.golden.logits[p]);
+    EXPECT_LT(err, 1e-4) << GetParam() << " prompt " << p << " (" << prompt.size()
+                         << " tokens): relative error " << err;
+  }
+}
+
+// Greedy decoding of every golden prompt: prefill in chunks of `chunk` tokens (0: whole),
+// then one token per step, all prompts in one batch when `batched`.
+std::vector<std::vector<int32_t>> greedy(TinyModel& model, int32_t block_size, bool batched,
+                                         int32_t chunk) {
+  const auto& prompts = model.golden.prompts;
+  const int32_t vocab = model.runner->spec().vocab_size;
+  const int32_t new_tokens = static_cast<int32_t>(model.golden.greedy[0].size());
+  std::vector<std::vector<int32_t>> outputs(prompts.size());
+  auto run_group = [&](const std::vector<size_t>& members, uint64_t seed) {
+    int32_t max_len = 0;
+    for (size_t m : members) max_len = std::max<int32_t>(max_len, prompts[m].size() + new_tokens);
+    PagedPool pool(*model.runner, static_cast<int32_t>(members.size()), max_len, block_size, seed);
+    std::vector<int32_t> cached(members.size(), 0);
+    std::vector<int32_t> next(members.size(), -1);
+    // prefill, chunk by chunk; sequences whose prompt is done sit the step out
+    bool prefilling = true;
+    while (prefilling) {
+      prefilling = false;
+      std::vector<std::vector<int32_t>> step_tokens;
+      std::vector<int32_t> kv_before;
+      std::vector<size_t> in_step;
+      for (size_t i = 0; i < members.size(); ++i) {
+        const auto& prompt = prompts[members[i]];
+        const int32_t remaining = static_cast<int32_t>(prompt.size()) - cached[i];
+        if (remaining == 0) continue;
+        const int32_t take = chunk > 0 ? std::min(chunk, remaining) : remaining;
+        step_tokens.emplace_back(prompt.begin() + cached[i], prompt.begin() + cached[i] + take);
+        kv_before.push_back(cached[i]);
+        in_step.push_back(i);
+      }
+      if (in_step.empty()) break;
+      prefilling = true;
+      // the pool's tables are per member index: pad absent members with empty steps
+      std::vector<std::vector<int32_t>> all_tokens(members.size());
+      std::vector<int32_t> all_before(cached.begin(), cached.end());
+      for (size_t j = 0; j < in_step.size(); ++j) all_tokens[in_step[j]] = step_tokens[j];
+      auto logits = pool.step(*model.runner, all_tokens, all_before);
+      size_t row = 0;
+      for (size_t i = 0; i < members.size(); ++i) {
+        row += all_tokens[i].size();
+        cached[i] += static_cast<int32_t>(all_tokens[i].size());
+        if (!all_tokens[i].empty() &&
+            cached[i] == static_cast<int32_t>(prompts[members[i]].size())) {
+          next[i] = greedy_token(std::span(logits).subspan((row - 1) * vocab, vocab),
+                                 model.runner->spec());
+        }
+      }
+    }
+    for (int32_t step = 0; step < new_tokens; ++step) {
+      std::vector<std::vector<int32_t>> step_tokens;
+      for (size_t i = 0; i < members.size(); ++i) {
+        outputs[members[i]].push_back(next[i]);
+        step_tokens.push_back({next[i]});
+      }
+      if (step + 1 == new_tokens) break;
+      auto logits = pool.step(*model.runner, step_tokens, cached);
+      for (size_t i = 0; i < members.size(); ++i) {
+        cached[i] += 1;
+        next[i] = greedy_token(std::span(logits).subspan(i * vocab, vocab), model.runner->spec());
+      }
+    }
+  };
+  if (batched) {
+    std::vector<size_t> all(prompts.size());
+    std::iota(all.begin(), all.end(), 0);
+    run_group(all, 5);
+  } else {
+    for (size_t p = 0; p < prompts.size(); ++p) run_group({p}, 100 + p);
+  }
+  return outputs;
+}
+
+TEST_P(TinyModelTest, GreedyContinuationsMatchTransformersAloneBatchedAndChunked) {
+  TinyModel model = load_tiny(GetParam());
+  struct Case {
+    int32_t block_size;
+    bool batched;
+    int32_t chunk;
+  };
+  for (Case c : {Case{16, false, 0}, Case{4, true, 0}, Case{1, true, 5}, Case{8, false, 3}}) {
+    auto outputs = greedy(model, c.block_size, c.batched, c.chunk);
+    for (size_t p = 0; p < outputs.size(); ++p) {
+      EXPECT_EQ(outputs[p], model.golden.greedy[p])
+          << GetParam() << " prompt " << p << " block size " << c.block_size
+          << (c.batched ? " batched" : " alone") << " chunk " << c.chunk;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, TinyModelTest,
+                         ::testing::Values("llama", "qwen2", "gemma3"));
+
+TEST(ModelRunner, RejectsBadBatchesWithoutWriting) {
+  TinyModel model = load_tiny("llama");
+  PagedPool pool(*model.runner, 1, 8, 4, 1);
+  std::vector<int32_t> tokens = {5, 300};  // 300 is outside the 256-token vocabulary
+  std::vector<int32_t> query_start = {0, 2}, kv_lens = {2};
+  std::vector<int64_t> slots = {0, 1};
+  std::vector<int32_t> table = {0, 1};
+  ForwardBatch batch;
+  batch.token_ids = tokens;
+  batch.query_start = query_start;
+  batch.kv_lens = kv_lens;
+  batch.groups.push_back({slots, table, 2});
+  std::vector<float> logits;
+  std::vector<HostKvSlab> slabs(1);
+  slabs[0].layout = model.runner->group_layout(0, 4, 4, DType::F32);
+  slabs[0].bytes.assign(slabs[0].layout.size_bytes(), std::byte{7});
+  Status st = model.runner->forward(batch, slabs, logits);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("token id 300"), std::string::npos) << st.message();
+  tokens[1] = 6;
+  slots[1] = 99;  // outside the 16-slot pool
+  st = model.runner->forward(batch, slabs, logits);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_TRUE(std::all_of(slabs[0].bytes.begin(), slabs[0].bytes.end(),
+                          [](std::byte b) { return b == std::byte{7}; }));
+}
+
+}  // namespace
+}  // namespace kvp
