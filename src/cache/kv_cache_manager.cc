@@ -1,0 +1,134 @@
+// KvCacheManager: all-or-nothing sequence operations across cache groups.
+#include "cache/kv_cache_manager.h"
+
+#include <bit>
+
+namespace kvp {
+
+Status KvCacheManager::validate(const std::vector<CacheGroupConfig>& groups) {
+  if (groups.empty()) return Status::invalid_argument("cache spec has no cache groups");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const CacheGroupConfig& c = groups[g];
+    if (c.num_blocks < 1) {
+      return Status::invalid_argument("cache group {}: num_blocks {} must be at least 1", g,
+                                      c.num_blocks);
+    }
+    if (c.block_size < 1 || c.block_size > 1024 ||
+        !std::has_single_bit(static_cast<uint32_t>(c.block_size))) {
+      return Status::invalid_argument(
+          "cache group {}: block_size {} is not a power of two in "
+          "[1, 1024]",
+          g, c.block_size);
+    }
+    if (c.window_tokens < 0) {
+      return Status::invalid_argument("cache group {}: window_tokens {} is negative", g,
+                                      c.window_tokens);
+    }
+  }
+  return Status::ok();
+}
+
+KvCacheManager::KvCacheManager(std::vector<CacheGroupConfig> groups) : configs_(std::move(groups)) {
+  Status s = validate(configs_);
+  KVP_CHECK(s.is_ok(), "{}", s.to_string());
+  for (const CacheGroupConfig& c : configs_) {
+    allocators_.push_back(std::make_unique<BlockAllocator>(c.num_blocks));
+  }
+}
+
+KvCacheManager::~KvCacheManager() { sequences_.clear(); }  // tables release before allocators
+
+std::vector<BlockTable>& KvCacheManager::tables(SeqId seq_id) {
+  auto it = sequences_.find(seq_id);
+  KVP_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id.value);
+  return it->second;
+}
+
+const BlockTable& KvCacheManager::table(SeqId seq_id, int32_t group) const {
+  auto it = sequences_.find(seq_id);
+  KVP_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id.value);
+  KVP_CHECK(group >= 0 && group < num_groups(), "group {} of {}", group, num_groups());
+  return it->second[group];
+}
+
+void KvCacheManager::add_sequence(SeqId seq_id) {
+  KVP_CHECK(!has_sequence(seq_id), "sequence {} already exists", seq_id.value);
+  std::vector<BlockTable> group_tables;
+  group_tables.reserve(configs_.size());
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    group_tables.emplace_back(allocators_[g].get(), configs_[g].block_size,
+                              configs_[g].window_tokens);
+  }
+  sequences_.emplace(seq_id, std::move(group_tables));
+}
+
+bool KvCacheManager::can_append(SeqId seq_id, int32_t num_tokens) const {
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    if (!allocators_[g]->can_allocate(table(seq_id, g).blocks_needed(num_tokens))) return false;
+  }
+  return true;
+}
+
+bool KvCacheManager::append(SeqId seq_id, int32_t num_tokens, std::vector<GroupBlockCopy>* copies) {
+  KVP_CHECK(copies != nullptr, "append needs a copy list");
+  std::vector<BlockTable>& group_tables = tables(seq_id);
+  // Dropping blocks behind the window is right whether or not the append succeeds, and the
+  // freed blocks count toward this append.
+  for (BlockTable& t : group_tables) t.trim_window();
+  if (!can_append(seq_id, num_tokens)) return false;
+  std::vector<BlockCopy> group_copies;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    group_copies.clear();
+    const bool ok = group_tables[g].append(num_tokens, &group_copies);
+    KVP_CHECK(ok, "group {} could not append after can_append said it could", g);
+    for (const BlockCopy& c : group_copies) copies->push_back(GroupBlockCopy{g, c});
+  }
+  return true;
+}
+
+void KvCacheManager::fork(SeqId parent, SeqId child) {
+  KVP_CHECK(!has_sequence(child), "sequence {} already exists", child.value);
+  std::vector<BlockTable>& parent_tables = tables(parent);
+  std::vector<BlockTable> child_tables;
+  child_tables.reserve(parent_tables.size());
+  for (const BlockTable& t : parent_tables) child_tables.push_back(t.fork());
+  sequences_.emplace(child, std::move(child_tables));
+}
+
+void KvCacheManager::truncate(SeqId seq_id, int32_t num_tokens) {
+  std::vector<BlockTable>& group_tables = tables(seq_id);
+  for (const BlockTable& t : group_tables) {
+    KVP_CHECK(t.can_truncate(num_tokens), "sequence {} cannot be truncated to {} tokens",
+              seq_id.value, num_tokens);
+  }
+  for (BlockTable& t : group_tables) t.truncate(num_tokens);
+}
+
+void KvCacheManager::free_sequence(SeqId seq_id) {
+  auto it = sequences_.find(seq_id);
+  KVP_CHECK(it != sequences_.end(), "unknown sequence {}", seq_id.value);
+  sequences_.erase(it);  // the tables release their blocks
+}
+
+void KvCacheManager::check_integrity() const {
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const BlockAllocator& a = *allocators_[g];
+    a.check_integrity();
+    std::vector<int32_t> refs(a.num_blocks(), 0);  // [num_blocks]
+    for (const auto& [seq_id, group_tables] : sequences_) {
+      const BlockTable& t = group_tables[g];
+      t.check_integrity();
+      KVP_CHECK(t.num_tokens() == group_tables[0].num_tokens(),
+                "sequence {}: group {} has {} tokens, group 0 has {}", seq_id.value, g,
+                t.num_tokens(), group_tables[0].num_tokens());
+      for (int32_t i = t.num_dropped_blocks(); i < t.num_blocks(); ++i) ++refs[t.block(i).value];
+    }
+    for (int32_t id = 0; id < a.num_blocks(); ++id) {
+      KVP_CHECK(refs[id] == a.ref_count(BlockId{id}),
+                "group {} block {}: ref_count {} but {} tables hold it", g, id,
+                a.ref_count(BlockId{id}), refs[id]);
+    }
+  }
+}
+
+}  // namespace kvp

@@ -1,0 +1,91 @@
+// KvCacheManager: every sequence's block tables across a model's cache groups.
+//
+// A model's layers fall into cache groups by attention kind (Gemma 3: one group of global
+// layers, one of sliding-window layers). Each group has its own pool (BlockAllocator) and, per
+// sequence, its own BlockTable:
+//
+//   seq 7:  group 0 (global, W=0)    [ 3 | 8 | 1 | 12 | 5 ]      grows with the sequence
+//           group 1 (window W=1024)  [ - | - | 4 | 9 | 2 ]       "-" dropped behind the window
+//
+// Sequence operations apply to all groups at once: append is all-or-nothing across groups.
+// Configuration comes from the caller (a CacheSpec adapter); validate() turns bad numbers into a
+// Status. Bookkeeping only; never touches KV bytes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "cache/block_allocator.h"
+#include "cache/block_ops.h"
+#include "cache/block_table.h"
+#include "common/ids.h"
+#include "common/status.h"
+
+namespace kvp {
+
+struct CacheGroupConfig {
+  int32_t num_blocks = 0;     // blocks in this group's pool
+  int32_t block_size = 16;    // tokens per block, a power of two in [1, 1024]
+  int32_t window_tokens = 0;  // sliding window in tokens; 0 = global attention
+};
+
+// A copy-on-write in one group's pool.
+struct GroupBlockCopy {
+  int32_t group = 0;
+  BlockCopy copy;
+  friend bool operator==(const GroupBlockCopy&, const GroupBlockCopy&) = default;
+};
+
+class KvCacheManager {
+ public:
+  // Ok, or invalid_argument naming the group and the bad field.
+  static Status validate(const std::vector<CacheGroupConfig>& groups);
+  // requires: validate(groups).is_ok()
+  explicit KvCacheManager(std::vector<CacheGroupConfig> groups);
+  ~KvCacheManager();
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+  int32_t num_groups() const { return static_cast<int32_t>(configs_.size()); }
+  const CacheGroupConfig& group_config(int32_t group) const { return configs_.at(group); }
+  BlockAllocator& allocator(int32_t group) { return *allocators_.at(group); }
+  const BlockAllocator& allocator(int32_t group) const { return *allocators_.at(group); }
+
+  bool has_sequence(SeqId seq_id) const { return sequences_.contains(seq_id); }
+  int32_t num_sequences() const { return static_cast<int32_t>(sequences_.size()); }
+  // An empty sequence. requires: !has_sequence(seq_id). Mutates.
+  void add_sequence(SeqId seq_id);
+  // Whether append(seq_id, num_tokens) would succeed now. Does not modify.
+  bool can_append(SeqId seq_id, int32_t num_tokens) const;
+  // Grows the sequence by num_tokens in every group, or (returning false) in none. Copies to run
+  // before the KV writes are appended to *copies. requires: has_sequence, copies != nullptr.
+  // Mutates.
+  bool append(SeqId seq_id, int32_t num_tokens, std::vector<GroupBlockCopy>* copies);
+  // child shares every block of parent in every group. requires: has_sequence(parent),
+  // !has_sequence(child). Mutates ref counts.
+  void fork(SeqId parent, SeqId child);
+  // requires: has_sequence and the table of every group can_truncate(num_tokens). Mutates.
+  void truncate(SeqId seq_id, int32_t num_tokens);
+  // Releases every block of the sequence and forgets it. requires: has_sequence. Mutates.
+  void free_sequence(SeqId seq_id);
+
+  // requires: has_sequence, 0 <= group < num_groups(). Does not modify.
+  const BlockTable& table(SeqId seq_id, int32_t group) const;
+  int32_t num_tokens(SeqId seq_id) const { return table(seq_id, 0).num_tokens(); }
+
+  // Aborts unless every allocator is consistent, every table is, all tables of a sequence agree
+  // on num_tokens, and each block's ref_count equals the number of tables holding it.
+  // Does not modify.
+  void check_integrity() const;
+
+ private:
+  std::vector<BlockTable>& tables(SeqId seq_id);
+
+  std::vector<CacheGroupConfig> configs_;
+  std::vector<std::unique_ptr<BlockAllocator>> allocators_;       // [num_groups]
+  std::unordered_map<SeqId, std::vector<BlockTable>> sequences_;  // tables: [num_groups]
+};
+
+}  // namespace kvp
