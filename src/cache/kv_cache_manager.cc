@@ -51,6 +51,15 @@ const BlockTable& KvCacheManager::table(SeqId seq_id, int32_t group) const {
   return it->second[group];
 }
 
+void KvCacheManager::adopt_prefix(SeqId seq_id, std::span<const BlockId> blocks,
+                                  int32_t num_tokens) {
+  KVP_CHECK(num_groups() == 1, "adopt_prefix needs a single cache group, have {}", num_groups());
+  BlockTable& table = tables(seq_id)[0];
+  KVP_CHECK(table.num_tokens() == 0, "adopt_prefix into sequence {} holding {} tokens",
+            seq_id.value, table.num_tokens());
+  table.adopt(0, blocks, num_tokens);
+}
+
 void KvCacheManager::add_sequence(SeqId seq_id) {
   KVP_CHECK(!has_sequence(seq_id), "sequence {} already exists", seq_id.value);
   std::vector<BlockTable> group_tables;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -73,6 +74,12 @@ class KvCacheManager {
 
   // requires: has_sequence, 0 <= group < num_groups(). Does not modify.
   const BlockTable& table(SeqId seq_id, int32_t group) const;
+
+  // Gives an empty sequence the cached prefix `blocks` (each already retained for the caller,
+  // as PrefixCache::match returns them) in a single-group manager.
+  // requires: has_sequence, num_groups() == 1, num_tokens(seq_id) == 0,
+  //           num_tokens == blocks.size() * block_size. Mutates.
+  void adopt_prefix(SeqId seq_id, std::span<const BlockId> blocks, int32_t num_tokens);
   int32_t num_tokens(SeqId seq_id) const { return table(seq_id, 0).num_tokens(); }
 
   // Aborts unless every allocator is consistent, every table is, all tables of a sequence agree
