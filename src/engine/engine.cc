@@ -1,0 +1,598 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <span>
+
+#include "backend/cpu_attention.h"
+
+namespace kvp {
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kAborted:
+      return "aborted";
+  }
+  return "?";
+}
+
+struct Engine::Sequence {
+  SeqId id;
+  RequestId request_id;
+  int32_t sample_index = 0;
+  std::vector<int32_t> tokens;  // history + prompt + outputs; KV exists for [0, num_computed)
+  int32_t num_computed = 0;
+  int32_t num_prompt = 0;  // tokens before this request's first output
+  int32_t num_generated = 0;
+  int32_t num_registered_blocks = 0;  // full blocks already offered to the prefix cache
+  bool resident = false;              // has a table in the cache manager
+  bool finished = false;
+  SamplerRng rng;
+  TokenHistory history;
+};
+
+struct Engine::RequestState {
+  RequestId id;
+  Request request;
+  std::vector<SeqId> seqs;  // [n] once forked; the first is the parent
+  int32_t num_finished = 0;
+  bool forked = false;
+  bool cancelled = false;
+  Usage usage;
+};
+
+struct Engine::SessionState {
+  std::string name;
+  std::vector<int32_t> tokens;    // the conversation so far
+  std::optional<SeqId> resident;  // manager sequence holding KV of tokens[0, num_computed)
+  int32_t num_computed = 0;
+  bool busy = false;
+  int64_t last_used = 0;
+  int64_t num_turns = 0;
+  int64_t num_resumed_tokens = 0;
+  int64_t num_evictions = 0;
+};
+
+Status EngineConfig::validate() const {
+  if (block_size < 1 || block_size > 1024 || (block_size & (block_size - 1)) != 0) {
+    return Status::invalid_argument("engine: block size {} is not a power of two in [1, 1024]",
+                                    block_size);
+  }
+  if (num_blocks < 1) return Status::invalid_argument("engine: {} blocks", num_blocks);
+  if (max_num_seqs < 1) return Status::invalid_argument("engine: max_num_seqs {}", max_num_seqs);
+  if (max_step_tokens < 1) {
+    return Status::invalid_argument("engine: max_step_tokens {}", max_step_tokens);
+  }
+  return Status::ok();
+}
+
+Engine::Engine(ModelRunner* runner, EngineConfig config) : runner_(runner), config_(config) {
+  KVP_CHECK(config_.validate().is_ok(), "{}", config_.validate().to_string());
+  std::vector<CacheGroupConfig> groups;
+  for (int32_t g = 0; g < runner_->num_cache_groups(); ++g) {
+    CacheGroupConfig group;
+    group.num_blocks = config_.num_blocks;
+    group.block_size = config_.block_size;
+    group.window_tokens = runner_->group_is_sliding(g) ? runner_->spec().sliding_window : 0;
+    groups.push_back(group);
+    HostKvSlab slab;
+    slab.layout =
+        runner_->group_layout(g, config_.num_blocks, config_.block_size, config_.kv_dtype);
+    slab.bytes.resize(slab.layout.size_bytes());
+    slabs_.push_back(std::move(slab));
+  }
+  cache_ = std::make_unique<KvCacheManager>(groups);
+  if (config_.prefix_caching && runner_->num_cache_groups() == 1) {
+    // the salt ties cached blocks to this model geometry and KV dtype
+    const ModelSpec& spec = runner_->spec();
+    const uint64_t salt = (uint64_t(spec.num_layers) << 40) ^ (uint64_t(spec.hidden_size) << 20) ^
+                          (uint64_t(spec.vocab_size) << 4) ^ uint64_t(config_.kv_dtype);
+    prefix_cache_ = std::make_unique<PrefixCache>(&cache_->allocator(0), config_.block_size, salt);
+  }
+}
+
+Engine::~Engine() {
+  // tables release their blocks before the prefix cache and allocators go
+  for (auto& [id, s] : sequences_) {
+    if (s->resident) cache_->free_sequence(id);
+  }
+  for (auto& [name, session] : sessions_) {
+    if (session->resident) cache_->free_sequence(*session->resident);
+  }
+}
+
+int32_t Engine::total_tokens_needed(int32_t num_tokens) const {
+  return (num_tokens + config_.block_size - 1) / config_.block_size;
+}
+
+Result<RequestId> Engine::submit(Request request) {
+  const ModelSpec& spec = runner_->spec();
+  SessionState* session = nullptr;
+  if (request.session) {
+    if (request.session->empty()) return Status::invalid_argument("request: empty session name");
+    auto it = sessions_.find(*request.session);
+    if (it != sessions_.end()) {
+      session = it->second.get();
+      if (session->busy) {
+        return Status::invalid_argument("request: session '{}' is busy with another request",
+                                        *request.session);
+      }
+    }
+    if (request.n != 1) {
+      return Status::invalid_argument("request: a session request takes n = 1, not {}", request.n);
+    }
+  }
+  if (request.prompt_tokens.empty() && (session == nullptr || session->tokens.empty())) {
+    return Status::invalid_argument("request: empty prompt");
+  }
+  for (int32_t t : request.prompt_tokens) {
+    if (t < 0 || t >= spec.vocab_size) {
+      return Status::invalid_argument("request: token id {} outside the vocabulary of {}", t,
+                                      spec.vocab_size);
+    }
+  }
+  if (request.max_tokens <= 0) {
+    return Status::invalid_argument("request: max_tokens {} must be > 0", request.max_tokens);
+  }
+  for (int32_t t : request.stop_token_ids) {
+    if (t < 0 || t >= spec.vocab_size) {
+      return Status::invalid_argument("request: stop token id {} outside the vocabulary of {}", t,
+                                      spec.vocab_size);
+    }
+  }
+  if (request.min_tokens < 0) {
+    return Status::invalid_argument("request: min_tokens {} must be >= 0", request.min_tokens);
+  }
+  if (request.n < 1 || request.n > 64) {
+    return Status::invalid_argument("request: n {} must be in [1, 64]", request.n);
+  }
+  KVP_RETURN_IF_ERROR(validate_sampling_params(request.sampling));
+  const int32_t history = session ? static_cast<int32_t>(session->tokens.size()) : 0;
+  const int32_t total = history + static_cast<int32_t>(request.prompt_tokens.size());
+  if (!runner_->group_is_sliding(0)) {
+    const int64_t blocks = total_tokens_needed(total) +
+                           int64_t{request.n} * (total_tokens_needed(request.max_tokens) + 1);
+    if (blocks > config_.num_blocks) {
+      return Status::invalid_argument(
+          "request: {} prompt tokens and {} x {} output tokens need {} blocks, the pool has {}",
+          total, request.n, request.max_tokens, blocks, config_.num_blocks);
+    }
+  }
+
+  auto state = std::make_unique<RequestState>();
+  state->id = RequestId(next_request_id_++);
+  state->usage.prompt_tokens = static_cast<int32_t>(request.prompt_tokens.size());
+  auto s = std::make_unique<Sequence>();
+  s->request_id = state->id;
+  if (session != nullptr) {
+    s->tokens = session->tokens;
+    if (session->resident) {
+      s->id = *session->resident;
+      s->resident = true;
+      s->num_computed = session->num_computed;
+      session->resident.reset();
+      state->usage.cached_tokens = s->num_computed;
+      session->num_resumed_tokens += s->num_computed;
+    }
+    session->busy = true;
+  } else if (request.session) {
+    auto created = std::make_unique<SessionState>();
+    created->name = *request.session;
+    created->busy = true;
+    session = created.get();
+    sessions_.emplace(*request.session, std::move(created));
+  }
+  if (!s->resident) s->id = SeqId(next_seq_id_++);
+  s->tokens.insert(s->tokens.end(), request.prompt_tokens.begin(), request.prompt_tokens.end());
+  s->num_prompt = static_cast<int32_t>(s->tokens.size());
+  const uint64_t seed = request.sampling.seed.value_or(
+      config_.seed ^ (0x9e3779b97f4a7c15ull * uint64_t(state->id.value)));
+  s->rng.seed(seed);
+  s->history = TokenHistory(s->tokens);
+  state->seqs.push_back(s->id);
+  state->request = std::move(request);
+  stats_.num_prompt_tokens += state->usage.prompt_tokens;
+  waiting_.push_back(s->id);
+  const RequestId id = state->id;
+  sequences_.emplace(s->id, std::move(s));
+  requests_.emplace(id, std::move(state));
+  return id;
+}
+
+void Engine::admit_prefix(Sequence& s) {
+  if (!s.resident) {
+    cache_->add_sequence(s.id);
+    s.resident = true;
+    s.num_computed = 0;
+    s.num_registered_blocks = 0;
+  }
+  if (prefix_cache_ && s.num_computed == 0) {
+    // at least the last token must run, to produce logits
+    PrefixMatch match = prefix_cache_->match(std::span(s.tokens).first(s.tokens.size() - 1));
+    if (match.num_tokens > 0) {
+      cache_->adopt_prefix(s.id, match.blocks, match.num_tokens);
+      s.num_computed = match.num_tokens;
+      s.num_registered_blocks = static_cast<int32_t>(match.blocks.size());
+      stats_.num_prefix_hit_tokens += match.num_tokens;
+      RequestState& r = *requests_.at(s.request_id);
+      if (s.num_generated == 0) {
+        r.usage.cached_tokens = std::max(r.usage.cached_tokens, match.num_tokens);
+      }
+    }
+  }
+}
+
+bool Engine::evict_idle_session() {
+  SessionState* lru = nullptr;
+  for (auto& [name, session] : sessions_) {
+    if (session->busy || !session->resident) continue;
+    if (lru == nullptr || session->last_used < lru->last_used) lru = session.get();
+  }
+  if (lru == nullptr) return false;
+  cache_->free_sequence(*lru->resident);
+  lru->resident.reset();
+  lru->num_computed = 0;
+  ++lru->num_evictions;
+  ++stats_.num_session_evictions;
+  return true;
+}
+
+void Engine::preempt(SeqId seq_id) {
+  Sequence& s = seq(seq_id);
+  cache_->free_sequence(s.id);
+  s.resident = false;
+  s.num_computed = 0;
+  s.num_registered_blocks = 0;
+  running_.erase(std::find(running_.begin(), running_.end(), seq_id));
+  waiting_.push_front(seq_id);
+  ++requests_.at(s.request_id)->usage.num_preemptions;
+  ++stats_.num_preemptions;
+}
+
+bool Engine::release_waiting(SeqId except) {
+  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
+    Sequence& s = seq(*it);
+    if (*it == except || !s.resident) continue;
+    cache_->free_sequence(s.id);
+    s.resident = false;
+    s.num_computed = 0;
+    s.num_registered_blocks = 0;
+    ++stats_.num_preemptions;
+    return true;
+  }
+  return false;
+}
+
+bool Engine::make_room(SeqId for_seq, int32_t num_tokens, size_t first_unplanned) {
+  while (!cache_->can_append(for_seq, num_tokens)) {
+    if (evict_idle_session() || release_waiting(for_seq)) continue;
+    // preempt the newest running sequence not planned this step; for_seq itself last
+    const SeqId victim = running_.size() > first_unplanned ? running_.back() : for_seq;
+    preempt(victim);
+    if (victim == for_seq) return false;
+  }
+  return true;
+}
+
+void Engine::register_full_blocks(Sequence& s) {
+  if (!prefix_cache_) return;
+  const BlockTable& table = cache_->table(s.id, 0);
+  const int32_t num_full = s.num_computed / config_.block_size;
+  if (num_full <= s.num_registered_blocks) return;
+  prefix_cache_->register_blocks(std::span(s.tokens).first(size_t(num_full) * config_.block_size),
+                                 table.blocks().first(num_full));
+  s.num_registered_blocks = num_full;
+}
+
+void Engine::fork_samples(Sequence& parent) {
+  RequestState& r = *requests_.at(parent.request_id);
+  r.forked = true;
+  const int32_t n = r.request.n;
+  auto pos = std::find(running_.begin(), running_.end(), parent.id);
+  for (int32_t i = 1; i < n; ++i) {
+    auto child = std::make_unique<Sequence>(parent);
+    child->id = SeqId(next_seq_id_++);
+    child->sample_index = i;
+    child->rng.seed(r.request.sampling.seed.value_or(config_.seed) + 0x632be59bd9b4e019ull * i +
+                    uint64_t(r.id.value));
+    cache_->fork(parent.id, child->id);
+    r.seqs.push_back(child->id);
+    pos = running_.insert(pos + 1, child->id);
+    sequences_.emplace(child->id, std::move(child));
+  }
+}
+
+void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* events) {
+  RequestState& r = *requests_.at(s.request_id);
+  s.finished = true;
+  ++r.num_finished;
+  EngineEvent e;
+  e.kind = EngineEvent::Kind::kFinished;
+  e.request_id = r.id;
+  e.sample_index = s.sample_index;
+  e.finish_reason = reason;
+  auto run_it = std::find(running_.begin(), running_.end(), s.id);
+  if (run_it != running_.end()) running_.erase(run_it);
+  auto wait_it = std::find(waiting_.begin(), waiting_.end(), s.id);
+  if (wait_it != waiting_.end()) waiting_.erase(wait_it);
+
+  if (r.request.session) {
+    SessionState& session = *sessions_.at(*r.request.session);
+    session.tokens = s.tokens;
+    session.busy = false;
+    session.last_used = ++session_clock_;
+    ++session.num_turns;
+    if (s.resident) {
+      session.resident = s.id;
+      session.num_computed = s.num_computed;
+      s.resident = false;  // the session owns the table now
+    } else {
+      session.num_computed = 0;
+    }
+  } else if (s.resident) {
+    cache_->free_sequence(s.id);
+    s.resident = false;
+  }
+  if (r.num_finished == static_cast<int32_t>(r.seqs.size()) &&
+      (r.forked || r.request.n == 1 || r.cancelled)) {
+    e.usage = r.usage;
+    events->push_back(e);
+    for (SeqId sid : r.seqs) sequences_.erase(sid);
+    requests_.erase(r.id);
+    return;
+  }
+  events->push_back(e);
+}
+
+bool Engine::cancel(RequestId request_id, std::vector<EngineEvent>* events) {
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) return false;
+  RequestState& r = *it->second;
+  r.cancelled = true;
+  const std::vector<SeqId> seqs = r.seqs;
+  for (SeqId sid : seqs) {
+    auto s = sequences_.find(sid);
+    if (s != sequences_.end() && !s->second->finished) {
+      finish(*s->second, FinishReason::kCancelled, events);
+    }
+  }
+  return true;
+}
+
+std::vector<EngineEvent> Engine::step() {
+  std::vector<EngineEvent> events;
+  struct Planned {
+    SeqId id;
+    int32_t num_tokens;
+    bool wants_logits;
+  };
+  std::vector<Planned> plan;
+  int32_t budget = config_.max_step_tokens;
+  std::vector<std::vector<GroupBlockCopy>> copies(1);
+
+  // 1. running sequences, oldest first
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const SeqId id = running_[i];
+    Sequence& s = seq(id);
+    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    const int32_t q = std::min(pending, budget);
+    if (!make_room(id, q, i + 1)) continue;  // `id` itself was preempted: running_[i] moved on
+    KVP_CHECK(cache_->append(id, q, &copies[0]), "append after make_room");
+    plan.push_back({id, q, q == pending});
+    budget -= q;
+    ++i;
+  }
+  // 2. waiting sequences, in order, while they fit
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(plan.size()) < config_.max_num_seqs) {
+    const SeqId id = waiting_.front();
+    Sequence& s = seq(id);
+    admit_prefix(s);
+    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    const int32_t q = std::min(pending, budget);
+    bool fits = cache_->can_append(id, q);
+    while (!fits && (evict_idle_session() || release_waiting(id))) {
+      fits = cache_->can_append(id, q);
+    }
+    if (!fits) {
+      if (plan.empty() && running_.empty()) {
+        // nothing else holds blocks: this chunk can never fit the pool
+        waiting_.pop_front();
+        finish(s, FinishReason::kAborted, &events);
+        continue;
+      }
+      break;
+    }
+    KVP_CHECK(cache_->append(id, q, &copies[0]), "append after can_append");
+    waiting_.pop_front();
+    running_.push_back(id);
+    plan.push_back({id, q, q == pending});
+    budget -= q;
+  }
+  if (plan.empty()) return events;
+
+  // 3. copy-on-write copies, then the forward pass
+  for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+    std::vector<BlockCopy> group_copies;
+    for (const GroupBlockCopy& c : copies[0]) {
+      if (c.group == g) group_copies.push_back(c.copy);
+    }
+    if (!group_copies.empty()) {
+      Status st = cpu::copy_blocks(slabs_[g].layout, slabs_[g].bytes.data(), group_copies);
+      KVP_CHECK(st.is_ok(), "{}", st.to_string());
+    }
+  }
+  const int32_t num_groups = cache_->num_groups();
+  std::vector<int32_t> token_ids, query_start = {0}, kv_lens, logit_rows;
+  std::vector<std::vector<int64_t>> slots(num_groups);
+  std::vector<std::vector<int32_t>> tables(num_groups);
+  std::vector<int32_t> max_blocks(num_groups, 1);
+  for (const Planned& p : plan) {
+    const Sequence& s = seq(p.id);
+    token_ids.insert(token_ids.end(), s.tokens.begin() + s.num_computed,
+                     s.tokens.begin() + s.num_computed + p.num_tokens);
+    query_start.push_back(static_cast<int32_t>(token_ids.size()));
+    kv_lens.push_back(s.num_computed + p.num_tokens);
+    if (p.wants_logits) logit_rows.push_back(query_start.back() - 1);
+    for (int32_t g = 0; g < num_groups; ++g) {
+      max_blocks[g] = std::max(max_blocks[g], cache_->table(p.id, g).num_blocks());
+    }
+  }
+  for (int32_t g = 0; g < num_groups; ++g) {
+    tables[g].assign(plan.size() * max_blocks[g], 0);
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const Sequence& s = seq(plan[i].id);
+      const BlockTable& table = cache_->table(plan[i].id, g);
+      const size_t first = slots[g].size();
+      slots[g].resize(first + plan[i].num_tokens);
+      table.fill_slots(s.num_computed, plan[i].num_tokens, slots[g].data() + first);
+      // dropped entries (behind a window) stay 0: attention never reads them
+      for (int32_t b = table.num_dropped_blocks(); b < table.num_blocks(); ++b) {
+        tables[g][i * max_blocks[g] + b] = table.blocks()[b].value;
+      }
+    }
+  }
+  ForwardBatch batch;
+  batch.token_ids = token_ids;
+  batch.query_start = query_start;
+  batch.kv_lens = kv_lens;
+  for (int32_t g = 0; g < num_groups; ++g) {
+    batch.groups.push_back({slots[g], tables[g], max_blocks[g]});
+  }
+  batch.logit_rows = logit_rows;
+  const int32_t vocab = runner_->spec().vocab_size;
+  std::vector<float> logits(logit_rows.size() * vocab);
+  Status st = runner_->forward(batch, slabs_, logits);
+  KVP_CHECK(st.is_ok(), "engine batch refused by the model runner: {}", st.to_string());
+  ++stats_.num_steps;
+
+  // 4. bookkeeping, sampling, events
+  size_t logit_index = 0;
+  std::vector<std::pair<SeqId, FinishReason>> to_finish;
+  for (const Planned& p : plan) {
+    Sequence& s = seq(p.id);
+    RequestState& r = *requests_.at(s.request_id);
+    const int32_t pending_before = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    if (pending_before > 1 || s.num_generated == 0) {
+      stats_.num_prefill_tokens += p.num_tokens;
+      r.usage.prefilled_tokens += p.num_tokens;
+    } else {
+      stats_.num_decode_tokens += p.num_tokens;
+    }
+    s.num_computed += p.num_tokens;
+    register_full_blocks(s);
+    if (!p.wants_logits) continue;
+    const std::span<const float> row(logits.data() + logit_index * vocab, vocab);
+    ++logit_index;
+    if (r.request.n > 1 && !r.forked) fork_samples(s);
+    // the parent and (after a fork) its children sample from the same row
+    std::vector<SeqId> samplers = {s.id};
+    if (r.forked && s.sample_index == 0 && s.num_generated == 0) {
+      samplers.assign(r.seqs.begin(), r.seqs.end());
+    }
+    for (SeqId sid : samplers) {
+      Sequence& x = seq(sid);
+      std::span<const float> sample_row = row;
+      std::vector<float> masked;
+      if (x.num_generated < r.request.min_tokens) {
+        masked.assign(row.begin(), row.end());
+        for (int32_t t : runner_->spec().eos_token_ids) masked[t] = -INFINITY;
+        for (int32_t t : r.request.stop_token_ids) masked[t] = -INFINITY;
+        sample_row = masked;
+      }
+      SampledToken tok = sample_token(sample_row, r.request.sampling, x.history, x.rng);
+      x.tokens.push_back(tok.token_id);
+      x.history.add_output(tok.token_id);
+      ++x.num_generated;
+      ++r.usage.completion_tokens;
+      EngineEvent e;
+      e.kind = EngineEvent::Kind::kToken;
+      e.request_id = r.id;
+      e.sample_index = x.sample_index;
+      e.token_id = tok.token_id;
+      e.logprob = tok.logprob;
+      e.top_logprobs = std::move(tok.top_logprobs);
+      events.push_back(std::move(e));
+      const auto& eos = runner_->spec().eos_token_ids;
+      const auto& stops = r.request.stop_token_ids;
+      const bool stop =
+          (!r.request.ignore_eos && std::find(eos.begin(), eos.end(), tok.token_id) != eos.end()) ||
+          std::find(stops.begin(), stops.end(), tok.token_id) != stops.end();
+      // finished below, after every sample of the row is drawn
+      if (stop) {
+        to_finish.emplace_back(sid, FinishReason::kStop);
+      } else if (x.num_generated >= r.request.max_tokens) {
+        to_finish.emplace_back(sid, FinishReason::kLength);
+      }
+    }
+  }
+  for (const auto& [sid, reason] : to_finish) finish(seq(sid), reason, &events);
+  return events;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.num_running = static_cast<int32_t>(running_.size());
+  s.num_waiting = static_cast<int32_t>(waiting_.size());
+  const BlockAllocator& a = cache_->allocator(0);
+  s.num_blocks_total = a.num_blocks();
+  s.num_blocks_used = a.num_blocks() - a.num_available();
+  return s;
+}
+
+std::vector<SessionInfo> Engine::sessions() const {
+  std::vector<SessionInfo> out;
+  for (const auto& [name, session] : sessions_) {
+    SessionInfo info;
+    info.name = name;
+    info.num_tokens = static_cast<int32_t>(session->tokens.size());
+    info.num_resident_tokens = session->resident ? session->num_computed : 0;
+    info.busy = session->busy;
+    info.num_turns = session->num_turns;
+    info.num_resumed_tokens = session->num_resumed_tokens;
+    info.num_evictions = session->num_evictions;
+    out.push_back(info);
+  }
+  return out;
+}
+
+Status Engine::delete_session(const std::string& name) {
+  auto it = sessions_.find(name);
+  if (it == sessions_.end()) return Status::not_found("session '{}' does not exist", name);
+  if (it->second->busy) {
+    return Status::invalid_argument("session '{}' is busy with a request", name);
+  }
+  if (it->second->resident) cache_->free_sequence(*it->second->resident);
+  sessions_.erase(it);
+  return Status::ok();
+}
+
+void Engine::check_integrity() const {
+  cache_->check_integrity();
+  if (prefix_cache_) prefix_cache_->check_integrity();
+  int32_t resident = 0;
+  for (const auto& [id, s] : sequences_) {
+    if (!s->resident) continue;
+    ++resident;
+    KVP_CHECK(cache_->has_sequence(id), "sequence {} resident but unknown to the cache", id.value);
+    KVP_CHECK(cache_->num_tokens(id) == s->num_computed, "sequence {}: table {} vs computed {}",
+              id.value, cache_->num_tokens(id), s->num_computed);
+  }
+  for (const auto& [name, session] : sessions_) {
+    if (!session->resident) continue;
+    ++resident;
+    KVP_CHECK(cache_->num_tokens(*session->resident) == session->num_computed,
+              "session '{}': table {} vs computed {}", name, cache_->num_tokens(*session->resident),
+              session->num_computed);
+  }
+  KVP_CHECK(resident == cache_->num_sequences(), "{} resident sequences, cache holds {}", resident,
+            cache_->num_sequences());
+}
+
+}  // namespace kvp

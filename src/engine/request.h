@@ -1,0 +1,54 @@
+// What a caller submits to the Engine and what it gets back (issue "Engine": API).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/ids.h"
+#include "engine/sampler.h"
+
+namespace kvp {
+
+struct Request {
+  std::vector<int32_t> prompt_tokens;  // must not be empty (unless it continues a session)
+  SamplingParams sampling;
+  int32_t max_tokens = 16;              // generated tokens per sample, > 0
+  std::vector<int32_t> stop_token_ids;  // besides the model's end-of-sequence tokens
+  bool ignore_eos = false;
+  int32_t min_tokens = 0;  // end-of-sequence and stop tokens are not sampled before
+                           // this many outputs (their logits are masked)
+  int32_t n = 1;           // parallel samples (forks sharing the prompt's blocks)
+  // An agent's session: the prompt appends to the session's sequence (its earlier prompts and
+  // outputs), and only the new tokens are prefilled. Created on first use.
+  std::optional<std::string> session;
+};
+
+// kAborted: the request could not be served (its next chunk can never fit the pool).
+enum class FinishReason { kStop, kLength, kCancelled, kAborted };
+const char* finish_reason_name(FinishReason reason);
+
+struct Usage {
+  int32_t prompt_tokens = 0;      // tokens of this request's prompt (as submitted)
+  int32_t prefilled_tokens = 0;   // tokens this request actually ran through the model
+                                  // before its first output (prompt minus cache hits and
+                                  // session history, plus recomputation after preemption)
+  int32_t cached_tokens = 0;      // prompt tokens served from the prefix cache or session
+  int32_t completion_tokens = 0;  // over all samples
+  int32_t num_preemptions = 0;
+};
+
+struct EngineEvent {
+  enum class Kind { kToken, kFinished };
+  Kind kind = Kind::kToken;
+  RequestId request_id;
+  int32_t sample_index = 0;                          // 0 .. n-1
+  int32_t token_id = -1;                             // kToken
+  float logprob = 0.0f;                              // kToken
+  std::vector<TokenLogprob> top_logprobs;            // kToken, when asked for
+  FinishReason finish_reason = FinishReason::kStop;  // kFinished
+  Usage usage;  // kFinished of the request's last sample: the request's totals
+};
+
+}  // namespace kvp

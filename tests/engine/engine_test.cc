@@ -1,0 +1,327 @@
+// Engine equivalence (issue "Engine"): on the tiny transformers-made models, a request's greedy
+// output is the same alone, batched with 31 others, after a prefix-cache hit, after preemption
+// and recompute, and when continued through a session that was evicted meanwhile; prefill
+// counts show the skipped work; pressure leaves no block leaked; bad requests are refused.
+#include "engine/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+
+#include "model/model_loader.h"
+#include "model/safetensors_file.h"
+
+namespace kvp {
+namespace {
+
+std::unique_ptr<ModelRunner> load(const std::string& name) {
+  auto runner = load_model("tests/model/fixtures/tiny/" + name, nullptr);
+  KVP_CHECK(runner.is_ok(), "{}", runner.status().to_string());
+  return std::move(runner).value();
+}
+
+std::vector<int32_t> golden_ids(const std::string& name, const std::string& tensor) {
+  auto file = SafetensorsModel::open("tests/model/fixtures/tiny/" + name + "/golden.safetensors");
+  KVP_CHECK(file.is_ok(), "{}", file.status().to_string());
+  const SafetensorsTensor& t = (*file)->tensors().at(tensor);
+  std::vector<int32_t> ids(t.size_bytes / 4);
+  std::memcpy(ids.data(), t.data, t.size_bytes);
+  return ids;
+}
+
+Request greedy_request(std::vector<int32_t> prompt, int32_t max_tokens) {
+  Request r;
+  r.prompt_tokens = std::move(prompt);
+  r.sampling.temperature = 0.0f;
+  r.max_tokens = max_tokens;
+  r.min_tokens = max_tokens;  // as the goldens were made: no end-of-sequence
+  return r;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  Usage usage;
+  FinishReason reason = FinishReason::kStop;
+};
+
+// Steps the engine until every request has finished; collects sample 0 of each.
+std::map<int64_t, Outcome> run_all(Engine& engine, bool check_each_step = true) {
+  std::map<int64_t, Outcome> out;
+  int guard = 0;
+  while (engine.has_unfinished()) {
+    for (EngineEvent& e : engine.step()) {
+      if (e.sample_index != 0) continue;
+      Outcome& o = out[e.request_id.value];
+      if (e.kind == EngineEvent::Kind::kToken) {
+        o.tokens.push_back(e.token_id);
+      } else {
+        o.usage = e.usage;
+        o.reason = e.finish_reason;
+      }
+    }
+    if (check_each_step) engine.check_integrity();
+    KVP_CHECK(++guard < 100000, "engine made no progress");
+  }
+  return out;
+}
+
+EngineConfig small_config(int32_t num_blocks, int32_t block_size = 4) {
+  EngineConfig c;
+  c.num_blocks = num_blocks;
+  c.block_size = block_size;
+  c.max_step_tokens = 64;
+  return c;
+}
+
+class EngineGoldenTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(EngineGoldenTest, AloneMatchesTransformersGreedy) {
+  auto runner = load(GetParam());
+  for (int p = 0; p < 4; ++p) {
+    Engine engine(runner.get(), small_config(64));
+    auto prompt = golden_ids(GetParam(), "prompt_" + std::to_string(p));
+    auto id = engine.submit(greedy_request(prompt, 32));
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    auto out = run_all(engine);
+    EXPECT_EQ(out[id->value].tokens, golden_ids(GetParam(), "greedy_" + std::to_string(p)))
+        << GetParam() << " prompt " << p;
+    EXPECT_EQ(out[id->value].reason, FinishReason::kLength);
+    EXPECT_EQ(out[id->value].usage.prefilled_tokens, static_cast<int32_t>(prompt.size()));
+  }
+}
+
+TEST_P(EngineGoldenTest, BatchedWith31OthersOfMixedLengthsMatchesAlone) {
+  auto runner = load(GetParam());
+  Engine engine(runner.get(), small_config(1024));
+  std::mt19937 rng(11);
+  std::map<int64_t, int> golden_of;  // request id -> golden prompt index
+  std::vector<int64_t> others;
+  for (int i = 0; i < 32; ++i) {
+    if (i % 8 == 3) {
+      const int p = i / 8;
+      auto id =
+          engine.submit(greedy_request(golden_ids(GetParam(), "prompt_" + std::to_string(p)), 32));
+      ASSERT_TRUE(id.is_ok());
+      golden_of[id->value] = p;
+    } else {
+      std::vector<int32_t> prompt(1 + rng() % 60);
+      for (int32_t& t : prompt) t = 3 + rng() % 250;
+      auto id = engine.submit(greedy_request(prompt, 1 + rng() % 40));
+      ASSERT_TRUE(id.is_ok());
+      others.push_back(id->value);
+    }
+  }
+  auto out = run_all(engine);
+  ASSERT_EQ(out.size(), 32u);
+  for (const auto& [id, p] : golden_of) {
+    EXPECT_EQ(out[id].tokens, golden_ids(GetParam(), "greedy_" + std::to_string(p))) << p;
+  }
+}
+
+TEST_P(EngineGoldenTest, PreemptedRequestsRecomputeToTheSameOutput) {
+  auto runner = load(GetParam());
+  // 24 blocks of 4 tokens: the four golden requests (up to 45 + 32 tokens each) cannot all fit
+  Engine engine(runner.get(), small_config(24));
+  std::map<int64_t, int> golden_of;
+  for (int p = 0; p < 4; ++p) {
+    auto id =
+        engine.submit(greedy_request(golden_ids(GetParam(), "prompt_" + std::to_string(p)), 32));
+    ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+    golden_of[id->value] = p;
+  }
+  auto out = run_all(engine);
+  EXPECT_GT(engine.stats().num_preemptions, 0);
+  int preempted = 0;
+  for (const auto& [id, p] : golden_of) {
+    EXPECT_EQ(out[id].tokens, golden_ids(GetParam(), "greedy_" + std::to_string(p))) << p;
+    preempted += out[id].usage.num_preemptions;
+  }
+  EXPECT_GT(preempted, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::Values("llama", "gemma3"));
+
+TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutput) {
+  auto runner = load("llama");
+  Engine engine(runner.get(), small_config(256));
+  auto prompt = golden_ids("llama", "prompt_3");  // 45 tokens: 11 full blocks of 4
+  auto first = engine.submit(greedy_request(prompt, 32));
+  auto out1 = run_all(engine);
+  auto second = engine.submit(greedy_request(prompt, 32));
+  auto out2 = run_all(engine);
+  const auto golden = golden_ids("llama", "greedy_3");
+  EXPECT_EQ(out1[first->value].tokens, golden);
+  EXPECT_EQ(out2[second->value].tokens, golden);
+  EXPECT_EQ(out1[first->value].usage.prefilled_tokens, 45);
+  EXPECT_EQ(out2[second->value].usage.cached_tokens, 44);  // 11 blocks; the last token runs
+  EXPECT_EQ(out2[second->value].usage.prefilled_tokens, 1);
+}
+
+TEST(Engine, ParallelSamplesForkAndAreReproducible) {
+  auto runner = load("llama");
+  auto run = [&](uint64_t seed) {
+    Engine engine(runner.get(), small_config(256));
+    Request r;
+    r.prompt_tokens = golden_ids("llama", "prompt_2");
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = seed;
+    r.max_tokens = 12;
+    r.n = 4;
+    r.ignore_eos = true;
+    auto id = engine.submit(r);
+    KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+    std::map<int, std::vector<int32_t>> samples;
+    Usage usage;
+    while (engine.has_unfinished()) {
+      for (const EngineEvent& e : engine.step()) {
+        if (e.kind == EngineEvent::Kind::kToken) samples[e.sample_index].push_back(e.token_id);
+        if (e.kind == EngineEvent::Kind::kFinished && e.sample_index == 3) usage = e.usage;
+      }
+      engine.check_integrity();
+    }
+    EXPECT_EQ(engine.stats().num_blocks_used, 0);  // only cached (evictable) blocks remain
+    return std::make_pair(samples, usage);
+  };
+  auto [a, usage] = run(7);
+  auto [b, usage_b] = run(7);
+  ASSERT_EQ(a.size(), 4u);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(usage.prefilled_tokens, 29);  // the prompt ran once for all four samples
+  EXPECT_EQ(usage.completion_tokens, 48);
+  int distinct = 0;
+  for (int i = 1; i < 4; ++i) distinct += a[i] != a[0];
+  EXPECT_GT(distinct, 0);
+}
+
+// A session's second turn equals one request holding the whole conversation, and prefills
+// only the new tokens (plus the last output, whose KV did not exist yet) while resident.
+TEST(Engine, SessionResumesWithoutReencodingAndMatchesFullPrompt) {
+  for (bool evict_between : {false, true}) {
+    auto runner = load("llama");
+    Engine engine(runner.get(), small_config(128));
+    const auto turn1 = golden_ids("llama", "prompt_1");
+    const auto turn2 = golden_ids("llama", "prompt_2");
+    Request r1 = greedy_request(turn1, 8);
+    r1.session = "agent";
+    auto id1 = engine.submit(r1);
+    ASSERT_TRUE(id1.is_ok());
+    auto out1 = run_all(engine);
+    if (evict_between) {
+      // fill the pool with other work so the idle session is evicted
+      for (int i = 0; i < 3; ++i) {
+        std::vector<int32_t> filler(150, 10 + i);
+        ASSERT_TRUE(engine.submit(greedy_request(filler, 20)).is_ok());
+      }
+      run_all(engine);
+      ASSERT_EQ(engine.sessions()[0].num_resident_tokens, 0) << "session was not evicted";
+      EXPECT_EQ(engine.sessions()[0].num_evictions, 1);
+    }
+    Request r2 = greedy_request(turn2, 16);
+    r2.session = "agent";
+    auto id2 = engine.submit(r2);
+    ASSERT_TRUE(id2.is_ok());
+    auto out2 = run_all(engine);
+
+    std::vector<int32_t> whole = turn1;
+    whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
+    whole.insert(whole.end(), turn2.begin(), turn2.end());
+    Engine reference(runner.get(), small_config(128));
+    auto ref_id = reference.submit(greedy_request(whole, 16));
+    auto ref_out = run_all(reference);
+    EXPECT_EQ(out2[id2->value].tokens, ref_out[ref_id->value].tokens) << evict_between;
+    // every token of the conversation was either reused or run, never both
+    const Usage& usage = out2[id2->value].usage;
+    EXPECT_EQ(usage.prefilled_tokens + usage.cached_tokens, static_cast<int32_t>(whole.size()));
+    if (!evict_between) {
+      EXPECT_EQ(usage.prefilled_tokens, static_cast<int32_t>(turn2.size()) + 1);
+    }
+    engine.check_integrity();
+  }
+}
+
+TEST(Engine, SessionsNeedingFiveTimesThePoolAllCompleteWithoutLeaks) {
+  auto runner = load("gemma3");                   // two cache groups, one of them windowed
+  Engine engine(runner.get(), small_config(64));  // 256 tokens per group
+  std::mt19937 rng(5);
+  std::map<std::string, std::vector<int32_t>> expected_history;
+  const int kAgents = 10, kTurns = 4;
+  for (int turn = 0; turn < kTurns; ++turn) {
+    std::map<int64_t, std::string> owner;
+    for (int a = 0; a < kAgents; ++a) {
+      const std::string name = "agent" + std::to_string(a);
+      std::vector<int32_t> prompt(16 + rng() % 13);
+      for (int32_t& t : prompt) t = 3 + rng() % 250;
+      Request r = greedy_request(prompt, 12);
+      r.session = name;
+      auto id = engine.submit(r);
+      ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+      owner[id->value] = name;
+      auto& h = expected_history[name];
+      h.insert(h.end(), prompt.begin(), prompt.end());
+    }
+    auto out = run_all(engine);
+    for (const auto& [id, name] : owner) {
+      ASSERT_EQ(out[id].tokens.size(), 12u) << name;
+      auto& h = expected_history[name];
+      h.insert(h.end(), out[id].tokens.begin(), out[id].tokens.end());
+    }
+  }
+  int64_t total_tokens = 0;
+  for (const SessionInfo& s : engine.sessions()) {
+    EXPECT_EQ(s.num_tokens, static_cast<int32_t>(expected_history[s.name].size())) << s.name;
+    EXPECT_EQ(s.num_turns, kTurns);
+    total_tokens += s.num_tokens;
+  }
+  EXPECT_GT(total_tokens, 5 * 256);  // the sessions' histories need 5x the pool
+  EXPECT_GT(engine.stats().num_session_evictions, 0);
+  engine.check_integrity();
+  for (int a = 0; a < kAgents; ++a) {
+    ASSERT_TRUE(engine.delete_session("agent" + std::to_string(a)).is_ok());
+  }
+  engine.check_integrity();
+  EXPECT_EQ(engine.stats().num_blocks_used, 0);
+}
+
+TEST(Engine, BadRequestsAreRefusedAndTheEngineKeepsServing) {
+  auto runner = load("llama");
+  Engine engine(runner.get(), small_config(16));
+  auto expect_error = [&](Request r, const char* needle) {
+    auto id = engine.submit(r);
+    ASSERT_FALSE(id.is_ok()) << needle;
+    EXPECT_NE(id.status().message().find(needle), std::string::npos) << id.status().to_string();
+  };
+  expect_error(greedy_request({}, 4), "empty prompt");
+  expect_error(greedy_request({5}, 0), "max_tokens");
+  expect_error(greedy_request({5, 999}, 4), "token id 999");
+  Request bad_sampling = greedy_request({5}, 4);
+  bad_sampling.sampling.top_p = 2.0f;
+  expect_error(bad_sampling, "top_p");
+  expect_error(greedy_request(std::vector<int32_t>(70, 5), 4), "the pool has 16");
+  EXPECT_EQ(engine.delete_session("nobody").code(), StatusCode::kNotFound);
+  // still serving
+  auto id = engine.submit(greedy_request(golden_ids("llama", "prompt_0"), 8));
+  ASSERT_TRUE(id.is_ok());
+  auto out = run_all(engine);
+  auto golden = golden_ids("llama", "greedy_0");
+  EXPECT_EQ(out[id->value].tokens, std::vector<int32_t>(golden.begin(), golden.begin() + 8));
+}
+
+TEST(Engine, CancelFinishesARunningRequest) {
+  auto runner = load("llama");
+  Engine engine(runner.get(), small_config(64));
+  auto id = engine.submit(greedy_request(golden_ids("llama", "prompt_2"), 32));
+  engine.step();
+  engine.step();
+  std::vector<EngineEvent> events;
+  EXPECT_TRUE(engine.cancel(*id, &events));
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].finish_reason, FinishReason::kCancelled);
+  EXPECT_FALSE(engine.has_unfinished());
+  EXPECT_FALSE(engine.cancel(*id, &events));
+  engine.check_integrity();
+  EXPECT_EQ(engine.stats().num_blocks_used, 0);
+}
+
+}  // namespace
+}  // namespace kvp
