@@ -342,6 +342,7 @@ void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* 
   if (r.num_finished == static_cast<int32_t>(r.seqs.size()) &&
       (r.forked || r.request.n == 1 || r.cancelled)) {
     e.usage = r.usage;
+    e.request_finished = true;
     events->push_back(e);
     for (SeqId sid : r.seqs) sequences_.erase(sid);
     requests_.erase(r.id);

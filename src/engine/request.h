@@ -48,7 +48,8 @@ struct EngineEvent {
   float logprob = 0.0f;                              // kToken
   std::vector<TokenLogprob> top_logprobs;            // kToken, when asked for
   FinishReason finish_reason = FinishReason::kStop;  // kFinished
-  Usage usage;  // kFinished of the request's last sample: the request's totals
+  bool request_finished = false;  // kFinished: the request's last event (all samples done)
+  Usage usage;                    // with request_finished: the request's totals
 };
 
 }  // namespace kvp

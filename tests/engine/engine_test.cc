@@ -3,11 +3,13 @@
 // and recompute, and when continued through a session that was evicted meanwhile; prefill
 // counts show the skipped work; pressure leaves no block leaked; bad requests are refused.
 #include "engine/engine.h"
+#include "engine/engine_front.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <random>
+#include <thread>
 
 #include "model/model_loader.h"
 #include "model/safetensors_file.h"
@@ -321,6 +323,50 @@ TEST(Engine, CancelFinishesARunningRequest) {
   EXPECT_FALSE(engine.cancel(*id, &events));
   engine.check_integrity();
   EXPECT_EQ(engine.stats().num_blocks_used, 0);
+}
+
+}  // namespace
+}  // namespace kvp
+
+namespace kvp {
+namespace {
+
+TEST(EngineFront, StreamsEventsToManyCallerThreads) {
+  auto runner = load("llama");
+  EngineFront front(std::make_unique<Engine>(runner.get(), small_config(256)));
+  std::vector<std::thread> callers;
+  std::vector<std::vector<int32_t>> outputs(4);
+  for (int p = 0; p < 4; ++p) {
+    callers.emplace_back([&, p] {
+      auto stream =
+          front.submit(greedy_request(golden_ids("llama", "prompt_" + std::to_string(p)), 32));
+      ASSERT_TRUE(stream.is_ok());
+      while (auto e = (*stream)->next()) {
+        if (e->kind == EngineEvent::Kind::kToken) outputs[p].push_back(e->token_id);
+      }
+    });
+  }
+  for (auto& t : callers) t.join();
+  for (int p = 0; p < 4; ++p) {
+    EXPECT_EQ(outputs[p], golden_ids("llama", "greedy_" + std::to_string(p))) << p;
+  }
+  auto bad = front.submit(greedy_request({}, 4));
+  EXPECT_FALSE(bad.is_ok());
+  EXPECT_EQ(front.stats().num_running, 0);
+}
+
+TEST(EngineFront, CancelEndsTheStream) {
+  auto runner = load("llama");
+  EngineFront front(std::make_unique<Engine>(runner.get(), small_config(256)));
+  Request r = greedy_request(golden_ids("llama", "prompt_3"), 30);
+  r.n = 3;
+  r.sampling.temperature = 0.8f;
+  auto stream = front.submit(r);
+  ASSERT_TRUE(stream.is_ok());
+  front.cancel((*stream)->id());
+  int finished = 0;
+  while (auto e = (*stream)->next()) finished += e->kind == EngineEvent::Kind::kFinished;
+  EXPECT_GE(finished, 1);
 }
 
 }  // namespace
