@@ -371,3 +371,64 @@ TEST(EngineFront, CancelEndsTheStream) {
 
 }  // namespace
 }  // namespace kvp
+
+#include "engine/bench.h"
+
+namespace kvp {
+namespace {
+
+// The bench driver's bookkeeping: every request is accounted for, sessions skip the history's
+// prefill that re-sending pays (the speed itself is for `kvpool bench`, never asserted here).
+TEST(Bench, AgentsWithSessionsPrefillOnlyNewTokens) {
+  auto runner = load("llama");
+  BenchConfig config;
+  config.workload = BenchConfig::Workload::kAgents;
+  config.num_agents = 3;
+  config.num_turns = 3;
+  config.system_prompt_tokens = 40;
+  config.turn_tokens = 10;
+  config.reply_tokens = 6;
+  int64_t prefilled[2] = {0, 0};
+  for (bool sessions : {true, false}) {
+    config.sessions = sessions;
+    Engine engine(runner.get(), small_config(512));
+    auto report = run_bench(engine, runner->spec().vocab_size, config);
+    ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+    EXPECT_EQ(report->num_requests, 9);
+    EXPECT_EQ(report->output_tokens, 9 * 6);
+    prefilled[sessions] = report->prefilled_tokens;
+    for (const RequestTiming& r : report->requests) {
+      // with sessions, a later turn runs its user tokens and the last reply token only
+      if (sessions && r.turn > 0) {
+        EXPECT_EQ(r.prefilled_tokens, 11) << "turn " << r.turn;
+      }
+      // without, it resends the whole history: 40 + 16 per earlier turn + 10
+      if (!sessions) {
+        EXPECT_EQ(r.prompt_tokens, 50 + 16 * r.turn);
+      }
+    }
+    engine.check_integrity();
+  }
+  EXPECT_LT(prefilled[1], prefilled[0]);
+}
+
+TEST(Bench, ClosedLoopReachesItsTokenTarget) {
+  auto runner = load("qwen2");
+  BenchConfig config;
+  config.workload = BenchConfig::Workload::kClosed;
+  config.concurrency = 4;
+  config.target_output_tokens = 100;
+  config.prompt_tokens_min = 5;
+  config.prompt_tokens_max = 30;
+  config.output_tokens_min = 5;
+  config.output_tokens_max = 20;
+  Engine engine(runner.get(), small_config(512));
+  auto report = run_bench(engine, runner->spec().vocab_size, config);
+  ASSERT_TRUE(report.is_ok());
+  EXPECT_GE(report->output_tokens, 100);
+  EXPECT_GT(report->ttft_s.p50, 0.0);
+  EXPECT_FALSE(parse_workload("bogus").is_ok());
+}
+
+}  // namespace
+}  // namespace kvp
