@@ -30,7 +30,7 @@ namespace kvp {
 namespace {
 
 #if defined(__SANITIZE_ADDRESS__)
-constexpr int64_t kDefaultOps = 200'000;
+constexpr int64_t kDefaultOps = 1'000'000;
 #else
 constexpr int64_t kDefaultOps = 2'000'000;
 #endif
