@@ -10,6 +10,11 @@
 // exactly the session's tokens in the blocks it names. check_integrity() of every class and an
 // exact ref-count census run after each operation.
 //
+// A second model-based test drives KvCacheManager over a global group and sliding-window groups
+// (different block sizes): appends, forks, copy-on-write, truncates and frees, checking that
+// every position inside the window of the next token reads back its own token in every group,
+// that window groups never hold more than the window needs, and exact ref counts.
+//
 // Replay: the seed is printed at the start of each run (stderr) and in every failure; set
 // KVP_SEED=<seed> to replay it, KVP_RANDOM_OPS=<n> to change the number of operations.
 #include <gtest/gtest.h>
@@ -23,6 +28,7 @@
 
 #include "cache/block_allocator.h"
 #include "cache/block_table.h"
+#include "cache/kv_cache_manager.h"
 #include "cache/prefix_cache.h"
 #include "cache/session_store.h"
 
@@ -504,6 +510,192 @@ TEST(Randomized, CacheBookkeepingMatchesASimpleModel) {
     EXPECT_GT(total.saves, 0);
     EXPECT_GT(total.loads, 0);
     EXPECT_GT(total.failed_appends, 0);
+  }
+}
+
+// KvCacheManager with sliding windows: the model is each sequence's token vector.
+class GroupWorld {
+ public:
+  GroupWorld(std::vector<CacheGroupConfig> groups, int64_t num_ops, uint64_t seed)
+      : groups_(groups), num_ops_(num_ops), seed_(seed), rng_(seed), manager_(std::move(groups)) {
+    for (const CacheGroupConfig& g : groups_) {
+      bytes_.emplace_back(static_cast<size_t>(g.num_blocks) * g.block_size, -1);
+    }
+  }
+
+  void run() {
+    for (op_index_ = 0; op_index_ < num_ops_; ++op_index_) {
+      step();
+      manager_.check_integrity();
+      for (const auto& [id, tokens] : model_) {
+        if (manager_.num_tokens(id) != static_cast<int32_t>(tokens.size())) fail("length");
+      }
+    }
+  }
+  int64_t copies() const { return copies_; }
+  int64_t dropped() const { return dropped_; }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("seed " + std::to_string(seed_) + ", op " + std::to_string(op_index_) +
+                             ": " + what);
+  }
+  int32_t uniform(int32_t lo, int32_t hi) {
+    return std::uniform_int_distribution<int32_t>(lo, hi)(rng_);
+  }
+  std::optional<SeqId> random_seq() {
+    if (model_.empty()) return std::nullopt;
+    auto it = model_.begin();
+    std::advance(it, uniform(0, static_cast<int32_t>(model_.size()) - 1));
+    return it->first;
+  }
+
+  // Every position the next token attends to must read back its token, in every group.
+  void verify(SeqId id) const {
+    const std::vector<int32_t>& tokens = model_.at(id);
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    for (int32_t g = 0; g < manager_.num_groups(); ++g) {
+      const BlockTable& t = manager_.table(id, g);
+      const int32_t w = groups_[g].window_tokens;
+      const int32_t first = w == 0 ? 0 : std::max(0, n - w + 1);
+      if (first < t.num_dropped_blocks() * t.block_size()) {
+        fail("group " + std::to_string(g) + " dropped a position inside the window");
+      }
+      for (int32_t p = first; p < n; ++p) {
+        if (bytes_[g][t.slot(p)] != tokens[p]) {
+          fail("group " + std::to_string(g) + " position " + std::to_string(p) + " reads " +
+               std::to_string(bytes_[g][t.slot(p)]) + ", expected " + std::to_string(tokens[p]));
+        }
+      }
+    }
+  }
+
+  void step() {
+    const int32_t kind = uniform(0, 99);
+    if (kind < 10 || model_.empty()) {
+      if (model_.size() >= 8) return free_seq();
+      const SeqId id{next_seq_++};
+      manager_.add_sequence(id);
+      model_[id] = {};
+    } else if (kind < 60) {
+      append();
+    } else if (kind < 72) {
+      if (model_.size() >= 8) return free_seq();
+      const SeqId parent = *random_seq();
+      const SeqId child{next_seq_++};
+      manager_.fork(parent, child);
+      model_[child] = model_[parent];
+      verify(child);
+    } else if (kind < 84) {
+      const SeqId id = *random_seq();
+      const int32_t n = uniform(0, manager_.num_tokens(id));
+      for (int32_t g = 0; g < manager_.num_groups(); ++g) {
+        if (!manager_.table(id, g).can_truncate(n)) return;
+      }
+      manager_.truncate(id, n);
+      model_[id].resize(n);
+      verify(id);
+    } else {
+      free_seq();
+    }
+  }
+
+  void append() {
+    const SeqId id = *random_seq();
+    const int32_t num_new = uniform(0, 9) < 7 ? 1 : uniform(2, 12);  // decode or a chunk
+    std::vector<GroupBlockCopy> copies;
+    if (!manager_.append(id, num_new, &copies)) {
+      if (!copies.empty()) fail("failed append returned copies");
+      return;
+    }
+    for (const GroupBlockCopy& c : copies) {
+      const int32_t bs = groups_[c.group].block_size;
+      for (int32_t i = 0; i < bs; ++i) {
+        bytes_[c.group][c.copy.dst.value * bs + i] = bytes_[c.group][c.copy.src.value * bs + i];
+      }
+      ++copies_;
+    }
+    std::vector<int32_t>& tokens = model_[id];
+    const int32_t old = static_cast<int32_t>(tokens.size());
+    for (int32_t i = 0; i < num_new; ++i) tokens.push_back(uniform(0, 1000));
+    for (int32_t g = 0; g < manager_.num_groups(); ++g) {
+      const BlockTable& t = manager_.table(id, g);
+      const int32_t bs = groups_[g].block_size;
+      for (int32_t p = old; p < t.num_tokens(); ++p) {
+        if (!manager_.allocator(g).is_writable(t.block(p / bs))) fail("write into shared block");
+        bytes_[g][t.slot(p)] = tokens[p];
+      }
+      const int32_t w = groups_[g].window_tokens;
+      if (w > 0) {
+        // The window of the chunk's first token plus the chunk itself.
+        const int32_t cap = (w + num_new - 1 + bs - 1) / bs + 1;
+        if (t.num_held_blocks() > cap) {
+          fail("group " + std::to_string(g) + " holds " + std::to_string(t.num_held_blocks()) +
+               " blocks, cap " + std::to_string(cap));
+        }
+        dropped_ += t.num_dropped_blocks() > 0;
+      }
+    }
+    verify(id);
+  }
+
+  void free_seq() {
+    std::optional<SeqId> id = random_seq();
+    if (!id) return;
+    manager_.free_sequence(*id);
+    model_.erase(*id);
+  }
+
+  std::vector<CacheGroupConfig> groups_;
+  int64_t num_ops_;
+  uint64_t seed_;
+  std::mt19937_64 rng_;
+  int64_t op_index_ = 0;
+  KvCacheManager manager_;
+  std::vector<std::vector<int32_t>> bytes_;  // [num_groups][num_blocks * block_size]
+  std::map<SeqId, std::vector<int32_t>> model_;
+  int64_t next_seq_ = 1;
+  int64_t copies_ = 0;
+  int64_t dropped_ = 0;
+};
+
+TEST(Randomized, CacheGroupsWithSlidingWindowsMatchASimpleModel) {
+  const uint64_t base_seed = static_cast<uint64_t>(env_int("KVP_SEED", 20261122));
+  const int64_t total_ops = env_int("KVP_RANDOM_OPS", kDefaultOps) / 4;
+  std::mt19937_64 shape_rng(base_seed);
+  const int32_t num_shapes = 4;
+  int64_t copies = 0;
+  int64_t dropped = 0;
+  for (int32_t i = 0; i < num_shapes; ++i) {
+    auto pick = [&](int32_t lo, int32_t hi) {
+      return std::uniform_int_distribution<int32_t>(lo, hi)(shape_rng);
+    };
+    const int32_t global_bs = 1 << pick(0, 4);
+    const int32_t window_bs = 1 << pick(0, 3);
+    std::vector<CacheGroupConfig> groups = {
+        {.num_blocks = 40 * 16 / global_bs + 8, .block_size = global_bs, .window_tokens = 0},
+        {.num_blocks = 48, .block_size = window_bs, .window_tokens = pick(1, 4 * window_bs)},
+        {.num_blocks = 64, .block_size = 1, .window_tokens = pick(1, 6)},
+    };
+    const uint64_t seed = base_seed + 100 + static_cast<uint64_t>(i);
+    std::fprintf(stderr,
+                 "randomized groups: block sizes %d/%d/1, windows 0/%d/%d, %lld ops, seed %llu "
+                 "(replay: KVP_SEED=%llu)\n",
+                 global_bs, window_bs, groups[1].window_tokens, groups[2].window_tokens,
+                 static_cast<long long>(total_ops / num_shapes),
+                 static_cast<unsigned long long>(seed), static_cast<unsigned long long>(base_seed));
+    GroupWorld world(groups, total_ops / num_shapes, seed);
+    try {
+      world.run();
+    } catch (const std::exception& e) {
+      FAIL() << e.what() << " (replay: KVP_SEED=" << base_seed << ")";
+    }
+    copies += world.copies();
+    dropped += world.dropped();
+  }
+  if (total_ops >= 10'000) {
+    EXPECT_GT(copies, 0);
+    EXPECT_GT(dropped, 0);
   }
 }
 
