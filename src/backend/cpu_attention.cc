@@ -45,6 +45,23 @@ struct Tile {
   int32_t num_splits = 0;
 };
 
+// A 64-byte aligned float buffer that only grows.
+class Workspace {
+ public:
+  float* floats(size_t count) {
+    if (count > capacity_) {
+      buffer_ = hwy::AllocateAligned<float>(count);
+      KVP_CHECK(buffer_ != nullptr, "attention workspace of {} floats", count);
+      capacity_ = count;
+    }
+    return buffer_.get();
+  }
+
+ private:
+  hwy::AlignedFreeUniquePtr<float[]> buffer_;
+  size_t capacity_ = 0;
+};
+
 struct Item {
   int32_t tile = 0;
   int32_t kv_begin = 0;
@@ -120,9 +137,13 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   const int64_t q_floats = align16(int64_t{num_heads} * max_rows * head_dim);
   const int64_t thread_floats =
       q_floats + align16(state_floats) + align16(tile_scratch_floats(max_rows, head_dim));
-  hwy::AlignedFreeUniquePtr<float[]> thread_scratch =
-      hwy::AllocateAligned<float>(static_cast<size_t>(thread_floats * num_threads));
-  std::vector<float> partials(static_cast<size_t>(num_partial_floats));
+  // Kept per calling thread between calls and only grown: a fresh allocation of this size is an
+  // mmap, and its page faults cost more than a short decode call.
+  thread_local Workspace workspace;
+  float* thread_scratch = workspace.floats(static_cast<size_t>(thread_floats * num_threads));
+  // Pointers, not the thread_local objects, go into the lambdas: those run on pool threads.
+  thread_local Workspace partial_workspace;
+  float* partials = partial_workspace.floats(static_cast<size_t>(num_partial_floats));
 
   const float scale = params.scale;
   const int32_t num_q_heads = params.num_q_heads;
@@ -136,12 +157,12 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
     const Item& item = items[size_t(item_index)];
     const Tile& tile = tiles[size_t(item.tile)];
     const int32_t num_rows = tile.num_tokens * group;
-    float* base = thread_scratch.get() + thread * thread_floats;
+    float* base = thread_scratch + thread * thread_floats;
     float* q_tile = base;  // [num_heads][num_rows][head_dim], scaled
     const int64_t partial = partial_offset[size_t(item_index)];
-    float* o = partial >= 0 ? partials.data() + partial : base + q_floats;  // [heads][rows][dim]
-    float* m = o + int64_t{num_heads} * num_rows * head_dim;                // [heads][rows]
-    float* l = m + int64_t{num_heads} * num_rows;                           // [heads][rows]
+    float* o = partial >= 0 ? partials + partial : base + q_floats;  // [heads][rows][dim]
+    float* m = o + int64_t{num_heads} * num_rows * head_dim;         // [heads][rows]
+    float* l = m + int64_t{num_heads} * num_rows;                    // [heads][rows]
 
     for (int32_t h = 0; h < num_heads; ++h) {
       for (int32_t r = 0; r < num_rows; ++r) {
@@ -215,11 +236,9 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
     const Tile& tile = tiles[size_t(split_tiles[size_t(index)])];
     const int32_t num_rows = tile.num_tokens * group;
     const int64_t all_rows = int64_t{num_heads} * num_rows;
-    float* acc = thread_scratch.get() + thread * thread_floats;  // [head_dim]
+    float* acc = thread_scratch + thread * thread_floats;  // [head_dim]
     // Split k's state: o at state(k), m after all_rows * head_dim floats, l after all_rows more.
-    auto state = [&](int32_t k) {
-      return partials.data() + partial_offset[size_t(tile.first_item + k)];
-    };
+    auto state = [&](int32_t k) { return partials + partial_offset[size_t(tile.first_item + k)]; };
     for (int32_t h = 0; h < num_heads; ++h) {
       for (int32_t r = 0; r < num_rows; ++r) {
         const int64_t row = int64_t{h} * num_rows + r;
