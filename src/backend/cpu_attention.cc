@@ -33,10 +33,9 @@ Status check_pointers(const AttentionBatch& batch, const PagedKv& kv, const void
   return Status::ok();
 }
 
-// One (sequence, KV head, query tile): its rows and the keys they can see.
+// One (sequence, query tile) with all its KV heads: its rows and the keys they can see.
 struct Tile {
   int32_t seq = 0;
-  int32_t kv_head = 0;
   int32_t first_token = 0;  // batch row of the tile's first query token
   int32_t num_tokens = 0;
   int32_t first_pos = 0;  // position of that token
@@ -44,6 +43,23 @@ struct Tile {
   int32_t kv_hi = 0;
   int32_t first_item = 0;  // its work items are [first_item, first_item + num_splits)
   int32_t num_splits = 0;
+};
+
+// A 64-byte aligned float buffer that only grows.
+class Workspace {
+ public:
+  float* floats(size_t count) {
+    if (count > capacity_) {
+      buffer_ = hwy::AllocateAligned<float>(count);
+      KVP_CHECK(buffer_ != nullptr, "attention workspace of {} floats", count);
+      capacity_ = count;
+    }
+    return buffer_.get();
+  }
+
+ private:
+  hwy::AlignedFreeUniquePtr<float[]> buffer_;
+  size_t capacity_ = 0;
 };
 
 struct Item {
@@ -60,12 +76,12 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   KVP_RETURN_IF_ERROR(check_attention_args(params, batch, kv));
   KVP_RETURN_IF_ERROR(check_pointers(batch, kv, q, out));
   const int32_t head_dim = kv.head_dim;
-  const int32_t group = params.num_q_heads / kv.num_kv_heads;
+  const int32_t num_heads = kv.num_kv_heads;
+  const int32_t group = params.num_q_heads / num_heads;
   const int32_t tokens_per_tile = std::max(1, tuning.tile_rows / group);
-  const int32_t max_rows = tokens_per_tile * group;
+  const int32_t max_rows = tokens_per_tile * group;  // per KV head
   const int num_threads = pool == nullptr ? 1 : pool->num_threads();
 
-  // Plan tiles (each KV head of a sequence shares its tiles' geometry).
   std::vector<Tile> tiles;
   int64_t total_keys = 0;  // sum of visible key ranges over tiles: the work to balance
   for (int32_t s = 0; s < batch.num_seqs; ++s) {
@@ -80,11 +96,8 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
       tile.first_pos = kv_len - q_len + t0;
       tile.kv_hi = tile.first_pos + tile.num_tokens;
       tile.kv_lo = params.window > 0 ? std::max(0, tile.first_pos - params.window + 1) : 0;
-      for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
-        tile.kv_head = h;
-        tiles.push_back(tile);
-        total_keys += tile.kv_hi - tile.kv_lo;
-      }
+      tiles.push_back(tile);
+      total_keys += tile.kv_hi - tile.kv_lo;
     }
   }
   if (tiles.empty()) return Status::ok();
@@ -99,10 +112,13 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
           std::max<int64_t>(kMinSplitKeys, (per_item + kChunkKeys - 1) / kChunkKeys * kChunkKeys);
     }
   }
+  // Item state: o [num_heads][max_rows][head_dim], m and l [num_heads][max_rows].
+  const int64_t state_floats = int64_t{num_heads} * max_rows * (head_dim + 2);
   std::vector<Item> items;
-  int64_t num_partial_rows = 0;  // rows of items whose tile is split
+  std::vector<int64_t> partial_offset;  // per item: its state in `partials`, or -1 (unsplit)
+  int64_t num_partial_floats = 0;
   for (int32_t i = 0; i < static_cast<int32_t>(tiles.size()); ++i) {
-    Tile& tile = tiles[i];
+    Tile& tile = tiles[size_t(i)];
     const int64_t range = tile.kv_hi - tile.kv_lo;
     tile.num_splits = static_cast<int32_t>((range + split_keys - 1) / split_keys);
     tile.first_item = static_cast<int32_t>(items.size());
@@ -110,78 +126,68 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
       const int64_t begin = tile.kv_lo + k * split_keys;
       items.push_back({i, static_cast<int32_t>(begin),
                        static_cast<int32_t>(std::min<int64_t>(tile.kv_hi, begin + split_keys))});
+      partial_offset.push_back(tile.num_splits > 1 ? num_partial_floats : -1);
+      if (tile.num_splits > 1) num_partial_floats += state_floats;
     }
-    if (tile.num_splits > 1) num_partial_rows += int64_t{tile.num_splits} * max_rows;
   }
 
-  // Per-thread scratch: q tile, state (o, m, l) of an unsplit tile, kernel scratch.
-  // Each section starts on a 64-byte boundary (the kernel's scratch must).
+  // Per-thread scratch, each section 64-byte aligned (the kernel's scratch must be): the q tile,
+  // the state of an unsplit item, the kernel's scratch.
   auto align16 = [](int64_t floats) { return (floats + 15) / 16 * 16; };
-  const int64_t q_floats = align16(int64_t{max_rows} * head_dim);
-  const int64_t state_floats = align16(int64_t{max_rows} * (head_dim + 2));
-  const int64_t kernel_floats = align16(tile_scratch_floats(max_rows, head_dim));
-  const int64_t thread_floats = q_floats + state_floats + kernel_floats;
-  hwy::AlignedFreeUniquePtr<float[]> thread_scratch =
-      hwy::AllocateAligned<float>(static_cast<size_t>(thread_floats * num_threads));
-  // Partial states of split tiles: item k's rows at partial_index[k] * (head_dim + 2).
-  std::vector<float> partials(static_cast<size_t>(num_partial_rows * (head_dim + 2)));
-  std::vector<int64_t> partial_row(items.size(), -1);  // first partial row of each split item
-  {
-    int64_t next = 0;
-    for (const Tile& tile : tiles) {
-      if (tile.num_splits <= 1) continue;
-      for (int32_t k = 0; k < tile.num_splits; ++k) {
-        partial_row[tile.first_item + k] = next;
-        next += max_rows;
-      }
-    }
-  }
+  const int64_t q_floats = align16(int64_t{num_heads} * max_rows * head_dim);
+  const int64_t thread_floats =
+      q_floats + align16(state_floats) + align16(tile_scratch_floats(max_rows, head_dim));
+  // Kept per calling thread between calls and only grown: a fresh allocation of this size is an
+  // mmap, and its page faults cost more than a short decode call.
+  thread_local Workspace workspace;
+  float* thread_scratch = workspace.floats(static_cast<size_t>(thread_floats * num_threads));
+  // Pointers, not the thread_local objects, go into the lambdas: those run on pool threads.
+  thread_local Workspace partial_workspace;
+  float* partials = partial_workspace.floats(static_cast<size_t>(num_partial_floats));
 
   const float scale = params.scale;
   const int32_t num_q_heads = params.num_q_heads;
-  // Batch row index of (tile token, row) -> element offset of its head vector in q / out.
-  auto head_offset = [&](const Tile& tile, int32_t row) {
+  // Element offset in q / out of the head vector of (KV head h, tile row r).
+  auto head_offset = [&](const Tile& tile, int32_t h, int32_t row) {
     const int64_t token = tile.first_token + row / group;
-    return (token * num_q_heads + int64_t{tile.kv_head} * group + row % group) * head_dim;
+    return (token * num_q_heads + int64_t{h} * group + row % group) * head_dim;
   };
 
   auto run_item = [&](int64_t item_index, int thread) {
-    const Item& item = items[static_cast<size_t>(item_index)];
-    const Tile& tile = tiles[static_cast<size_t>(item.tile)];
+    const Item& item = items[size_t(item_index)];
+    const Tile& tile = tiles[size_t(item.tile)];
     const int32_t num_rows = tile.num_tokens * group;
-    float* base = thread_scratch.get() + thread * thread_floats;
-    float* q_tile = base;  // [num_rows][head_dim], scaled
-    float* o = nullptr;    // [num_rows][head_dim]
-    float* m = nullptr;    // [num_rows]
-    float* l = nullptr;    // [num_rows]
-    const int64_t partial = partial_row[static_cast<size_t>(item_index)];
-    if (partial >= 0) {
-      o = partials.data() + partial * (head_dim + 2);
-    } else {
-      o = base + q_floats;
-    }
-    m = o + int64_t{num_rows} * head_dim;
-    l = m + num_rows;
-    float* kernel_scratch = base + q_floats + state_floats;
+    float* base = thread_scratch + thread * thread_floats;
+    float* q_tile = base;  // [num_heads][num_rows][head_dim], scaled
+    const int64_t partial = partial_offset[size_t(item_index)];
+    float* o = partial >= 0 ? partials + partial : base + q_floats;  // [heads][rows][dim]
+    float* m = o + int64_t{num_heads} * num_rows * head_dim;         // [heads][rows]
+    float* l = m + int64_t{num_heads} * num_rows;                    // [heads][rows]
 
-    for (int32_t r = 0; r < num_rows; ++r) {
-      const int64_t src = head_offset(tile, r);
-      float* dst = q_tile + int64_t{r} * head_dim;
-      if (q_dtype == DType::F32) {
-        const float* q_row = static_cast<const float*>(q) + src;
-        for (int32_t d = 0; d < head_dim; ++d) dst[d] = q_row[d] * scale;
-      } else {
-        for (int32_t d = 0; d < head_dim; ++d) dst[d] = load_as_f32(q, q_dtype, src + d) * scale;
+    for (int32_t h = 0; h < num_heads; ++h) {
+      for (int32_t r = 0; r < num_rows; ++r) {
+        const int64_t src = head_offset(tile, h, r);
+        float* dst = q_tile + (int64_t{h} * num_rows + r) * head_dim;
+        if (q_dtype == DType::F32) {
+          const float* q_row = static_cast<const float*>(q) + src;
+          for (int32_t d = 0; d < head_dim; ++d) dst[d] = q_row[d] * scale;
+        } else {
+          for (int32_t d = 0; d < head_dim; ++d) {
+            dst[d] = load_as_f32(q, q_dtype, size_t(src + d)) * scale;
+          }
+        }
       }
     }
-    std::fill(o, o + int64_t{num_rows} * head_dim, 0.0f);
-    std::fill(m, m + num_rows, kNegInf);
-    std::fill(l, l + num_rows, 0.0f);
+    const int64_t all_rows = int64_t{num_heads} * num_rows;
+    std::fill(o, o + all_rows * head_dim, 0.0f);
+    std::fill(m, m + all_rows, kNegInf);
+    std::fill(l, l + all_rows, 0.0f);
 
     TileTask task;
     task.kv = &kv;
     task.block_table = batch.block_tables + int64_t{tile.seq} * batch.max_blocks_per_seq;
-    task.kv_head = tile.kv_head;
+    task.kv_head = 0;
+    task.num_heads = num_heads;
     task.head_dim = head_dim;
     task.num_rows = num_rows;
     task.rows_per_token = group;
@@ -190,64 +196,74 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
     task.kv_end = item.kv_end;
     task.window = params.window;
     task.soft_cap = params.soft_cap;
+    task.prefetch = tuning.prefetch;
     task.q = q_tile;
     task.o = o;
     task.m = m;
     task.l = l;
-    task.scratch = kernel_scratch;
+    task.scratch = base + q_floats + align16(state_floats);
     attend_tile(task);
 
     if (partial >= 0) return;  // merged below
-    for (int32_t r = 0; r < num_rows; ++r) {
-      KVP_DCHECK(l[r] > 0.0f, "row {} of a tile saw no key", r);
-      const float inv = 1.0f / l[r];
-      const float* o_row = o + int64_t{r} * head_dim;
-      const int64_t dst = head_offset(tile, r);
-      if (q_dtype == DType::F32) {
-        float* out_row = static_cast<float*>(out) + dst;
-        for (int32_t d = 0; d < head_dim; ++d) out_row[d] = o_row[d] * inv;
-      } else {
-        for (int32_t d = 0; d < head_dim; ++d)
-          store_from_f32(out, q_dtype, dst + d, o_row[d] * inv);
+    for (int32_t h = 0; h < num_heads; ++h) {
+      for (int32_t r = 0; r < num_rows; ++r) {
+        const int64_t row = int64_t{h} * num_rows + r;
+        KVP_DCHECK(l[row] > 0.0f, "row {} of a tile saw no key", row);
+        const float inv = 1.0f / l[row];
+        const float* o_row = o + row * head_dim;
+        const int64_t dst = head_offset(tile, h, r);
+        if (q_dtype == DType::F32) {
+          float* out_row = static_cast<float*>(out) + dst;
+          for (int32_t d = 0; d < head_dim; ++d) out_row[d] = o_row[d] * inv;
+        } else {
+          for (int32_t d = 0; d < head_dim; ++d) {
+            store_from_f32(out, q_dtype, size_t(dst + d), o_row[d] * inv);
+          }
+        }
       }
     }
   };
   parallel_for(pool, static_cast<int64_t>(items.size()), run_item);
 
-  if (num_partial_rows == 0) return Status::ok();
+  if (num_partial_floats == 0) return Status::ok();
+  // Merge split states exactly: M = max m_k, L = sum l_k e^(m_k - M), out = sum o_k e^(m_k - M) /
+  // L.
   std::vector<int32_t> split_tiles;
   for (int32_t i = 0; i < static_cast<int32_t>(tiles.size()); ++i) {
-    if (tiles[i].num_splits > 1) split_tiles.push_back(i);
+    if (tiles[size_t(i)].num_splits > 1) split_tiles.push_back(i);
   }
   auto merge_tile = [&](int64_t index, int thread) {
-    const Tile& tile = tiles[static_cast<size_t>(split_tiles[static_cast<size_t>(index)])];
+    const Tile& tile = tiles[size_t(split_tiles[size_t(index)])];
     const int32_t num_rows = tile.num_tokens * group;
-    float* acc = thread_scratch.get() + thread * thread_floats;  // [head_dim]
-    for (int32_t r = 0; r < num_rows; ++r) {
-      // State of split k, row r: o at rows_k + r * head_dim, m and l after the tile's o.
-      auto state = [&](int32_t k) {
-        return partials.data() +
-               partial_row[static_cast<size_t>(tile.first_item + k)] * (head_dim + 2);
-      };
-      float m_max = kNegInf;
-      for (int32_t k = 0; k < tile.num_splits; ++k) {
-        m_max = std::max(m_max, state(k)[int64_t{num_rows} * head_dim + r]);
+    const int64_t all_rows = int64_t{num_heads} * num_rows;
+    float* acc = thread_scratch + thread * thread_floats;  // [head_dim]
+    // Split k's state: o at state(k), m after all_rows * head_dim floats, l after all_rows more.
+    auto state = [&](int32_t k) { return partials + partial_offset[size_t(tile.first_item + k)]; };
+    for (int32_t h = 0; h < num_heads; ++h) {
+      for (int32_t r = 0; r < num_rows; ++r) {
+        const int64_t row = int64_t{h} * num_rows + r;
+        float m_max = kNegInf;
+        for (int32_t k = 0; k < tile.num_splits; ++k) {
+          m_max = std::max(m_max, state(k)[all_rows * head_dim + row]);
+        }
+        std::fill(acc, acc + head_dim, 0.0f);
+        float l_sum = 0.0f;
+        for (int32_t k = 0; k < tile.num_splits; ++k) {
+          const float* st = state(k);
+          const float m_k = st[all_rows * head_dim + row];
+          if (m_k == kNegInf) continue;  // this split's keys are all masked for the row
+          const float w = std::exp(m_k - m_max);
+          l_sum += w * st[all_rows * head_dim + all_rows + row];
+          const float* o_k = st + row * head_dim;
+          for (int32_t d = 0; d < head_dim; ++d) acc[d] += w * o_k[d];
+        }
+        KVP_DCHECK(l_sum > 0.0f, "row {} of a split tile saw no key", row);
+        const float inv = 1.0f / l_sum;
+        const int64_t dst = head_offset(tile, h, r);
+        for (int32_t d = 0; d < head_dim; ++d) {
+          store_from_f32(out, q_dtype, size_t(dst + d), acc[d] * inv);
+        }
       }
-      std::fill(acc, acc + head_dim, 0.0f);
-      float l_sum = 0.0f;
-      for (int32_t k = 0; k < tile.num_splits; ++k) {
-        const float* st = state(k);
-        const float m_k = st[int64_t{num_rows} * head_dim + r];
-        if (m_k == kNegInf) continue;  // this split's keys are all masked for the row
-        const float w = std::exp(m_k - m_max);
-        l_sum += w * st[int64_t{num_rows} * head_dim + num_rows + r];
-        const float* o_k = st + int64_t{r} * head_dim;
-        for (int32_t d = 0; d < head_dim; ++d) acc[d] += w * o_k[d];
-      }
-      KVP_DCHECK(l_sum > 0.0f, "row {} of a split tile saw no key", r);
-      const float inv = 1.0f / l_sum;
-      const int64_t dst = head_offset(tile, r);
-      for (int32_t d = 0; d < head_dim; ++d) store_from_f32(out, q_dtype, dst + d, acc[d] * inv);
     }
   };
   parallel_for(pool, static_cast<int64_t>(split_tiles.size()), merge_tile);

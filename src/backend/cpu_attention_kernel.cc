@@ -14,6 +14,7 @@
 #define HWY_TARGET_INCLUDE "backend/cpu_attention_kernel.cc"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // foreach_target must come first: it re-includes this file once per target.
+#include <hwy/cache_control.h>
 #include <hwy/contrib/math/math-inl.h>
 #include <hwy/highway.h>
 
@@ -50,6 +51,34 @@ HWY_INLINE void widen_row(DF df, const void* src, DType t, int32_t count, float*
   for (; i < count; ++i) dst[i] = load_as_f32(src, t, static_cast<size_t>(i));
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// Sums of 128-bit blocks down to one: lane i of the result is the sum of lane i of every block.
+template <class D>
+HWY_INLINE void store_block_sum(D d, hn::Vec<D> v, float* HWY_RESTRICT out) {
+  if constexpr (hn::MaxLanes(D()) > 4) {
+    const hn::Half<D> dh;
+    store_block_sum(dh, hn::Add(hn::LowerHalf(dh, v), hn::UpperHalf(dh, v)), out);
+  } else {
+    hn::StoreU(v, d, out);
+  }
+}
+
+// out[t] = sum of the lanes of a[t], t < 4: a transpose-and-add tree, cheaper than four
+// separate horizontal sums.
+HWY_INLINE void sum_of_four(DF df, const VF* a, float* HWY_RESTRICT out) {
+  const hn::Repartition<double, DF> dd;
+  // Within each 128-bit block: [a0_0 + a0_2, a1_0 + a1_2, a0_1 + a0_3, a1_1 + a1_3] and so on.
+  const VF s01 = hn::Add(hn::InterleaveLower(df, a[0], a[1]), hn::InterleaveUpper(df, a[0], a[1]));
+  const VF s23 = hn::Add(hn::InterleaveLower(df, a[2], a[3]), hn::InterleaveUpper(df, a[2], a[3]));
+  // Pairs of 64 bits: each block now holds partial sums [a0, a1, a2, a3].
+  const auto d01 = hn::BitCast(dd, s01);
+  const auto d23 = hn::BitCast(dd, s23);
+  const VF blocks = hn::Add(hn::BitCast(df, hn::InterleaveLower(dd, d01, d23)),
+                            hn::BitCast(df, hn::InterleaveUpper(dd, d01, d23)));
+  store_block_sum(df, blocks, out);
+}
+#endif  // HWY_TARGET != HWY_SCALAR
+
 // s[r * s_stride + t] = q[r] · k[t] for r < kRows, t < kKeys. q, k: rows of head_dim floats.
 template <int kRows, int kKeys>
 HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const float* const* k, int32_t head_dim,
@@ -69,10 +98,17 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const float* const* 
     }
   }
   for (int r = 0; r < kRows; ++r) {
+#if HWY_TARGET != HWY_SCALAR
+    if constexpr (kKeys == 4 && hn::MaxLanes(DF()) >= 4) {
+      sum_of_four(df, acc[r], s + r * s_stride);
+    } else
+#endif
+    {
+      for (int t = 0; t < kKeys; ++t)
+        s[r * s_stride + t] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
+    }
     for (int t = 0; t < kKeys; ++t) {
-      float sum = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
-      for (int32_t e = d; e < head_dim; ++e) sum += q[r][e] * k[t][e];
-      s[r * s_stride + t] = sum;
+      for (int32_t e = d; e < head_dim; ++e) s[r * s_stride + t] += q[r][e] * k[t][e];
     }
   }
 }
@@ -118,26 +154,61 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
   }
 }
 
-// Row pointers of keys [j0, j0 + num_keys) of one KV head, for K (kv_base = kv.k) or V.
+// Row pointers of one KV head's rows for the keys of a chunk, for K (kv_base = kv.k) or V.
+// key_elem[t]: element offset of key t's row in KV head 0; head h adds h * block_size * head_dim.
 // Widened into buf ([kChunkKeys][head_dim] f32) unless the pool is f32.
-HWY_INLINE void gather_rows(DF df, const TileTask& task, const void* kv_base, int32_t j0,
-                            int32_t num_keys, float* HWY_RESTRICT buf, const float** rows) {
+HWY_INLINE void gather_rows(DF df, const TileTask& task, int32_t kv_head, const void* kv_base,
+                            const int64_t* key_elem, int32_t num_keys, float* HWY_RESTRICT buf,
+                            const float** rows) {
   const PagedKv& kv = *task.kv;
   const size_t elem_bytes = dtype_size_bytes(kv.dtype);
   const auto* base = static_cast<const std::byte*>(kv_base);
-  const int64_t head_offset = int64_t{task.kv_head} * kv.block_size;
+  const int64_t head_elem = int64_t{kv_head} * kv.block_size * task.head_dim;
   for (int32_t t = 0; t < num_keys; ++t) {
-    const int32_t j = j0 + t;
-    const int64_t block = task.block_table[j / kv.block_size];
-    const int64_t elem =
-        block * kv.block_pitch + (head_offset + j % kv.block_size) * int64_t{task.head_dim};
-    const void* src = base + static_cast<size_t>(elem) * elem_bytes;
+    const void* src = base + static_cast<size_t>(key_elem[t] + head_elem) * elem_bytes;
     if (kv.dtype == DType::F32) {
       rows[t] = static_cast<const float*>(src);
     } else {
       float* dst = buf + int64_t{t} * task.head_dim;
       widen_row(df, src, kv.dtype, task.head_dim, dst);
       rows[t] = dst;
+    }
+  }
+}
+
+// Element offsets of the rows of keys [j0, j0 + num_keys) in KV head 0 (one division per chunk,
+// not per key).
+HWY_INLINE void key_offsets(const TileTask& task, int32_t j0, int32_t num_keys,
+                            int64_t* HWY_RESTRICT key_elem) {
+  const PagedKv& kv = *task.kv;
+  int32_t block_index = j0 / kv.block_size;
+  int32_t in_block = j0 - block_index * kv.block_size;
+  for (int32_t t = 0; t < num_keys; ++t) {
+    key_elem[t] =
+        task.block_table[block_index] * kv.block_pitch + int64_t{in_block} * task.head_dim;
+    if (++in_block == kv.block_size) {
+      in_block = 0;
+      ++block_index;
+    }
+  }
+}
+
+// Prefetches one KV head's K and V rows of a chunk's keys. Blocks are scattered over the pool,
+// so hardware prefetchers lose the stream at block boundaries; the kernel asks for the next
+// (chunk, head) unit while it computes on the current one.
+HWY_INLINE void prefetch_unit(const TileTask& task, int32_t kv_head, const int64_t* key_elem,
+                              int32_t num_keys) {
+  const PagedKv& kv = *task.kv;
+  const size_t elem_bytes = dtype_size_bytes(kv.dtype);
+  const size_t row_bytes = size_t(task.head_dim) * elem_bytes;
+  const auto* k_base = static_cast<const std::byte*>(kv.k);
+  const auto* v_base = static_cast<const std::byte*>(kv.v);
+  const int64_t head_elem = int64_t{kv_head} * kv.block_size * task.head_dim;
+  for (int32_t t = 0; t < num_keys; ++t) {
+    const size_t byte = size_t(key_elem[t] + head_elem) * elem_bytes;
+    for (size_t line = 0; line < row_bytes; line += 64) {
+      hwy::Prefetch(k_base + byte + line);
+      hwy::Prefetch(v_base + byte + line);
     }
   }
 }
@@ -153,6 +224,9 @@ void attend_tile(const TileTask& task) {
   float* s = v_buf + int64_t{kChunkKeys} * head_dim;      // [num_rows][kChunkKeys]
   const float* k_rows[kChunkKeys];
   const float* v_rows[kChunkKeys];
+  int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
+  int64_t next_key_elem[kChunkKeys];  // the same for the next chunk (prefetch)
+  const PagedKv& kv = *task.kv;
 
   for (int32_t j0 = task.kv_begin; j0 < task.kv_end; j0 += kChunkKeys) {
     const int32_t num_keys = std::min(kChunkKeys, task.kv_end - j0);
@@ -170,90 +244,109 @@ void attend_tile(const TileTask& task) {
     const int32_t row_begin = tok_begin * group;
     const int32_t row_end = tok_end * group;
 
-    gather_rows(df, task, task.kv->k, j0, num_keys, k_buf, k_rows);
-
-    // 2. logits
-    for (int32_t r = row_begin; r < row_end; r += 2) {
-      const bool pair = r + 1 < row_end;
-      const float* q2[2] = {task.q + int64_t{r} * head_dim,
-                            task.q + int64_t{pair ? r + 1 : r} * head_dim};
-      float* s_row = s + int64_t{r} * kChunkKeys;
-      int32_t t = 0;
-      if (pair) {
-        for (; t + 4 <= num_keys; t += 4) {
-          dot_rows_keys<2, 4>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-        }
-        for (; t < num_keys; ++t) {
-          dot_rows_keys<2, 1>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-        }
-      } else {
-        for (; t + 4 <= num_keys; t += 4) {
-          dot_rows_keys<1, 4>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-        }
-        for (; t < num_keys; ++t) {
-          dot_rows_keys<1, 1>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
+    key_offsets(task, j0, num_keys, key_elem);
+    const int32_t next_j0 = j0 + kChunkKeys;
+    const int32_t next_num_keys = std::min(kChunkKeys, task.kv_end - next_j0);
+    for (int32_t hh = 0; hh < task.num_heads; ++hh) {
+      // The state of this head's rows.
+      const int32_t kv_head = task.kv_head + hh;
+      const float* q = task.q + int64_t{hh} * task.num_rows * head_dim;
+      float* o = task.o + int64_t{hh} * task.num_rows * head_dim;
+      float* m = task.m + int64_t{hh} * task.num_rows;
+      float* l = task.l + int64_t{hh} * task.num_rows;
+      if (task.prefetch) {
+        if (hh + 1 < task.num_heads) {
+          prefetch_unit(task, kv_head + 1, key_elem, num_keys);
+        } else if (next_num_keys > 0) {
+          key_offsets(task, next_j0, next_num_keys, next_key_elem);
+          prefetch_unit(task, task.kv_head, next_key_elem, next_num_keys);
         }
       }
-    }
+      gather_rows(df, task, kv_head, kv.k, key_elem, num_keys, k_buf, k_rows);
 
-    // 3. cap, mask, online softmax
-    const VF cap = hn::Set(df, task.soft_cap);
-    const VF inv_cap = hn::Set(df, task.soft_cap > 0.0f ? 1.0f / task.soft_cap : 0.0f);
-    for (int32_t r = row_begin; r < row_end; ++r) {
-      float* s_row = s + int64_t{r} * kChunkKeys;
-      if (task.soft_cap > 0.0f) {
-        for (int32_t t = 0; t < kChunkKeys; t += lanes) {
-          const VF x = hn::Load(df, s_row + t);
-          hn::Store(hn::Mul(cap, hn::Tanh(df, hn::Mul(x, inv_cap))), df, s_row + t);
-        }
-      }
-      const int32_t pos = task.first_pos + r / group;
-      const int32_t visible_first = task.window > 0 ? pos - task.window + 1 : 0;
-      float row_max = kNegInf;
-      for (int32_t t = 0; t < kChunkKeys; ++t) {
-        const int32_t j = j0 + t;
-        if (t >= num_keys || j > pos || j < visible_first) {
-          s_row[t] = kNegInf;
+      // 2. logits
+      for (int32_t r = row_begin; r < row_end; r += 2) {
+        const bool pair = r + 1 < row_end;
+        const float* q2[2] = {q + int64_t{r} * head_dim, q + int64_t{pair ? r + 1 : r} * head_dim};
+        float* s_row = s + int64_t{r} * kChunkKeys;
+        int32_t t = 0;
+        if (pair) {
+          for (; t + 4 <= num_keys; t += 4) {
+            dot_rows_keys<2, 4>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
+          }
+          for (; t < num_keys; ++t) {
+            dot_rows_keys<2, 1>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
+          }
         } else {
-          row_max = std::max(row_max, s_row[t]);
+          for (; t + 4 <= num_keys; t += 4) {
+            dot_rows_keys<1, 4>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
+          }
+          for (; t < num_keys; ++t) {
+            dot_rows_keys<1, 1>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
+          }
         }
       }
-      const float m_old = task.m[r];
-      const float m_new = std::max(m_old, row_max);
-      if (m_new == kNegInf) {  // sees nothing yet: P = 0 keeps o unchanged
-        std::fill(s_row, s_row + kChunkKeys, 0.0f);
-        continue;
-      }
-      const VF m_vec = hn::Set(df, m_new);
-      VF sum = hn::Zero(df);
-      for (int32_t t = 0; t < kChunkKeys; t += lanes) {
-        const VF p = hn::Exp(df, hn::Sub(hn::Load(df, s_row + t), m_vec));
-        hn::Store(p, df, s_row + t);
-        sum = hn::Add(sum, p);
-      }
-      const float alpha = std::exp(m_old - m_new);  // 0 when m_old is -inf
-      task.l[r] = task.l[r] * alpha + hn::GetLane(hn::SumOfLanes(df, sum));
-      task.m[r] = m_new;
-      if (alpha != 1.0f) {
-        float* o_row = task.o + int64_t{r} * head_dim;
-        const VF a = hn::Set(df, alpha);
-        int32_t d = 0;
-        for (; d + lanes <= head_dim; d += lanes) {
-          hn::StoreU(hn::Mul(a, hn::LoadU(df, o_row + d)), df, o_row + d);
-        }
-        for (; d < head_dim; ++d) o_row[d] *= alpha;
-      }
-    }
 
-    // 4. values
-    gather_rows(df, task, task.kv->v, j0, num_keys, v_buf, v_rows);
-    for (int32_t r = row_begin; r < row_end; r += 2) {
-      float* o2[2] = {task.o + int64_t{r} * head_dim, task.o + int64_t{r + 1} * head_dim};
-      const float* p2[2] = {s + int64_t{r} * kChunkKeys, s + int64_t{r + 1} * kChunkKeys};
-      if (r + 1 < row_end) {
-        accumulate_pv<2>(df, o2, p2, v_rows, num_keys, head_dim);
-      } else {
-        accumulate_pv<1>(df, o2, p2, v_rows, num_keys, head_dim);
+      // 3. cap, mask, online softmax
+      const VF cap = hn::Set(df, task.soft_cap);
+      const VF inv_cap = hn::Set(df, task.soft_cap > 0.0f ? 1.0f / task.soft_cap : 0.0f);
+      for (int32_t r = row_begin; r < row_end; ++r) {
+        float* s_row = s + int64_t{r} * kChunkKeys;
+        if (task.soft_cap > 0.0f) {
+          for (int32_t t = 0; t < kChunkKeys; t += lanes) {
+            const VF x = hn::Load(df, s_row + t);
+            hn::Store(hn::Mul(cap, hn::Tanh(df, hn::Mul(x, inv_cap))), df, s_row + t);
+          }
+        }
+        // Keys j0 + t with t in [t_begin, t_end) are visible: j <= pos and pos - j < window.
+        const int32_t pos = task.first_pos + r / group;
+        const int32_t t_end = std::clamp(pos - j0 + 1, 0, num_keys);
+        const int32_t t_begin =
+            task.window > 0 ? std::clamp(pos - task.window + 1 - j0, 0, t_end) : 0;
+        std::fill(s_row, s_row + t_begin, kNegInf);
+        std::fill(s_row + t_end, s_row + kChunkKeys, kNegInf);
+        VF max_vec = hn::Set(df, kNegInf);
+        for (int32_t t = 0; t < kChunkKeys; t += lanes) {
+          max_vec = hn::Max(max_vec, hn::Load(df, s_row + t));
+        }
+        const float row_max = hn::GetLane(hn::MaxOfLanes(df, max_vec));
+        const float m_old = m[r];
+        const float m_new = std::max(m_old, row_max);
+        if (m_new == kNegInf) {  // sees nothing yet: P = 0 keeps o unchanged
+          std::fill(s_row, s_row + kChunkKeys, 0.0f);
+          continue;
+        }
+        const VF m_vec = hn::Set(df, m_new);
+        VF sum = hn::Zero(df);
+        for (int32_t t = 0; t < kChunkKeys; t += lanes) {
+          const VF p = hn::Exp(df, hn::Sub(hn::Load(df, s_row + t), m_vec));
+          hn::Store(p, df, s_row + t);
+          sum = hn::Add(sum, p);
+        }
+        const float alpha = std::exp(m_old - m_new);  // 0 when m_old is -inf
+        l[r] = l[r] * alpha + hn::GetLane(hn::SumOfLanes(df, sum));
+        m[r] = m_new;
+        if (alpha != 1.0f) {
+          float* o_row = o + int64_t{r} * head_dim;
+          const VF a = hn::Set(df, alpha);
+          int32_t d = 0;
+          for (; d + lanes <= head_dim; d += lanes) {
+            hn::StoreU(hn::Mul(a, hn::LoadU(df, o_row + d)), df, o_row + d);
+          }
+          for (; d < head_dim; ++d) o_row[d] *= alpha;
+        }
+      }
+
+      // 4. values
+      gather_rows(df, task, kv_head, kv.v, key_elem, num_keys, v_buf, v_rows);
+      for (int32_t r = row_begin; r < row_end; r += 2) {
+        float* o2[2] = {o + int64_t{r} * head_dim, o + int64_t{r + 1} * head_dim};
+        const float* p2[2] = {s + int64_t{r} * kChunkKeys, s + int64_t{r + 1} * kChunkKeys};
+        if (r + 1 < row_end) {
+          accumulate_pv<2>(df, o2, p2, v_rows, num_keys, head_dim);
+        } else {
+          accumulate_pv<1>(df, o2, p2, v_rows, num_keys, head_dim);
+        }
       }
     }
   }
@@ -269,6 +362,34 @@ namespace kvp::cpu {
 
 HWY_EXPORT(attend_tile);
 HWY_EXPORT(attend_tile_target);
+
+// Prefetches the K and V rows of keys [j0, j0 + num_keys) of the item's KV heads. Blocks are
+// scattered over the pool, so the hardware prefetcher loses the stream at every block boundary;
+// asking one chunk ahead keeps enough misses in flight to stream at memory bandwidth.
+HWY_INLINE void prefetch_rows(const TileTask& task, int32_t j0, int32_t num_keys) {
+  const PagedKv& kv = *task.kv;
+  const size_t elem_bytes = dtype_size_bytes(kv.dtype);
+  const size_t row_bytes = size_t(task.head_dim) * elem_bytes;
+  const auto* k_base = static_cast<const std::byte*>(kv.k);
+  const auto* v_base = static_cast<const std::byte*>(kv.v);
+  for (int32_t t = 0; t < num_keys;) {
+    // The keys of one block are one run of rows per head.
+    const int32_t j = j0 + t;
+    const int32_t in_block = j % kv.block_size;
+    const int32_t run = std::min(num_keys - t, kv.block_size - in_block);
+    const int64_t block = task.block_table[j / kv.block_size];
+    for (int32_t h = task.kv_head; h < task.kv_head + task.num_heads; ++h) {
+      const size_t byte =
+          size_t(block * kv.block_pitch + (int64_t{h} * kv.block_size + in_block) * task.head_dim) *
+          elem_bytes;
+      for (size_t line = 0; line < size_t(run) * row_bytes; line += 64) {
+        hwy::Prefetch(k_base + byte + line);
+        hwy::Prefetch(v_base + byte + line);
+      }
+    }
+    t += run;
+  }
+}
 
 void attend_tile(const TileTask& task) { HWY_DYNAMIC_DISPATCH(attend_tile)(task); }
 const char* attend_tile_target() { return HWY_DYNAMIC_DISPATCH(attend_tile_target)(); }

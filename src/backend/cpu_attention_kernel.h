@@ -18,9 +18,10 @@ inline constexpr int32_t kChunkKeys = 32;
 struct TileTask {
   const PagedKv* kv = nullptr;
   const int32_t* block_table = nullptr;  // [ceil(kv_end / block_size)] this sequence's blocks
-  int32_t kv_head = 0;
+  int32_t kv_head = 0;    // KV heads [kv_head, kv_head + num_heads), taken in turn per chunk
+  int32_t num_heads = 1;  // so each block's K and V are read as one sequential run
   int32_t head_dim = 0;
-  int32_t num_rows = 0;        // tile rows = num_tile_tokens * rows_per_token
+  int32_t num_rows = 0;        // rows per head = num_tile_tokens * rows_per_token
   int32_t rows_per_token = 0;  // query heads per KV head (the GQA group)
   int32_t first_pos = 0;       // position of the tile's first token; row r is at
                                // first_pos + r / rows_per_token
@@ -28,12 +29,13 @@ struct TileTask {
   int32_t kv_end = 0;
   int32_t window = 0;        // AttentionParams::window
   float soft_cap = 0.0f;     // AttentionParams::soft_cap
-  const float* q = nullptr;  // [num_rows][head_dim] f32, already multiplied by the scale
+  bool prefetch = true;      // software-prefetch the next (chunk, head) while on this one
+  const float* q = nullptr;  // [num_heads][num_rows][head_dim] f32, multiplied by the scale
   // The state, read and updated (requires: initialised, m = -inf, l = 0, o = 0, before the
   // first range of a row):
-  float* o = nullptr;  // [num_rows][head_dim]
-  float* m = nullptr;  // [num_rows]
-  float* l = nullptr;  // [num_rows]
+  float* o = nullptr;  // [num_heads][num_rows][head_dim]
+  float* m = nullptr;  // [num_heads][num_rows]
+  float* l = nullptr;  // [num_heads][num_rows]
   // Scratch of at least tile_scratch_floats(num_rows, head_dim) floats, 64-byte aligned; mutated.
   float* scratch = nullptr;
 };
