@@ -1,6 +1,7 @@
 // KvCacheManager: all-or-nothing sequence operations across cache groups.
 #include "cache/kv_cache_manager.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace kvp {
@@ -28,15 +29,25 @@ Status KvCacheManager::validate(const std::vector<CacheGroupConfig>& groups) {
   return Status::ok();
 }
 
-KvCacheManager::KvCacheManager(std::vector<CacheGroupConfig> groups) : configs_(std::move(groups)) {
+KvCacheManager::KvCacheManager(std::vector<CacheGroupConfig> groups,
+                               std::optional<uint64_t> prefix_salt)
+    : configs_(std::move(groups)) {
   Status s = validate(configs_);
   KVP_CHECK(s.is_ok(), "{}", s.to_string());
   for (const CacheGroupConfig& c : configs_) {
     allocators_.push_back(std::make_unique<BlockAllocator>(c.num_blocks));
+    if (prefix_salt) {
+      caches_.push_back(
+          std::make_unique<PrefixCache>(allocators_.back().get(), c.block_size, *prefix_salt));
+    }
   }
 }
 
-KvCacheManager::~KvCacheManager() { sequences_.clear(); }  // tables release before allocators
+// Tables release their blocks first, then the caches forget theirs, then the pools go.
+KvCacheManager::~KvCacheManager() {
+  sequences_.clear();
+  caches_.clear();
+}
 
 std::vector<BlockTable>& KvCacheManager::tables(SeqId seq_id) {
   auto it = sequences_.find(seq_id);
@@ -110,7 +121,73 @@ void KvCacheManager::free_sequence(SeqId seq_id) {
   sequences_.erase(it);  // the tables release their blocks
 }
 
+int32_t KvCacheManager::match_prefix(SeqId seq_id, std::span<const int32_t> tokens) {
+  KVP_CHECK(has_prefix_cache(), "match_prefix without prefix caching");
+  std::vector<BlockTable>& group_tables = tables(seq_id);
+  KVP_CHECK(group_tables[0].num_tokens() == 0, "match_prefix into sequence {} that has tokens",
+            seq_id.value);
+  if (tokens.size() < 2) return 0;
+  const std::span<const int32_t> matchable = tokens.first(tokens.size() - 1);
+  // Per group: which full blocks are cached. A global group limits the prefix to its leading
+  // run of hits; block sizes are powers of two, so the prefix steps by the largest one.
+  std::vector<std::vector<std::optional<BlockId>>> hits(num_groups());
+  int32_t limit = static_cast<int32_t>(matchable.size());
+  int32_t step = 1;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    caches_[g]->lookup_blocks(matchable, &hits[g]);
+    step = std::max(step, configs_[g].block_size);
+    if (configs_[g].window_tokens == 0) {
+      int32_t run = 0;
+      while (run < static_cast<int32_t>(hits[g].size()) && hits[g][run]) ++run;
+      limit = std::min(limit, run * configs_[g].block_size);
+    }
+  }
+  // A window group serves prefix length T when the blocks of positions [T - W + 1, T) are
+  // cached: the first new token, at position T, attends to nothing earlier.
+  auto first_window_block = [&](int32_t g, int32_t num_cached) {
+    return std::max(0, num_cached - configs_[g].window_tokens + 1) / configs_[g].block_size;
+  };
+  int32_t num_cached = limit / step * step;
+  for (; num_cached > 0; num_cached -= step) {
+    bool servable = true;
+    for (int32_t g = 0; g < num_groups() && servable; ++g) {
+      if (configs_[g].window_tokens == 0) continue;
+      const int32_t end = num_cached / configs_[g].block_size;
+      for (int32_t i = first_window_block(g, num_cached); i < end && servable; ++i) {
+        servable = hits[g][i].has_value();
+      }
+    }
+    if (servable) break;
+  }
+  if (num_cached == 0) return 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const int32_t first = configs_[g].window_tokens == 0 ? 0 : first_window_block(g, num_cached);
+    const int32_t end = num_cached / configs_[g].block_size;
+    std::vector<BlockId> blocks;  // [end - first]
+    for (int32_t i = first; i < end; ++i) {
+      allocators_[g]->retain(*hits[g][i]);
+      blocks.push_back(*hits[g][i]);
+    }
+    group_tables[g].adopt(first, blocks, num_cached);
+  }
+  return num_cached;
+}
+
+void KvCacheManager::register_prefix(SeqId seq_id, std::span<const int32_t> tokens) {
+  KVP_CHECK(has_prefix_cache(), "register_prefix without prefix caching");
+  std::vector<BlockTable>& group_tables = tables(seq_id);
+  KVP_CHECK(static_cast<int32_t>(tokens.size()) == group_tables[0].num_tokens(),
+            "register_prefix of {} tokens for sequence {} with {}", tokens.size(), seq_id.value,
+            group_tables[0].num_tokens());
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const BlockTable& t = group_tables[g];
+    const size_t num_full = static_cast<size_t>(t.num_tokens() / t.block_size());
+    caches_[g]->register_blocks(tokens, t.blocks().first(num_full), t.num_dropped_blocks());
+  }
+}
+
 void KvCacheManager::check_integrity() const {
+  for (const std::unique_ptr<PrefixCache>& cache : caches_) cache->check_integrity();
   for (int32_t g = 0; g < num_groups(); ++g) {
     const BlockAllocator& a = *allocators_[g];
     a.check_integrity();

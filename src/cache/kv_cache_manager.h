@@ -8,18 +8,25 @@
 //           group 1 (window W=1024)  [ - | - | 4 | 9 | 2 ]       "-" dropped behind the window
 //
 // Sequence operations apply to all groups at once: append is all-or-nothing across groups.
+// With a prefix salt, each group also has a PrefixCache, and a new sequence can start from the
+// longest prompt prefix that every group can serve: a global group needs every block of the
+// prefix cached, a window group only the blocks inside the window of the first new token
+// (earlier entries start out dropped). The prefix length is a multiple of every block size.
 // Configuration comes from the caller (a CacheSpec adapter); validate() turns bad numbers into a
 // Status. Bookkeeping only; never touches KV bytes.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
 #include "cache/block_allocator.h"
 #include "cache/block_ops.h"
 #include "cache/block_table.h"
+#include "cache/prefix_cache.h"
 #include "common/ids.h"
 #include "common/status.h"
 
@@ -42,8 +49,10 @@ class KvCacheManager {
  public:
   // Ok, or invalid_argument naming the group and the bad field.
   static Status validate(const std::vector<CacheGroupConfig>& groups);
-  // requires: validate(groups).is_ok()
-  explicit KvCacheManager(std::vector<CacheGroupConfig> groups);
+  // requires: validate(groups).is_ok(). prefix_salt: enables prefix caching; the salt names
+  // the model (and adapter) so caches of different models never match.
+  explicit KvCacheManager(std::vector<CacheGroupConfig> groups,
+                          std::optional<uint64_t> prefix_salt = std::nullopt);
   ~KvCacheManager();
   KvCacheManager(const KvCacheManager&) = delete;
   KvCacheManager& operator=(const KvCacheManager&) = delete;
@@ -52,6 +61,10 @@ class KvCacheManager {
   const CacheGroupConfig& group_config(int32_t group) const { return configs_.at(group); }
   BlockAllocator& allocator(int32_t group) { return *allocators_.at(group); }
   const BlockAllocator& allocator(int32_t group) const { return *allocators_.at(group); }
+
+  bool has_prefix_cache() const { return !caches_.empty(); }
+  // requires: has_prefix_cache().
+  const PrefixCache& prefix_cache(int32_t group) const { return *caches_.at(group); }
 
   bool has_sequence(SeqId seq_id) const { return sequences_.contains(seq_id); }
   int32_t num_sequences() const { return static_cast<int32_t>(sequences_.size()); }
@@ -71,6 +84,15 @@ class KvCacheManager {
   // Releases every block of the sequence and forgets it. requires: has_sequence. Mutates.
   void free_sequence(SeqId seq_id);
 
+  // Starts an empty sequence from the longest cached prefix of tokens[0, n-1) that every group
+  // can serve (the last prompt token is always computed). Returns the number of tokens whose
+  // KV is now in place (0: nothing changed). requires: has_prefix_cache(), has_sequence,
+  // num_tokens(seq_id) == 0. Mutates.
+  int32_t match_prefix(SeqId seq_id, std::span<const int32_t> tokens);
+  // Registers the sequence's full, held blocks in every group's prefix cache.
+  // requires: has_prefix_cache(), tokens.size() == num_tokens(seq_id). Mutates.
+  void register_prefix(SeqId seq_id, std::span<const int32_t> tokens);
+
   // requires: has_sequence, 0 <= group < num_groups(). Does not modify.
   const BlockTable& table(SeqId seq_id, int32_t group) const;
   int32_t num_tokens(SeqId seq_id) const { return table(seq_id, 0).num_tokens(); }
@@ -85,6 +107,7 @@ class KvCacheManager {
 
   std::vector<CacheGroupConfig> configs_;
   std::vector<std::unique_ptr<BlockAllocator>> allocators_;       // [num_groups]
+  std::vector<std::unique_ptr<PrefixCache>> caches_;              // [num_groups] or empty
   std::unordered_map<SeqId, std::vector<BlockTable>> sequences_;  // tables: [num_groups]
 };
 

@@ -89,8 +89,24 @@ int32_t PrefixCache::count_match(std::span<const int32_t> tokens) const {
   return num_blocks * block_size_;
 }
 
+void PrefixCache::lookup_blocks(std::span<const int32_t> tokens,
+                                std::vector<std::optional<BlockId>>* out) const {
+  const size_t num_full = tokens.size() / block_size_;
+  out->assign(num_full, std::nullopt);
+  uint64_t parent = root_hash_;
+  for (size_t i = 0; i < num_full; ++i) {
+    const int32_t* block_tokens = tokens.data() + i * block_size_;
+    const uint64_t h = block_hash(parent, block_tokens);
+    const size_t slot = find_slot(h);
+    if (slot_hash_[slot] != kNoHash && entry_matches(slot_block_[slot], parent, block_tokens)) {
+      (*out)[i] = BlockId{slot_block_[slot]};
+    }
+    parent = h;
+  }
+}
+
 int32_t PrefixCache::register_blocks(std::span<const int32_t> tokens,
-                                     std::span<const BlockId> blocks) {
+                                     std::span<const BlockId> blocks, int32_t first_block) {
   KVP_CHECK(tokens.size() >= blocks.size() * block_size_,
             "register of {} blocks with only {} tokens (block_size {})", blocks.size(),
             tokens.size(), block_size_);
@@ -99,6 +115,10 @@ int32_t PrefixCache::register_blocks(std::span<const int32_t> tokens,
   for (size_t i = 0; i < blocks.size(); ++i) {
     const int32_t* block_tokens = tokens.data() + i * block_size_;
     const uint64_t h = block_hash(parent, block_tokens);
+    if (static_cast<int32_t>(i) < first_block) {
+      parent = h;
+      continue;
+    }
     const int32_t block_id = blocks[i].value;
     KVP_CHECK(allocator_->ref_count(blocks[i]) > 0, "register of block {} that is not held",
               block_id);

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -55,11 +56,21 @@ class PrefixCache final : public EvictionListener {
   // The number of tokens match() would return now. Does not modify.
   int32_t count_match(std::span<const int32_t> tokens) const;
 
-  // Registers the full blocks of a sequence: blocks[i] holds tokens[i*B, (i+1)*B). Blocks
-  // already registered are skipped; a block whose contents are already cached under another
-  // block stays uncached. Returns the number of newly registered blocks.
-  // requires: every block is held; tokens.size() >= blocks.size() * block_size. Mutates.
-  int32_t register_blocks(std::span<const int32_t> tokens, std::span<const BlockId> blocks);
+  // For each full block of `tokens`, the cached block holding exactly it (after the same
+  // prefix), or nullopt; entries after a miss are still looked up (sliding-window groups need
+  // only the blocks inside their window). out: [tokens.size() / block_size], resized. Retains
+  // nothing; does not modify.
+  void lookup_blocks(std::span<const int32_t> tokens,
+                     std::vector<std::optional<BlockId>>* out) const;
+
+  // Registers the full blocks of a sequence: blocks[i] holds tokens[i*B, (i+1)*B); entries
+  // before first_block are not registered (dropped behind a window; they only feed the hash
+  // chain). Blocks already registered are skipped; a block whose contents are already cached
+  // under another block stays uncached. Returns the number of newly registered blocks.
+  // requires: blocks [first_block, blocks.size()) are held; tokens.size() >= blocks.size() * B.
+  // Mutates.
+  int32_t register_blocks(std::span<const int32_t> tokens, std::span<const BlockId> blocks,
+                          int32_t first_block = 0);
 
   // Forgets every entry (evictable blocks return to the free list). Mutates.
   void clear();

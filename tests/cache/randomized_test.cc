@@ -517,10 +517,15 @@ TEST(Randomized, CacheBookkeepingMatchesASimpleModel) {
 class GroupWorld {
  public:
   GroupWorld(std::vector<CacheGroupConfig> groups, int64_t num_ops, uint64_t seed)
-      : groups_(groups), num_ops_(num_ops), seed_(seed), rng_(seed), manager_(std::move(groups)) {
+      : groups_(groups),
+        num_ops_(num_ops),
+        seed_(seed),
+        rng_(seed),
+        manager_(std::move(groups), /*prefix_salt=*/seed) {
     for (const CacheGroupConfig& g : groups_) {
       bytes_.emplace_back(static_cast<size_t>(g.num_blocks) * g.block_size, -1);
     }
+    for (int i = 0; i < 48; ++i) shared_prompt_.push_back(uniform(0, 3));
   }
 
   void run() {
@@ -534,6 +539,7 @@ class GroupWorld {
   }
   int64_t copies() const { return copies_; }
   int64_t dropped() const { return dropped_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
@@ -574,9 +580,7 @@ class GroupWorld {
     const int32_t kind = uniform(0, 99);
     if (kind < 10 || model_.empty()) {
       if (model_.size() >= 8) return free_seq();
-      const SeqId id{next_seq_++};
-      manager_.add_sequence(id);
-      model_[id] = {};
+      new_seq();
     } else if (kind < 60) {
       append();
     } else if (kind < 72) {
@@ -595,18 +599,47 @@ class GroupWorld {
       manager_.truncate(id, n);
       model_[id].resize(n);
       verify(id);
+    } else if (kind < 88) {
+      const SeqId id = *random_seq();
+      manager_.register_prefix(id, model_[id]);
     } else {
       free_seq();
+    }
+  }
+
+  // A new sequence; usually a prompt sharing a prefix with others, started from the cache.
+  void new_seq() {
+    const SeqId id{next_seq_++};
+    manager_.add_sequence(id);
+    model_[id] = {};
+    if (uniform(0, 3) == 0) return;  // starts empty; grows by appends
+    std::vector<int32_t> prompt(shared_prompt_.begin(), shared_prompt_.begin() + uniform(0, 48));
+    for (int32_t i = uniform(1, 6); i > 0; --i) prompt.push_back(uniform(0, 3));
+    const int32_t num_cached = manager_.match_prefix(id, prompt);
+    prefix_hit_tokens_ += num_cached;
+    model_[id].assign(prompt.begin(), prompt.begin() + num_cached);
+    verify(id);  // the cached KV must be this prompt's own
+    if (!append_tokens(id, std::vector<int32_t>(prompt.begin() + num_cached, prompt.end()))) {
+      manager_.free_sequence(id);
+      model_.erase(id);
+      return;
     }
   }
 
   void append() {
     const SeqId id = *random_seq();
     const int32_t num_new = uniform(0, 9) < 7 ? 1 : uniform(2, 12);  // decode or a chunk
+    std::vector<int32_t> more(num_new);                              // [num_new]
+    for (int32_t& t : more) t = uniform(0, 3);
+    append_tokens(id, more);
+  }
+
+  bool append_tokens(SeqId id, const std::vector<int32_t>& more) {
+    const int32_t num_new = static_cast<int32_t>(more.size());
     std::vector<GroupBlockCopy> copies;
     if (!manager_.append(id, num_new, &copies)) {
       if (!copies.empty()) fail("failed append returned copies");
-      return;
+      return false;
     }
     for (const GroupBlockCopy& c : copies) {
       const int32_t bs = groups_[c.group].block_size;
@@ -617,7 +650,7 @@ class GroupWorld {
     }
     std::vector<int32_t>& tokens = model_[id];
     const int32_t old = static_cast<int32_t>(tokens.size());
-    for (int32_t i = 0; i < num_new; ++i) tokens.push_back(uniform(0, 1000));
+    tokens.insert(tokens.end(), more.begin(), more.end());
     for (int32_t g = 0; g < manager_.num_groups(); ++g) {
       const BlockTable& t = manager_.table(id, g);
       const int32_t bs = groups_[g].block_size;
@@ -637,11 +670,13 @@ class GroupWorld {
       }
     }
     verify(id);
+    return true;
   }
 
   void free_seq() {
     std::optional<SeqId> id = random_seq();
     if (!id) return;
+    if (uniform(0, 9) < 7) manager_.register_prefix(*id, model_[*id]);  // a finished request
     manager_.free_sequence(*id);
     model_.erase(*id);
   }
@@ -657,6 +692,8 @@ class GroupWorld {
   int64_t next_seq_ = 1;
   int64_t copies_ = 0;
   int64_t dropped_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
+  std::vector<int32_t> shared_prompt_;  // [48]
 };
 
 TEST(Randomized, CacheGroupsWithSlidingWindowsMatchASimpleModel) {
@@ -666,6 +703,7 @@ TEST(Randomized, CacheGroupsWithSlidingWindowsMatchASimpleModel) {
   const int32_t num_shapes = 4;
   int64_t copies = 0;
   int64_t dropped = 0;
+  int64_t prefix_hit_tokens = 0;
   for (int32_t i = 0; i < num_shapes; ++i) {
     auto pick = [&](int32_t lo, int32_t hi) {
       return std::uniform_int_distribution<int32_t>(lo, hi)(shape_rng);
@@ -692,10 +730,14 @@ TEST(Randomized, CacheGroupsWithSlidingWindowsMatchASimpleModel) {
     }
     copies += world.copies();
     dropped += world.dropped();
+    prefix_hit_tokens += world.prefix_hit_tokens();
   }
+  std::fprintf(stderr, "randomized groups: copies %lld, prefix-hit tokens %lld\n",
+               static_cast<long long>(copies), static_cast<long long>(prefix_hit_tokens));
   if (total_ops >= 10'000) {
     EXPECT_GT(copies, 0);
     EXPECT_GT(dropped, 0);
+    EXPECT_GT(prefix_hit_tokens, 0);
   }
 }
 
