@@ -127,50 +127,16 @@ int32_t KvCacheManager::match_prefix(SeqId seq_id, std::span<const int32_t> toke
   KVP_CHECK(group_tables[0].num_tokens() == 0, "match_prefix into sequence {} that has tokens",
             seq_id.value);
   if (tokens.size() < 2) return 0;
-  const std::span<const int32_t> matchable = tokens.first(tokens.size() - 1);
-  // Per group: which full blocks are cached. A global group limits the prefix to its leading
-  // run of hits; block sizes are powers of two, so the prefix steps by the largest one.
-  std::vector<std::vector<std::optional<BlockId>>> hits(num_groups());
-  int32_t limit = static_cast<int32_t>(matchable.size());
-  int32_t step = 1;
+  std::vector<PrefixGroup> groups;  // [num_groups]
   for (int32_t g = 0; g < num_groups(); ++g) {
-    caches_[g]->lookup_blocks(matchable, &hits[g]);
-    step = std::max(step, configs_[g].block_size);
-    if (configs_[g].window_tokens == 0) {
-      int32_t run = 0;
-      while (run < static_cast<int32_t>(hits[g].size()) && hits[g][run]) ++run;
-      limit = std::min(limit, run * configs_[g].block_size);
-    }
+    groups.push_back(PrefixGroup{caches_[g].get(), configs_[g].window_tokens});
   }
-  // A window group serves prefix length T when the blocks of positions [T - W + 1, T) are
-  // cached: the first new token, at position T, attends to nothing earlier.
-  auto first_window_block = [&](int32_t g, int32_t num_cached) {
-    return std::max(0, num_cached - configs_[g].window_tokens + 1) / configs_[g].block_size;
-  };
-  int32_t num_cached = limit / step * step;
-  for (; num_cached > 0; num_cached -= step) {
-    bool servable = true;
-    for (int32_t g = 0; g < num_groups() && servable; ++g) {
-      if (configs_[g].window_tokens == 0) continue;
-      const int32_t end = num_cached / configs_[g].block_size;
-      for (int32_t i = first_window_block(g, num_cached); i < end && servable; ++i) {
-        servable = hits[g][i].has_value();
-      }
-    }
-    if (servable) break;
-  }
-  if (num_cached == 0) return 0;
+  GroupPrefixMatch m = match_prefix_groups(groups, tokens.first(tokens.size() - 1));
+  if (m.num_tokens == 0) return 0;
   for (int32_t g = 0; g < num_groups(); ++g) {
-    const int32_t first = configs_[g].window_tokens == 0 ? 0 : first_window_block(g, num_cached);
-    const int32_t end = num_cached / configs_[g].block_size;
-    std::vector<BlockId> blocks;  // [end - first]
-    for (int32_t i = first; i < end; ++i) {
-      allocators_[g]->retain(*hits[g][i]);
-      blocks.push_back(*hits[g][i]);
-    }
-    group_tables[g].adopt(first, blocks, num_cached);
+    group_tables[g].adopt(m.num_dropped[g], m.blocks[g], m.num_tokens);
   }
-  return num_cached;
+  return m.num_tokens;
 }
 
 void KvCacheManager::register_prefix(SeqId seq_id, std::span<const int32_t> tokens) {
