@@ -152,12 +152,17 @@ void KvCacheManager::register_prefix(SeqId seq_id, std::span<const int32_t> toke
   }
 }
 
-void KvCacheManager::check_integrity() const {
+void KvCacheManager::check_integrity(std::span<const std::vector<int32_t>> extra_refs) const {
+  KVP_CHECK(extra_refs.empty() || static_cast<int32_t>(extra_refs.size()) == num_groups(),
+            "extra refs for {} groups, {} groups", extra_refs.size(), num_groups());
   for (const std::unique_ptr<PrefixCache>& cache : caches_) cache->check_integrity();
   for (int32_t g = 0; g < num_groups(); ++g) {
     const BlockAllocator& a = *allocators_[g];
     a.check_integrity();
-    std::vector<int32_t> refs(a.num_blocks(), 0);  // [num_blocks]
+    std::vector<int32_t> refs = extra_refs.empty() ? std::vector<int32_t>(a.num_blocks(), 0)
+                                                   : extra_refs[g];  // [num_blocks]
+    KVP_CHECK(static_cast<int32_t>(refs.size()) == a.num_blocks(), "group {}: {} extra refs", g,
+              refs.size());
     for (const auto& [seq_id, group_tables] : sequences_) {
       const BlockTable& t = group_tables[g];
       t.check_integrity();

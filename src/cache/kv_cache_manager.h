@@ -63,8 +63,9 @@ class KvCacheManager {
   const BlockAllocator& allocator(int32_t group) const { return *allocators_.at(group); }
 
   bool has_prefix_cache() const { return !caches_.empty(); }
-  // requires: has_prefix_cache().
+  // requires: has_prefix_cache(). A SessionStore may share the pools and caches.
   const PrefixCache& prefix_cache(int32_t group) const { return *caches_.at(group); }
+  PrefixCache* prefix_cache(int32_t group) { return caches_.at(group).get(); }
 
   bool has_sequence(SeqId seq_id) const { return sequences_.contains(seq_id); }
   int32_t num_sequences() const { return static_cast<int32_t>(sequences_.size()); }
@@ -98,9 +99,10 @@ class KvCacheManager {
   int32_t num_tokens(SeqId seq_id) const { return table(seq_id, 0).num_tokens(); }
 
   // Aborts unless every allocator is consistent, every table is, all tables of a sequence agree
-  // on num_tokens, and each block's ref_count equals the number of tables holding it.
-  // Does not modify.
-  void check_integrity() const;
+  // on num_tokens, and each block's ref_count equals the number of tables holding it plus
+  // extra_refs[group][block] (references held by others sharing the pools, e.g. a
+  // SessionStore; empty: none). Does not modify.
+  void check_integrity(std::span<const std::vector<int32_t>> extra_refs = {}) const;
 
  private:
   std::vector<BlockTable>& tables(SeqId seq_id);
