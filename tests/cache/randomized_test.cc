@@ -36,7 +36,7 @@ namespace kvp {
 namespace {
 
 #if defined(__SANITIZE_ADDRESS__)
-constexpr int64_t kDefaultOps = 1'000'000;
+constexpr int64_t kDefaultOps = 600'000;
 #else
 constexpr int64_t kDefaultOps = 2'000'000;
 #endif
