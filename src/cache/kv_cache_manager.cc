@@ -64,7 +64,7 @@ const BlockTable& KvCacheManager::table(SeqId seq_id, int32_t group) const {
 
 void KvCacheManager::add_sequence(SeqId seq_id) {
   KVP_CHECK(!has_sequence(seq_id), "sequence {} already exists", seq_id.value);
-  std::vector<BlockTable> group_tables;
+  std::vector<BlockTable> group_tables;  // [num_groups]
   group_tables.reserve(configs_.size());
   for (int32_t g = 0; g < num_groups(); ++g) {
     group_tables.emplace_back(allocators_[g].get(), configs_[g].block_size,
@@ -87,7 +87,7 @@ bool KvCacheManager::append(SeqId seq_id, int32_t num_tokens, std::vector<GroupB
   // freed blocks count toward this append.
   for (BlockTable& t : group_tables) t.trim_window();
   if (!can_append(seq_id, num_tokens)) return false;
-  std::vector<BlockCopy> group_copies;
+  std::vector<BlockCopy> group_copies;  // copies of one group's append
   for (int32_t g = 0; g < num_groups(); ++g) {
     group_copies.clear();
     const bool ok = group_tables[g].append(num_tokens, &group_copies);
@@ -100,7 +100,7 @@ bool KvCacheManager::append(SeqId seq_id, int32_t num_tokens, std::vector<GroupB
 void KvCacheManager::fork(SeqId parent, SeqId child) {
   KVP_CHECK(!has_sequence(child), "sequence {} already exists", child.value);
   std::vector<BlockTable>& parent_tables = tables(parent);
-  std::vector<BlockTable> child_tables;
+  std::vector<BlockTable> child_tables;  // [num_groups]
   child_tables.reserve(parent_tables.size());
   for (const BlockTable& t : parent_tables) child_tables.push_back(t.fork());
   sequences_.emplace(child, std::move(child_tables));

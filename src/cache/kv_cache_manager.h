@@ -107,7 +107,7 @@ class KvCacheManager {
  private:
   std::vector<BlockTable>& tables(SeqId seq_id);
 
-  std::vector<CacheGroupConfig> configs_;
+  std::vector<CacheGroupConfig> configs_;                         // [num_groups]
   std::vector<std::unique_ptr<BlockAllocator>> allocators_;       // [num_groups]
   std::vector<std::unique_ptr<PrefixCache>> caches_;              // [num_groups] or empty
   std::unordered_map<SeqId, std::vector<BlockTable>> sequences_;  // tables: [num_groups]

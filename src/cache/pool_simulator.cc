@@ -59,7 +59,7 @@ class Simulation {
   }
 
   PoolSimResult run() {
-    std::vector<SessionId> ids;
+    std::vector<SessionId> ids;                 // [agents]
     std::vector<int32_t> failed(c_.agents, 0);  // [agents]
     for (int32_t a = 0; a < c_.agents; ++a) {
       ids.push_back(store_.create("agent-" + std::to_string(a)).value());
@@ -68,7 +68,7 @@ class Simulation {
     for (int32_t turn = 0; turn < c_.turns; ++turn) {
       for (int32_t first = 0; first < c_.agents; first += c_.concurrency) {
         const int32_t last = std::min(c_.agents, first + c_.concurrency);
-        std::vector<int32_t> active;
+        std::vector<int32_t> active;  // agents of this batch that began
         for (int32_t a = first; a < last; ++a) {
           ops.clear();
           if (store_.begin(ids[a], &ops)) {
@@ -106,9 +106,10 @@ class Simulation {
   // One turn of an active agent: prompt then reply. false if the pool could not hold them.
   bool take_turn(SessionId id, int32_t agent) {
     const int32_t history = store_.info(id).num_tokens;
-    std::vector<int32_t> prompt;
+    std::vector<int32_t> prompt;  // [system prompt on the first turn + user tokens]
     if (history == 0) prompt = system_prompt_;
-    std::vector<int32_t> user = agent_tokens(agent, std::max(1, jittered(c_.user_tokens)));
+    std::vector<int32_t> user =  // [user tokens]
+        agent_tokens(agent, std::max(1, jittered(c_.user_tokens)));
     prompt.insert(prompt.end(), user.begin(), user.end());
     prompt_tokens_ += static_cast<int64_t>(prompt.size());
     context_tokens_ += history + static_cast<int64_t>(prompt.size());

@@ -229,7 +229,7 @@ GroupPrefixMatch match_prefix_groups(std::span<const PrefixGroup> groups,
   result.blocks.assign(num_groups, {});
   // Per group: which full blocks are cached. A global group limits the prefix to its leading
   // run of hits; block sizes are powers of two, so the prefix steps by the largest one.
-  std::vector<std::vector<std::optional<BlockId>>> hits(num_groups);
+  std::vector<std::vector<std::optional<BlockId>>> hits(num_groups);  // [num_groups][full blocks]
   int32_t limit = static_cast<int32_t>(tokens.size());
   int32_t step = 1;
   for (int32_t g = 0; g < num_groups; ++g) {

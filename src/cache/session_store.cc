@@ -114,7 +114,7 @@ std::optional<SessionId> SessionStore::find(std::string_view name) const {
 }
 
 std::vector<SessionId> SessionStore::session_ids() const {
-  std::vector<SessionId> ids;
+  std::vector<SessionId> ids;  // [num_sessions]
   ids.reserve(sessions_.size());
   for (const auto& [id, s] : sessions_) ids.push_back(id);
   return ids;
@@ -163,7 +163,7 @@ std::optional<int32_t> SessionStore::append_tokens(SessionId session,
     }
     return std::nullopt;
   }
-  std::vector<BlockCopy> copies;
+  std::vector<BlockCopy> copies;  // copies of one group's append
   for (int32_t g = 0; g < num_groups(); ++g) {
     copies.clear();
     const bool ok = s.device_tables[g].append(num_rest, &copies);

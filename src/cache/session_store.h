@@ -187,7 +187,7 @@ class SessionStore {
   std::vector<PrefixGroup> prefix_groups() const;
   bool has_windows() const;
 
-  std::vector<SessionGroup> groups_;
+  std::vector<SessionGroup> groups_;  // [num_groups]
   bool has_prefix_cache_ = false;
   std::string disk_dir_;
   std::map<SessionId, Session> sessions_;  // ordered: deterministic iteration
