@@ -152,6 +152,7 @@ std::optional<int32_t> SessionStore::append_tokens(SessionId session,
     num_cached = m.num_tokens;
   }
   const int32_t num_rest = num_new - num_cached;
+  register_behind_window(s);
   std::vector<int32_t> needed(num_groups());  // [num_groups]
   for (int32_t g = 0; g < num_groups(); ++g) {
     s.device_tables[g].trim_window();
@@ -177,6 +178,23 @@ std::optional<int32_t> SessionStore::append_tokens(SessionId session,
   s.stats.num_prefix_hit_tokens += num_cached;
   touch(s);
   return num_cached;
+}
+
+void SessionStore::register_behind_window(Session& s) {
+  if (!has_prefix_cache_) return;
+  const int32_t num_tokens = static_cast<int32_t>(s.tokens.size());
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const int32_t window = groups_[g].window_tokens;
+    if (window == 0) continue;
+    const BlockTable& t = s.device_tables[g];
+    const int32_t block_size = groups_[g].block_size;
+    const int32_t drop_until =
+        std::min(std::max(0, num_tokens - window + 1), num_tokens) / block_size;
+    if (drop_until > t.num_dropped_blocks()) {
+      groups_[g].prefix_cache->register_blocks(s.tokens, t.blocks().first(drop_until),
+                                               t.num_dropped_blocks());
+    }
+  }
 }
 
 void SessionStore::end(SessionId session) {

@@ -114,6 +114,8 @@ class SessionStore {
   bool begin(SessionId session, std::vector<CacheOp>* ops);
   // Appends tokens to an active session. When the session is empty, the longest cached prefix
   // of tokens[0, n-1) is taken from the prefix cache (the last token is always computed).
+  // The KV of every earlier token must be written by now (append, forward, append, ...): full
+  // blocks that a window group drops are registered in its prefix cache first.
   // Returns the number of leading tokens whose KV is already in place (the caller computes the
   // rest), or nullopt (nothing changed) if the pool cannot hold them even after make_room.
   // requires: active. Mutates.
@@ -178,6 +180,9 @@ class SessionStore {
   void touch(Session& s) { s.last_used = ++clock_; }
   // The idle session in `tier`, not `keep`, used least recently; nullptr if none.
   Session* least_recent(Tier tier, std::optional<SessionId> keep);
+  // Registers the full blocks a window group is about to drop (their KV was computed by the
+  // forward passes of earlier appends), so other sessions can still start from them.
+  void register_behind_window(Session& s);
   bool offload(Session& s, std::vector<CacheOp>* ops);
   void save_to_disk(Session& s, std::vector<CacheOp>* ops);
   bool resume(Session& s, std::vector<CacheOp>* ops);

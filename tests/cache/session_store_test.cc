@@ -405,6 +405,32 @@ TEST(SessionStore, TwoGroupsShareASystemPromptThroughBothPrefixCaches) {
   f.store.check_integrity();
 }
 
+TEST(SessionStore, WindowBlocksDroppedDuringDecodeStayMatchable) {
+  TwoGroupFixture f;
+  std::vector<int32_t> prompt = iota_tokens(13, 0);
+  SessionId a = f.store.create("a").value();
+  std::vector<CacheOp> ops;
+  ASSERT_TRUE(f.store.begin(a, &ops));
+  ASSERT_TRUE(f.store.append_tokens(a, prompt, &ops).has_value());
+  for (int32_t i = 0; i < 10; ++i) {  // decode: the window group drops blocks 0..8
+    ASSERT_TRUE(f.store.append_tokens(a, iota_tokens(1, 100 + i), &ops).has_value());
+  }
+  f.store.end(a);
+  EXPECT_EQ(f.store.table(a, 1).num_dropped_blocks(), 9);
+  std::vector<int32_t> prompt_b = prompt;
+  prompt_b.push_back(500);
+  SessionId b = f.store.create("b").value();
+  ASSERT_TRUE(f.store.begin(b, &ops));
+  std::optional<int32_t> cached = f.store.append_tokens(b, prompt_b, &ops);
+  ASSERT_TRUE(cached.has_value());
+  // Global: 3 blocks (12 tokens) cached at a's end. Window: position 12 attends to (7, 12], so
+  // window blocks 4 and 5 (positions 8..11) are needed; a registered them before dropping them.
+  EXPECT_EQ(*cached, 12);
+  EXPECT_EQ(f.store.table(b, 1).num_dropped_blocks(), 4);
+  f.store.end(b);
+  f.store.check_integrity();
+}
+
 TEST_F(SessionStoreDeathTest, MakeRoomWithOneCountNeedsOneGroup) {
   TwoGroupFixture f;
   std::vector<CacheOp> ops;
