@@ -80,9 +80,26 @@ bool KvCacheManager::can_append(SeqId seq_id, int32_t num_tokens) const {
   return true;
 }
 
-bool KvCacheManager::append(SeqId seq_id, int32_t num_tokens, std::vector<GroupBlockCopy>* copies) {
+bool KvCacheManager::append(SeqId seq_id, int32_t num_tokens, std::vector<GroupBlockCopy>* copies,
+                            std::span<const int32_t> tokens) {
   KVP_CHECK(copies != nullptr, "append needs a copy list");
   std::vector<BlockTable>& group_tables = tables(seq_id);
+  if (has_prefix_cache() && !tokens.empty()) {
+    const int32_t num_done = group_tables[0].num_tokens();
+    KVP_CHECK(static_cast<int32_t>(tokens.size()) == num_done,
+              "append to sequence {} of {} tokens given {} token ids", seq_id.value, num_done,
+              tokens.size());
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      const int32_t window = configs_[g].window_tokens;
+      if (window == 0) continue;
+      const BlockTable& t = group_tables[g];
+      const int32_t drop_until =
+          std::min(std::max(0, num_done - window + 1), num_done) / configs_[g].block_size;
+      if (drop_until > t.num_dropped_blocks()) {
+        caches_[g]->register_blocks(tokens, t.blocks().first(drop_until), t.num_dropped_blocks());
+      }
+    }
+  }
   // Dropping blocks behind the window is right whether or not the append succeeds, and the
   // freed blocks count toward this append.
   for (BlockTable& t : group_tables) t.trim_window();

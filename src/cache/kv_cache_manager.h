@@ -74,9 +74,12 @@ class KvCacheManager {
   // Whether append(seq_id, num_tokens) would succeed now. Does not modify.
   bool can_append(SeqId seq_id, int32_t num_tokens) const;
   // Grows the sequence by num_tokens in every group, or (returning false) in none. Copies to run
-  // before the KV writes are appended to *copies. requires: has_sequence, copies != nullptr.
-  // Mutates.
-  bool append(SeqId seq_id, int32_t num_tokens, std::vector<GroupBlockCopy>* copies);
+  // before the KV writes are appended to *copies. With prefix caching, pass the sequence's
+  // tokens so far (their KV written): full blocks a window group is about to drop are
+  // registered first, so they stay matchable. requires: has_sequence, copies != nullptr,
+  // tokens empty or of size num_tokens(seq_id). Mutates.
+  bool append(SeqId seq_id, int32_t num_tokens, std::vector<GroupBlockCopy>* copies,
+              std::span<const int32_t> tokens = {});
   // child shares every block of parent in every group. requires: has_sequence(parent),
   // !has_sequence(child). Mutates ref counts.
   void fork(SeqId parent, SeqId child);

@@ -161,6 +161,29 @@ TEST(KvCacheManager, NoMatchWhenTheWindowBlocksWereDropped) {
   m.check_integrity();
 }
 
+TEST(KvCacheManager, AppendWithTokensRegistersWindowBlocksBeforeDroppingThem) {
+  KvCacheManager m({CacheGroupConfig{.num_blocks = 32, .block_size = 4},
+                    CacheGroupConfig{.num_blocks = 32, .block_size = 4, .window_tokens = 6}},
+                   /*prefix_salt=*/5);
+  std::vector<int32_t> tokens = iota_tokens(40, 0);
+  m.add_sequence(SeqId{1});
+  std::vector<GroupBlockCopy> copies;
+  for (int32_t i = 0; i < 40; ++i) {
+    ASSERT_TRUE(m.append(SeqId{1}, 1, &copies, std::span<const int32_t>(tokens).first(i)));
+  }
+  m.register_prefix(SeqId{1}, tokens);
+  m.add_sequence(SeqId{2});
+  // Only 30 tokens in common: position 28 attends to (22, 28], window blocks 5 and 6, which
+  // sequence 1 dropped long ago but registered first. (Without tokens this match is 0: see
+  // NoMatchWhenTheWindowBlocksWereDropped.)
+  std::vector<int32_t> prompt = iota_tokens(30, 0);
+  prompt.push_back(777);
+  prompt.push_back(778);
+  EXPECT_EQ(m.match_prefix(SeqId{2}, prompt), 28);
+  EXPECT_EQ(m.table(SeqId{2}, 1).num_dropped_blocks(), 5);
+  m.check_integrity();
+}
+
 using KvCacheManagerDeathTest = ::testing::Test;
 
 TEST_F(KvCacheManagerDeathTest, UnknownAndDuplicateSequencesAbort) {
@@ -184,6 +207,7 @@ TEST_F(KvCacheManagerDeathTest, PrefixCallsCheckTheirPreconditions) {
   ASSERT_TRUE(m.append(SeqId{1}, 2, &copies));
   EXPECT_DEATH((void)m.match_prefix(SeqId{1}, tokens), "that has tokens");
   EXPECT_DEATH(m.register_prefix(SeqId{1}, tokens), "register_prefix of 9 tokens");
+  EXPECT_DEATH((void)m.append(SeqId{1}, 1, &copies, tokens), "given 9 token ids");
 }
 
 TEST_F(KvCacheManagerDeathTest, InvalidConfigAborts) {

@@ -805,7 +805,7 @@ class GroupWorld {
   bool append_tokens(SeqId id, const std::vector<int32_t>& more) {
     const int32_t num_new = static_cast<int32_t>(more.size());
     std::vector<GroupBlockCopy> copies;
-    bool ok = manager_.append(id, num_new, &copies);
+    bool ok = manager_.append(id, num_new, &copies, model_[id]);
     if (!ok) {
       if (!copies.empty()) fail("failed append returned copies");
       std::vector<int32_t> needed;  // [num_groups]
@@ -815,7 +815,7 @@ class GroupWorld {
       std::vector<CacheOp> ops;
       const bool room = store_.make_room(needed, &ops);
       execute(ops);
-      if (room) ok = manager_.append(id, num_new, &copies);
+      if (room) ok = manager_.append(id, num_new, &copies, model_[id]);
       if (!ok) return false;
     }
     for (const GroupBlockCopy& c : copies) {
