@@ -6,7 +6,8 @@
 //   prefix match, 8K tokens    (block size 16) vs XXH3 over the same 32 KiB of token ids
 //   slot mapping, 256 seqs     (decode: each sequence's newest slot) vs writing 256 int64s
 //   pool simulator             block sizes 16..256 at equal pool memory; its outcome (utilisation,
-//                              slot waste, prefix-hit rate, tier moves) as counters
+//                              slot waste, prefix-hit rate, tier moves) as counters; once for a
+//                              global-attention model, once with a sliding-window group
 // Run: ./build/release/bench/cache_bench --benchmark_repetitions=5
 //        --benchmark_report_aggregates_only=true   (add --benchmark_format=csv for CSV)
 #include <benchmark/benchmark.h>
@@ -201,6 +202,47 @@ void BM_PoolSimulator(benchmark::State& state) {
   state.counters["failed_turns"] = static_cast<double>(r.failed_turns);
 }
 BENCHMARK(BM_PoolSimulator)
+    ->Arg(16)
+    ->Arg(32)
+    ->Arg(64)
+    ->Arg(128)
+    ->Arg(256)
+    ->Unit(benchmark::kMillisecond);
+
+// The same workload for a Gemma-3-270M-like model: 3 global layers and 15 sliding-window layers
+// (window 512), 1 KV head x 256 dims, bf16: 3 KiB of KV per token in the global group, 15 KiB in
+// the window group. Global pools of 32K tokens (device and host), window pools of 16K tokens.
+void BM_PoolSimulatorWindow(benchmark::State& state) {
+  PoolSimConfig c;
+  c.block_size = static_cast<int32_t>(state.range(0));
+  c.pool_blocks = 32768 / c.block_size;
+  c.host_blocks = 32768 / c.block_size;
+  c.bytes_per_block = int64_t{3072} * c.block_size;
+  c.window_tokens = 512;
+  c.window_pool_blocks = 16384 / c.block_size;
+  c.window_host_blocks = 16384 / c.block_size;
+  c.window_bytes_per_block = int64_t{15360} * c.block_size;
+  c.agents = 32;
+  c.turns = 8;
+  c.concurrency = 8;
+  c.system_prompt_tokens = 1024;
+  c.user_tokens = 128;
+  c.reply_tokens = 256;
+  PoolSimResult r;
+  for (auto _ : state) r = simulate_pool(c).value();
+  state.counters["util_mean"] = r.utilisation_mean;
+  state.counters["win_util_mean"] = r.window_utilisation_mean;
+  state.counters["win_util_peak"] = r.window_utilisation_peak;
+  state.counters["slot_waste"] = r.slot_waste_mean;
+  state.counters["prefix_hit"] = r.prefix_hit_rate;
+  state.counters["offloads"] = static_cast<double>(r.offloads);
+  state.counters["disk_saves"] = static_cast<double>(r.saves_to_disk);
+  state.counters["moved_MiB"] =
+      static_cast<double>(r.bytes_transferred + r.bytes_saved_to_disk + r.bytes_loaded_from_disk) /
+      (1 << 20);
+  state.counters["failed_turns"] = static_cast<double>(r.failed_turns);
+}
+BENCHMARK(BM_PoolSimulatorWindow)
     ->Arg(16)
     ->Arg(32)
     ->Arg(64)

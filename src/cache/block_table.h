@@ -67,6 +67,7 @@ class BlockTable {
   // Copies needed before writing are appended to *copies (may be nullptr only when no copy can
   // be needed, i.e. the tail is writable). requires: num_tokens >= 0. Mutates.
   bool append(int32_t num_tokens, std::vector<BlockCopy>* copies) {
+    KVP_DCHECK(num_tokens >= 0, "append of {} tokens", num_tokens);
     if (window_tokens_ != 0) trim_window();
     const int32_t used_in_tail = num_tokens_ & mask_;
     if (used_in_tail != 0 && used_in_tail + num_tokens <= block_size_ &&

@@ -1,6 +1,7 @@
 // KvCacheManager: all-or-nothing sequence operations across cache groups.
 #include "cache/kv_cache_manager.h"
 
+#include <algorithm>
 #include <bit>
 
 namespace kvp {
@@ -28,15 +29,25 @@ Status KvCacheManager::validate(const std::vector<CacheGroupConfig>& groups) {
   return Status::ok();
 }
 
-KvCacheManager::KvCacheManager(std::vector<CacheGroupConfig> groups) : configs_(std::move(groups)) {
+KvCacheManager::KvCacheManager(std::vector<CacheGroupConfig> groups,
+                               std::optional<uint64_t> prefix_salt)
+    : configs_(std::move(groups)) {
   Status s = validate(configs_);
   KVP_CHECK(s.is_ok(), "{}", s.to_string());
   for (const CacheGroupConfig& c : configs_) {
     allocators_.push_back(std::make_unique<BlockAllocator>(c.num_blocks));
+    if (prefix_salt) {
+      caches_.push_back(
+          std::make_unique<PrefixCache>(allocators_.back().get(), c.block_size, *prefix_salt));
+    }
   }
 }
 
-KvCacheManager::~KvCacheManager() { sequences_.clear(); }  // tables release before allocators
+// Tables release their blocks first, then the caches forget theirs, then the pools go.
+KvCacheManager::~KvCacheManager() {
+  sequences_.clear();
+  caches_.clear();
+}
 
 std::vector<BlockTable>& KvCacheManager::tables(SeqId seq_id) {
   auto it = sequences_.find(seq_id);
@@ -62,7 +73,7 @@ void KvCacheManager::adopt_prefix(SeqId seq_id, std::span<const BlockId> blocks,
 
 void KvCacheManager::add_sequence(SeqId seq_id) {
   KVP_CHECK(!has_sequence(seq_id), "sequence {} already exists", seq_id.value);
-  std::vector<BlockTable> group_tables;
+  std::vector<BlockTable> group_tables;  // [num_groups]
   group_tables.reserve(configs_.size());
   for (int32_t g = 0; g < num_groups(); ++g) {
     group_tables.emplace_back(allocators_[g].get(), configs_[g].block_size,
@@ -78,14 +89,31 @@ bool KvCacheManager::can_append(SeqId seq_id, int32_t num_tokens) const {
   return true;
 }
 
-bool KvCacheManager::append(SeqId seq_id, int32_t num_tokens, std::vector<GroupBlockCopy>* copies) {
+bool KvCacheManager::append(SeqId seq_id, int32_t num_tokens, std::vector<GroupBlockCopy>* copies,
+                            std::span<const int32_t> tokens) {
   KVP_CHECK(copies != nullptr, "append needs a copy list");
   std::vector<BlockTable>& group_tables = tables(seq_id);
+  if (has_prefix_cache() && !tokens.empty()) {
+    const int32_t num_done = group_tables[0].num_tokens();
+    KVP_CHECK(static_cast<int32_t>(tokens.size()) == num_done,
+              "append to sequence {} of {} tokens given {} token ids", seq_id.value, num_done,
+              tokens.size());
+    for (int32_t g = 0; g < num_groups(); ++g) {
+      const int32_t window = configs_[g].window_tokens;
+      if (window == 0) continue;
+      const BlockTable& t = group_tables[g];
+      const int32_t drop_until =
+          std::min(std::max(0, num_done - window + 1), num_done) / configs_[g].block_size;
+      if (drop_until > t.num_dropped_blocks()) {
+        caches_[g]->register_blocks(tokens, t.blocks().first(drop_until), t.num_dropped_blocks());
+      }
+    }
+  }
   // Dropping blocks behind the window is right whether or not the append succeeds, and the
   // freed blocks count toward this append.
   for (BlockTable& t : group_tables) t.trim_window();
   if (!can_append(seq_id, num_tokens)) return false;
-  std::vector<BlockCopy> group_copies;
+  std::vector<BlockCopy> group_copies;  // copies of one group's append
   for (int32_t g = 0; g < num_groups(); ++g) {
     group_copies.clear();
     const bool ok = group_tables[g].append(num_tokens, &group_copies);
@@ -98,7 +126,7 @@ bool KvCacheManager::append(SeqId seq_id, int32_t num_tokens, std::vector<GroupB
 void KvCacheManager::fork(SeqId parent, SeqId child) {
   KVP_CHECK(!has_sequence(child), "sequence {} already exists", child.value);
   std::vector<BlockTable>& parent_tables = tables(parent);
-  std::vector<BlockTable> child_tables;
+  std::vector<BlockTable> child_tables;  // [num_groups]
   child_tables.reserve(parent_tables.size());
   for (const BlockTable& t : parent_tables) child_tables.push_back(t.fork());
   sequences_.emplace(child, std::move(child_tables));
@@ -119,11 +147,48 @@ void KvCacheManager::free_sequence(SeqId seq_id) {
   sequences_.erase(it);  // the tables release their blocks
 }
 
-void KvCacheManager::check_integrity() const {
+int32_t KvCacheManager::match_prefix(SeqId seq_id, std::span<const int32_t> tokens) {
+  KVP_CHECK(has_prefix_cache(), "match_prefix without prefix caching");
+  std::vector<BlockTable>& group_tables = tables(seq_id);
+  KVP_CHECK(group_tables[0].num_tokens() == 0, "match_prefix into sequence {} that has tokens",
+            seq_id.value);
+  if (tokens.size() < 2) return 0;
+  std::vector<PrefixGroup> groups;  // [num_groups]
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    groups.push_back(PrefixGroup{caches_[g].get(), configs_[g].window_tokens});
+  }
+  GroupPrefixMatch m = match_prefix_groups(groups, tokens.first(tokens.size() - 1));
+  if (m.num_tokens == 0) return 0;
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    group_tables[g].adopt(m.num_dropped[g], m.blocks[g], m.num_tokens);
+  }
+  return m.num_tokens;
+}
+
+void KvCacheManager::register_prefix(SeqId seq_id, std::span<const int32_t> tokens) {
+  KVP_CHECK(has_prefix_cache(), "register_prefix without prefix caching");
+  std::vector<BlockTable>& group_tables = tables(seq_id);
+  KVP_CHECK(static_cast<int32_t>(tokens.size()) == group_tables[0].num_tokens(),
+            "register_prefix of {} tokens for sequence {} with {}", tokens.size(), seq_id.value,
+            group_tables[0].num_tokens());
+  for (int32_t g = 0; g < num_groups(); ++g) {
+    const BlockTable& t = group_tables[g];
+    const size_t num_full = static_cast<size_t>(t.num_tokens() / t.block_size());
+    caches_[g]->register_blocks(tokens, t.blocks().first(num_full), t.num_dropped_blocks());
+  }
+}
+
+void KvCacheManager::check_integrity(std::span<const std::vector<int32_t>> extra_refs) const {
+  KVP_CHECK(extra_refs.empty() || static_cast<int32_t>(extra_refs.size()) == num_groups(),
+            "extra refs for {} groups, {} groups", extra_refs.size(), num_groups());
+  for (const std::unique_ptr<PrefixCache>& cache : caches_) cache->check_integrity();
   for (int32_t g = 0; g < num_groups(); ++g) {
     const BlockAllocator& a = *allocators_[g];
     a.check_integrity();
-    std::vector<int32_t> refs(a.num_blocks(), 0);  // [num_blocks]
+    std::vector<int32_t> refs = extra_refs.empty() ? std::vector<int32_t>(a.num_blocks(), 0)
+                                                   : extra_refs[g];  // [num_blocks]
+    KVP_CHECK(static_cast<int32_t>(refs.size()) == a.num_blocks(), "group {}: {} extra refs", g,
+              refs.size());
     for (const auto& [seq_id, group_tables] : sequences_) {
       const BlockTable& t = group_tables[g];
       t.check_integrity();

@@ -1,6 +1,7 @@
 // PrefixCache: chained XXH3 block hashes in an open-addressing table.
 #include "cache/prefix_cache.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -89,8 +90,24 @@ int32_t PrefixCache::count_match(std::span<const int32_t> tokens) const {
   return num_blocks * block_size_;
 }
 
+void PrefixCache::lookup_blocks(std::span<const int32_t> tokens,
+                                std::vector<std::optional<BlockId>>* out) const {
+  const size_t num_full = tokens.size() / block_size_;
+  out->assign(num_full, std::nullopt);
+  uint64_t parent = root_hash_;
+  for (size_t i = 0; i < num_full; ++i) {
+    const int32_t* block_tokens = tokens.data() + i * block_size_;
+    const uint64_t h = block_hash(parent, block_tokens);
+    const size_t slot = find_slot(h);
+    if (slot_hash_[slot] != kNoHash && entry_matches(slot_block_[slot], parent, block_tokens)) {
+      (*out)[i] = BlockId{slot_block_[slot]};
+    }
+    parent = h;
+  }
+}
+
 int32_t PrefixCache::register_blocks(std::span<const int32_t> tokens,
-                                     std::span<const BlockId> blocks) {
+                                     std::span<const BlockId> blocks, int32_t first_block) {
   KVP_CHECK(tokens.size() >= blocks.size() * block_size_,
             "register of {} blocks with only {} tokens (block_size {})", blocks.size(),
             tokens.size(), block_size_);
@@ -99,6 +116,10 @@ int32_t PrefixCache::register_blocks(std::span<const int32_t> tokens,
   for (size_t i = 0; i < blocks.size(); ++i) {
     const int32_t* block_tokens = tokens.data() + i * block_size_;
     const uint64_t h = block_hash(parent, block_tokens);
+    if (static_cast<int32_t>(i) < first_block) {
+      parent = h;
+      continue;
+    }
     const int32_t block_id = blocks[i].value;
     KVP_CHECK(allocator_->ref_count(blocks[i]) > 0, "register of block {} that is not held",
               block_id);
@@ -198,6 +219,57 @@ void PrefixCache::check_integrity() const {
     cached += registered;
   }
   KVP_CHECK(cached == num_entries_, "{} registered blocks, {} entries", cached, num_entries_);
+}
+
+GroupPrefixMatch match_prefix_groups(std::span<const PrefixGroup> groups,
+                                     std::span<const int32_t> tokens) {
+  const int32_t num_groups = static_cast<int32_t>(groups.size());
+  GroupPrefixMatch result;
+  result.num_dropped.assign(num_groups, 0);
+  result.blocks.assign(num_groups, {});
+  // Per group: which full blocks are cached. A global group limits the prefix to its leading
+  // run of hits; block sizes are powers of two, so the prefix steps by the largest one.
+  std::vector<std::vector<std::optional<BlockId>>> hits(num_groups);  // [num_groups][full blocks]
+  int32_t limit = static_cast<int32_t>(tokens.size());
+  int32_t step = 1;
+  for (int32_t g = 0; g < num_groups; ++g) {
+    const PrefixGroup& group = groups[g];
+    KVP_CHECK(group.cache != nullptr && group.window_tokens >= 0, "prefix group {} is invalid", g);
+    group.cache->lookup_blocks(tokens, &hits[g]);
+    step = std::max(step, group.cache->block_size());
+    if (group.window_tokens == 0) {
+      int32_t run = 0;
+      while (run < static_cast<int32_t>(hits[g].size()) && hits[g][run]) ++run;
+      limit = std::min(limit, run * group.cache->block_size());
+    }
+  }
+  auto first_block = [&](int32_t g, int32_t num_tokens) {
+    if (groups[g].window_tokens == 0) return 0;
+    return std::max(0, num_tokens - groups[g].window_tokens + 1) / groups[g].cache->block_size();
+  };
+  int32_t num_tokens = limit / step * step;
+  for (; num_tokens > 0; num_tokens -= step) {
+    bool servable = true;
+    for (int32_t g = 0; g < num_groups && servable; ++g) {
+      const int32_t end = num_tokens / groups[g].cache->block_size();
+      for (int32_t i = first_block(g, num_tokens); i < end && servable; ++i) {
+        servable = hits[g][i].has_value();
+      }
+    }
+    if (servable) break;
+  }
+  if (num_tokens <= 0) return result;
+  result.num_tokens = num_tokens;
+  for (int32_t g = 0; g < num_groups; ++g) {
+    const int32_t first = first_block(g, num_tokens);
+    const int32_t end = num_tokens / groups[g].cache->block_size();
+    result.num_dropped[g] = first;
+    for (int32_t i = first; i < end; ++i) {
+      groups[g].cache->allocator()->retain(*hits[g][i]);
+      result.blocks[g].push_back(*hits[g][i]);
+    }
+  }
+  return result;
 }
 
 }  // namespace kvp

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -46,6 +47,7 @@ class PrefixCache final : public EvictionListener {
   PrefixCache& operator=(const PrefixCache&) = delete;
 
   int32_t block_size() const { return block_size_; }
+  BlockAllocator* allocator() const { return allocator_; }
   int32_t num_entries() const { return num_entries_; }
 
   // The longest run of cached full blocks that prefixes `tokens`. Each returned block is
@@ -55,11 +57,21 @@ class PrefixCache final : public EvictionListener {
   // The number of tokens match() would return now. Does not modify.
   int32_t count_match(std::span<const int32_t> tokens) const;
 
-  // Registers the full blocks of a sequence: blocks[i] holds tokens[i*B, (i+1)*B). Blocks
-  // already registered are skipped; a block whose contents are already cached under another
-  // block stays uncached. Returns the number of newly registered blocks.
-  // requires: every block is held; tokens.size() >= blocks.size() * block_size. Mutates.
-  int32_t register_blocks(std::span<const int32_t> tokens, std::span<const BlockId> blocks);
+  // For each full block of `tokens`, the cached block holding exactly it (after the same
+  // prefix), or nullopt; entries after a miss are still looked up (sliding-window groups need
+  // only the blocks inside their window). out: [tokens.size() / block_size], resized. Retains
+  // nothing; does not modify.
+  void lookup_blocks(std::span<const int32_t> tokens,
+                     std::vector<std::optional<BlockId>>* out) const;
+
+  // Registers the full blocks of a sequence: blocks[i] holds tokens[i*B, (i+1)*B); entries
+  // before first_block are not registered (dropped behind a window; they only feed the hash
+  // chain). Blocks already registered are skipped; a block whose contents are already cached
+  // under another block stays uncached. Returns the number of newly registered blocks.
+  // requires: blocks [first_block, blocks.size()) are held; tokens.size() >= blocks.size() * B.
+  // Mutates.
+  int32_t register_blocks(std::span<const int32_t> tokens, std::span<const BlockId> blocks,
+                          int32_t first_block = 0);
 
   // Forgets every entry (evictable blocks return to the free list). Mutates.
   void clear();
@@ -101,5 +113,27 @@ class PrefixCache final : public EvictionListener {
   int64_t num_registered_ = 0;
   int64_t num_evicted_ = 0;
 };
+
+// One cache group in a prefix match across groups: its cache (and through it, its pool and
+// block size) and its sliding window (0: global attention).
+struct PrefixGroup {
+  PrefixCache* cache = nullptr;
+  int32_t window_tokens = 0;
+};
+
+// The result of a match across groups: per group, the entries to adopt into a BlockTable with
+// adopt(num_dropped[g], blocks[g], num_tokens). Every block is retained once for the caller.
+struct GroupPrefixMatch {
+  int32_t num_tokens = 0;                    // a multiple of every group's block size
+  std::vector<int32_t> num_dropped;          // [num_groups]
+  std::vector<std::vector<BlockId>> blocks;  // [num_groups][num_tokens / B_g - num_dropped[g]]
+};
+
+// The longest prefix of `tokens` that every group can serve: a global group needs every block of
+// it cached, a window group only the blocks of positions [T - W + 1, T) (the window of the first
+// token after it; earlier entries start dropped). Block sizes must be powers of two.
+// Mutates ref counts (retains the returned blocks) and nothing else.
+GroupPrefixMatch match_prefix_groups(std::span<const PrefixGroup> groups,
+                                     std::span<const int32_t> tokens);
 
 }  // namespace kvp

@@ -85,6 +85,105 @@ TEST(KvCacheManager, ValidateNamesTheBadGroupAndField) {
   EXPECT_EQ(bad_window.message(), "cache group 0: window_tokens -1 is negative");
 }
 
+std::vector<int32_t> iota_tokens(int32_t count, int32_t first) {
+  std::vector<int32_t> tokens(count);  // [count]
+  for (int32_t i = 0; i < count; ++i) tokens[i] = first + i;
+  return tokens;
+}
+
+// A sequence of `tokens`, appended one token at a time (decode-like), registered.
+void add_registered(KvCacheManager* m, SeqId id, const std::vector<int32_t>& tokens) {
+  m->add_sequence(id);
+  std::vector<GroupBlockCopy> copies;
+  for (size_t i = 0; i < tokens.size(); ++i) ASSERT_TRUE(m->append(id, 1, &copies));
+  m->register_prefix(id, tokens);
+}
+
+TEST(KvCacheManager, PrefixMatchSharesBlocksInEveryGroupAtTheLargestBlockSize) {
+  KvCacheManager m({CacheGroupConfig{.num_blocks = 32, .block_size = 4},
+                    CacheGroupConfig{.num_blocks = 32, .block_size = 8}},
+                   /*prefix_salt=*/5);
+  std::vector<int32_t> tokens = iota_tokens(30, 0);
+  add_registered(&m, SeqId{1}, tokens);
+  m.add_sequence(SeqId{2});
+  std::vector<int32_t> prompt = iota_tokens(27, 0);
+  prompt.push_back(500);
+  // Matchable: tokens [0, 27). Group 0 hits 6 blocks (24), group 1 hits 3 blocks (24): 24 is a
+  // multiple of both block sizes.
+  EXPECT_EQ(m.match_prefix(SeqId{2}, prompt), 24);
+  EXPECT_EQ(m.table(SeqId{2}, 0).num_blocks(), 6);
+  EXPECT_EQ(m.table(SeqId{2}, 1).num_blocks(), 3);
+  for (int32_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(m.table(SeqId{2}, 0).block(i), m.table(SeqId{1}, 0).block(i));
+  }
+  EXPECT_EQ(m.allocator(1).ref_count(m.table(SeqId{1}, 1).block(0)), 2);
+  m.check_integrity();
+  std::vector<GroupBlockCopy> copies;
+  ASSERT_TRUE(m.append(SeqId{2}, 4, &copies));  // past the match: new blocks, no copies
+  EXPECT_TRUE(copies.empty());
+  m.check_integrity();
+}
+
+TEST(KvCacheManager, WindowGroupNeedsOnlyTheBlocksInsideTheWindow) {
+  KvCacheManager m({CacheGroupConfig{.num_blocks = 32, .block_size = 4},
+                    CacheGroupConfig{.num_blocks = 32, .block_size = 4, .window_tokens = 6}},
+                   /*prefix_salt=*/5);
+  std::vector<int32_t> tokens = iota_tokens(40, 0);
+  add_registered(&m, SeqId{1}, tokens);
+  // The last append (old length 39) kept positions >= 34: window blocks 8 and 9 only.
+  EXPECT_EQ(m.table(SeqId{1}, 1).num_dropped_blocks(), 8);
+  m.free_sequence(SeqId{1});  // blocks stay cached and evictable
+  m.add_sequence(SeqId{2});
+  std::vector<int32_t> prompt = tokens;
+  prompt.insert(prompt.end(), {900, 901, 902});
+  // Position 40 attends to (34, 40]: window blocks 8 (32..35) and 9 (36..39) suffice.
+  EXPECT_EQ(m.match_prefix(SeqId{2}, prompt), 40);
+  EXPECT_EQ(m.table(SeqId{2}, 0).num_held_blocks(), 10);
+  EXPECT_EQ(m.table(SeqId{2}, 1).num_dropped_blocks(), 8);
+  EXPECT_EQ(m.table(SeqId{2}, 1).num_held_blocks(), 2);
+  m.check_integrity();
+}
+
+TEST(KvCacheManager, NoMatchWhenTheWindowBlocksWereDropped) {
+  KvCacheManager m({CacheGroupConfig{.num_blocks = 32, .block_size = 4},
+                    CacheGroupConfig{.num_blocks = 32, .block_size = 4, .window_tokens = 6}},
+                   /*prefix_salt=*/5);
+  add_registered(&m, SeqId{1}, iota_tokens(40, 0));
+  m.add_sequence(SeqId{2});
+  // Only 30 tokens in common: every candidate length needs window blocks that were dropped
+  // (never registered) by sequence 1, so nothing is taken in any group.
+  std::vector<int32_t> prompt = iota_tokens(30, 0);
+  prompt.push_back(777);
+  prompt.push_back(778);
+  EXPECT_EQ(m.match_prefix(SeqId{2}, prompt), 0);
+  EXPECT_EQ(m.table(SeqId{2}, 0).num_blocks(), 0);
+  EXPECT_EQ(m.allocator(0).ref_count(m.table(SeqId{1}, 0).block(0)), 1);
+  m.check_integrity();
+}
+
+TEST(KvCacheManager, AppendWithTokensRegistersWindowBlocksBeforeDroppingThem) {
+  KvCacheManager m({CacheGroupConfig{.num_blocks = 32, .block_size = 4},
+                    CacheGroupConfig{.num_blocks = 32, .block_size = 4, .window_tokens = 6}},
+                   /*prefix_salt=*/5);
+  std::vector<int32_t> tokens = iota_tokens(40, 0);
+  m.add_sequence(SeqId{1});
+  std::vector<GroupBlockCopy> copies;
+  for (int32_t i = 0; i < 40; ++i) {
+    ASSERT_TRUE(m.append(SeqId{1}, 1, &copies, std::span<const int32_t>(tokens).first(i)));
+  }
+  m.register_prefix(SeqId{1}, tokens);
+  m.add_sequence(SeqId{2});
+  // Only 30 tokens in common: position 28 attends to (22, 28], window blocks 5 and 6, which
+  // sequence 1 dropped long ago but registered first. (Without tokens this match is 0: see
+  // NoMatchWhenTheWindowBlocksWereDropped.)
+  std::vector<int32_t> prompt = iota_tokens(30, 0);
+  prompt.push_back(777);
+  prompt.push_back(778);
+  EXPECT_EQ(m.match_prefix(SeqId{2}, prompt), 28);
+  EXPECT_EQ(m.table(SeqId{2}, 1).num_dropped_blocks(), 5);
+  m.check_integrity();
+}
+
 using KvCacheManagerDeathTest = ::testing::Test;
 
 TEST_F(KvCacheManagerDeathTest, UnknownAndDuplicateSequencesAbort) {
@@ -95,6 +194,20 @@ TEST_F(KvCacheManagerDeathTest, UnknownAndDuplicateSequencesAbort) {
   EXPECT_DEATH(m.add_sequence(SeqId{3}), "already exists");
   EXPECT_DEATH(m.fork(SeqId{3}, SeqId{3}), "already exists");
   EXPECT_DEATH(m.free_sequence(SeqId{4}), "unknown sequence 4");
+}
+
+TEST_F(KvCacheManagerDeathTest, PrefixCallsCheckTheirPreconditions) {
+  KvCacheManager plain(gemma_like());
+  plain.add_sequence(SeqId{1});
+  std::vector<int32_t> tokens = iota_tokens(9, 0);
+  EXPECT_DEATH((void)plain.match_prefix(SeqId{1}, tokens), "without prefix caching");
+  KvCacheManager m(gemma_like(), /*prefix_salt=*/1);
+  m.add_sequence(SeqId{1});
+  std::vector<GroupBlockCopy> copies;
+  ASSERT_TRUE(m.append(SeqId{1}, 2, &copies));
+  EXPECT_DEATH((void)m.match_prefix(SeqId{1}, tokens), "that has tokens");
+  EXPECT_DEATH(m.register_prefix(SeqId{1}, tokens), "register_prefix of 9 tokens");
+  EXPECT_DEATH((void)m.append(SeqId{1}, 1, &copies, tokens), "given 9 token ids");
 }
 
 TEST_F(KvCacheManagerDeathTest, InvalidConfigAborts) {

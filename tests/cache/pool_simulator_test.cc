@@ -118,6 +118,47 @@ TEST(PoolSimulator, SameSeedSameResultAndSeedMatters) {
   EXPECT_NE(a->slot_waste_mean, other->slot_waste_mean);
 }
 
+TEST(PoolSimulator, WindowGroupHoldsOnlyTheWindowAfterDecode) {
+  // Block 4, window 8: the prompt (10 tokens, one chunk) takes 3 window blocks; decoding 10
+  // more one at a time drops blocks behind the window. At the end (20 tokens, next position
+  // 20 attends to (12, 20]) blocks 3 and 4 are held; at most 3 were ever held.
+  PoolSimConfig c = exact(4);
+  c.window_tokens = 8;
+  c.window_pool_blocks = 16;
+  c.window_host_blocks = 16;
+  c.window_bytes_per_block = 500;
+  Result<PoolSimResult> r = simulate_pool(c);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_DOUBLE_EQ(r->utilisation_peak, 5.0 / 64.0);
+  EXPECT_DOUBLE_EQ(r->window_utilisation_mean, 2.0 / 16.0);
+  EXPECT_EQ(r->peak_used_bytes, 5 * 1000 + 3 * 500);
+  EXPECT_EQ(r->pool_bytes, 64 * 1000 + 16 * 500);
+}
+
+TEST(PoolSimulator, WindowGroupSessionsMoveThroughTiersAndBytesFollowTheOps) {
+  PoolSimConfig c = exact(4);
+  c.agents = 6;
+  c.turns = 4;
+  c.pool_blocks = 40;  // each agent grows to 80 tokens = 20 blocks: 6 agents never fit
+  c.host_blocks = 24;
+  c.window_tokens = 8;
+  c.window_pool_blocks = 32;
+  c.window_host_blocks = 8;
+  c.window_bytes_per_block = 500;
+  Result<PoolSimResult> r = simulate_pool(c);
+  ASSERT_TRUE(r.is_ok());
+  EXPECT_EQ(r->failed_turns, 0);
+  EXPECT_GT(r->offloads, 0);
+  EXPECT_GT(r->saves_to_disk, 0);
+  EXPECT_GT(r->bytes_saved_to_disk, 0);
+  EXPECT_GT(r->bytes_loaded_from_disk, 0);
+  EXPECT_LE(r->window_utilisation_peak, 1.0);
+  // Transfers move blocks of both sizes: the bytes lie between all-window and all-global.
+  EXPECT_GE(r->bytes_transferred, r->blocks_transferred * 500);
+  EXPECT_LE(r->bytes_transferred, r->blocks_transferred * 1000);
+  for (const PoolSimSession& s : r->sessions) EXPECT_EQ(s.num_tokens, 4 * 20);
+}
+
 TEST(PoolSimulator, BadConfigIsAStatusNamingTheField) {
   PoolSimConfig c;
   c.block_size = 48;
@@ -131,6 +172,9 @@ TEST(PoolSimulator, BadConfigIsAStatusNamingTheField) {
   c = PoolSimConfig{};
   c.jitter = 1.5;
   EXPECT_EQ(simulate_pool(c).status().message(), "jitter 1.5 is not in [0, 1]");
+  c = PoolSimConfig{};
+  c.window_tokens = 512;
+  EXPECT_EQ(simulate_pool(c).status().message(), "window_pool_blocks 0 < 1 with window_tokens 512");
 }
 
 }  // namespace

@@ -165,6 +165,33 @@ TEST(PrefixCache, ManyEntriesSurviveInterleavedEvictions) {
   }
 }
 
+TEST(PrefixCache, LookupBlocksReportsEveryCachedBlockEvenAfterAMiss) {
+  BlockAllocator a(16);
+  PrefixCache cache(&a, 2, 7);
+  std::vector<int32_t> tokens = iota_tokens(8, 0);  // 4 blocks
+  BlockTable t(&a, 2);
+  ASSERT_TRUE(t.append(8, nullptr));
+  // Register only blocks 2 and 3 (as a window table would, its first entries dropped).
+  EXPECT_EQ(cache.register_blocks(tokens, t.blocks(), /*first_block=*/2), 2);
+  EXPECT_FALSE(a.is_cached(t.block(0)));
+  EXPECT_TRUE(a.is_cached(t.block(2)));
+  std::vector<std::optional<BlockId>> hits;
+  cache.lookup_blocks(iota_tokens(9, 0), &hits);
+  ASSERT_EQ(hits.size(), 4u);
+  EXPECT_FALSE(hits[0].has_value());
+  EXPECT_FALSE(hits[1].has_value());
+  EXPECT_EQ(hits[2], t.block(2));
+  EXPECT_EQ(hits[3], t.block(3));
+  EXPECT_EQ(a.ref_count(t.block(2)), 1);    // lookup retains nothing
+  EXPECT_EQ(cache.count_match(tokens), 0);  // a prefix match needs block 0
+  // Block 2's entry chains the whole prefix: other first tokens miss it.
+  std::vector<int32_t> other = tokens;
+  other[0] = 99;
+  cache.lookup_blocks(other, &hits);
+  EXPECT_FALSE(hits[2].has_value());
+  cache.check_integrity();
+}
+
 using PrefixCacheDeathTest = ::testing::Test;
 
 TEST_F(PrefixCacheDeathTest, RegisterOfFreeBlockAborts) {

@@ -36,7 +36,7 @@ namespace kvp {
 namespace {
 
 #if defined(__SANITIZE_ADDRESS__)
-constexpr int64_t kDefaultOps = 1'000'000;
+constexpr int64_t kDefaultOps = 600'000;
 #else
 constexpr int64_t kDefaultOps = 2'000'000;
 #endif
@@ -517,23 +517,42 @@ TEST(Randomized, CacheBookkeepingMatchesASimpleModel) {
 class GroupWorld {
  public:
   GroupWorld(std::vector<CacheGroupConfig> groups, int64_t num_ops, uint64_t seed)
-      : groups_(groups), num_ops_(num_ops), seed_(seed), rng_(seed), manager_(std::move(groups)) {
+      : groups_(groups),
+        num_ops_(num_ops),
+        seed_(seed),
+        rng_(seed),
+        manager_(std::move(groups), /*prefix_salt=*/seed),
+        hosts_(make_hosts(groups_)),
+        store_(session_groups(), "/disk") {
     for (const CacheGroupConfig& g : groups_) {
       bytes_.emplace_back(static_cast<size_t>(g.num_blocks) * g.block_size, -1);
+      host_bytes_.emplace_back(static_cast<size_t>(kHostBlocks) * g.block_size, -1);
     }
+    for (int i = 0; i < 48; ++i) shared_prompt_.push_back(uniform(0, 3));
   }
 
   void run() {
     for (op_index_ = 0; op_index_ < num_ops_; ++op_index_) {
       step();
-      manager_.check_integrity();
+      std::vector<std::vector<int32_t>> session_refs;  // [num_groups][num_blocks]
+      for (int32_t g = 0; g < manager_.num_groups(); ++g) {
+        session_refs.emplace_back(groups_[g].num_blocks, 0);
+        store_.count_device_refs(&session_refs.back(), g);
+      }
+      manager_.check_integrity(session_refs);
+      store_.check_integrity();
       for (const auto& [id, tokens] : model_) {
         if (manager_.num_tokens(id) != static_cast<int32_t>(tokens.size())) fail("length");
       }
+      if (op_index_ % 16 == 0) {
+        for (const auto& [id, tokens] : sessions_) verify_session(id);
+      }
     }
   }
+  int64_t session_moves() const { return session_moves_; }
   int64_t copies() const { return copies_; }
   int64_t dropped() const { return dropped_; }
+  int64_t prefix_hit_tokens() const { return prefix_hit_tokens_; }
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
@@ -550,12 +569,84 @@ class GroupWorld {
     return it->first;
   }
 
+  static constexpr int32_t kHostBlocks = 24;
+  static std::vector<std::unique_ptr<BlockAllocator>> make_hosts(
+      const std::vector<CacheGroupConfig>& groups) {
+    std::vector<std::unique_ptr<BlockAllocator>> hosts;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      hosts.push_back(std::make_unique<BlockAllocator>(kHostBlocks));
+    }
+    return hosts;
+  }
+  std::vector<SessionGroup> session_groups() {
+    std::vector<SessionGroup> out;
+    for (int32_t g = 0; g < manager_.num_groups(); ++g) {
+      out.push_back(SessionGroup{&manager_.allocator(g), manager_.prefix_cache(g), hosts_[g].get(),
+                                 groups_[g].block_size, groups_[g].window_tokens});
+    }
+    return out;
+  }
+
+  int32_t& byte(int32_t g, Pool pool, BlockId block, int32_t offset) {
+    std::vector<int32_t>& bytes = pool == Pool::Device ? bytes_[g] : host_bytes_[g];
+    return bytes[static_cast<size_t>(block.value) * groups_[g].block_size + offset];
+  }
+
+  // The backend, for every group.
+  void execute(const std::vector<CacheOp>& ops) {
+    for (const CacheOp& op : ops) {
+      if (const auto* c = std::get_if<BlockCopy>(&op)) {
+        for (int32_t i = 0; i < groups_[c->group].block_size; ++i) {
+          byte(c->group, Pool::Device, c->dst, i) = byte(c->group, Pool::Device, c->src, i);
+        }
+        ++copies_;
+      } else if (const auto* t = std::get_if<BlockTransfer>(&op)) {
+        for (int32_t i = 0; i < groups_[t->group].block_size; ++i) {
+          byte(t->group, t->dst_pool, t->dst, i) = byte(t->group, t->src_pool, t->src, i);
+        }
+        ++session_moves_;
+      } else if (const auto* sv = std::get_if<SaveToDisk>(&op)) {
+        const int32_t bs = groups_[sv->group].block_size;
+        std::vector<int32_t> file(sv->num_tokens, -1);  // [num_tokens]; -1: not in the file
+        for (int32_t p = sv->first_position; p < sv->num_tokens; ++p) {
+          file[p] =
+              byte(sv->group, sv->src_pool, sv->blocks[(p - sv->first_position) / bs], p % bs);
+          if (file[p] != sv->token_ids[p]) fail("SaveToDisk reads a wrong KV");
+        }
+        disk_[{sv->path, sv->group}] = std::move(file);
+        ++session_moves_;
+      } else if (const auto* l = std::get_if<LoadFromDisk>(&op)) {
+        const int32_t bs = groups_[l->group].block_size;
+        auto it = disk_.find({l->path, l->group});
+        if (it == disk_.end()) fail("LoadFromDisk of a file never saved");
+        for (int32_t p = l->first_position; p < l->num_tokens; ++p) {
+          if (it->second[p] < 0) fail("LoadFromDisk of a position the file does not hold");
+          byte(l->group, l->dst_pool, l->blocks[(p - l->first_position) / bs], p % bs) =
+              it->second[p];
+        }
+        ++session_moves_;
+      } else if (const auto* r = std::get_if<RemoveFile>(&op)) {
+        for (int32_t g = 0; g < manager_.num_groups(); ++g) disk_.erase({r->path, g});
+      }
+    }
+  }
+
   // Every position the next token attends to must read back its token, in every group.
   void verify(SeqId id) const {
-    const std::vector<int32_t>& tokens = model_.at(id);
-    const int32_t n = static_cast<int32_t>(tokens.size());
     for (int32_t g = 0; g < manager_.num_groups(); ++g) {
-      const BlockTable& t = manager_.table(id, g);
+      verify_table(g, manager_.table(id, g), model_.at(id));
+    }
+  }
+  void verify_session(SessionId id) const {
+    if (store_.info(id).tier != Tier::Resident) return;
+    for (int32_t g = 0; g < manager_.num_groups(); ++g) {
+      verify_table(g, store_.table(id, g), sessions_.at(id));
+    }
+  }
+  void verify_table(int32_t g, const BlockTable& t, const std::vector<int32_t>& tokens) const {
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    if (t.num_tokens() != n) fail("table length differs");
+    {
       const int32_t w = groups_[g].window_tokens;
       const int32_t first = w == 0 ? 0 : std::max(0, n - w + 1);
       if (first < t.num_dropped_blocks() * t.block_size()) {
@@ -570,13 +661,94 @@ class GroupWorld {
     }
   }
 
+  std::optional<SessionId> random_session(bool (*want)(const SessionInfo&)) {
+    std::vector<SessionId> ids;
+    for (const auto& [id, tokens] : sessions_) {
+      if (want(store_.info(id))) ids.push_back(id);
+    }
+    if (ids.empty()) return std::nullopt;
+    return ids[uniform(0, static_cast<int32_t>(ids.size()) - 1)];
+  }
+
+  void session_step(int32_t kind) {
+    std::vector<CacheOp> ops;
+    if (kind < 12) {  // a turn: a prompt or some decode steps
+      std::optional<SessionId> id = random_session([](const SessionInfo&) { return true; });
+      if (!id || (sessions_.size() < 4 && uniform(0, 3) == 0)) {
+        id = store_.create("s" + std::to_string(next_seq_++)).value();
+        sessions_[*id] = {};
+      }
+      std::vector<int32_t>& model = sessions_[*id];
+      const bool began = store_.begin(*id, &ops);
+      execute(ops);
+      if (!began) return;
+      verify_session(*id);
+      for (int32_t a = uniform(1, 4); a > 0; --a) {
+        std::vector<int32_t> tokens;
+        if (model.empty()) {
+          tokens.assign(shared_prompt_.begin(), shared_prompt_.begin() + uniform(0, 48));
+        }
+        for (int32_t i = uniform(1, 3); i > 0; --i) tokens.push_back(uniform(0, 3));
+        const int32_t old = static_cast<int32_t>(model.size());
+        ops.clear();
+        std::optional<int32_t> num_cached = store_.append_tokens(*id, tokens, &ops);
+        execute(ops);
+        if (!num_cached) break;
+        prefix_hit_tokens_ += *num_cached;
+        model.insert(model.end(), tokens.begin(), tokens.end());
+        for (int32_t g = 0; g < manager_.num_groups(); ++g) {
+          const BlockTable& t = store_.table(*id, g);
+          for (int32_t p = old + *num_cached; p < t.num_tokens(); ++p) {
+            if (!manager_.allocator(g).is_writable(t.block(p / groups_[g].block_size))) {
+              fail("session write into a shared block");
+            }
+            bytes_[g][t.slot(p)] = model[p];
+          }
+        }
+        verify_session(*id);
+      }
+      store_.end(*id);
+    } else if (kind < 17) {
+      std::optional<SessionId> id =
+          random_session([](const SessionInfo& i) { return i.tier == Tier::Resident; });
+      if (id && store_.offload(*id, &ops)) execute(ops);
+    } else if (kind < 21) {
+      std::optional<SessionId> id =
+          random_session([](const SessionInfo& i) { return i.tier != Tier::OnDisk; });
+      if (!id) return;
+      store_.save_to_disk(*id, &ops);
+      execute(ops);
+    } else if (kind < 26) {
+      std::optional<SessionId> id =
+          random_session([](const SessionInfo& i) { return i.tier != Tier::Resident; });
+      if (!id) return;
+      const bool ok = store_.resume(*id, &ops);
+      execute(ops);
+      if (ok) verify_session(*id);
+    } else if (kind < 27) {
+      std::optional<SessionId> id = random_session([](const SessionInfo&) { return true; });
+      if (!id) return;
+      store_.erase(*id, &ops);
+      execute(ops);
+      sessions_.erase(*id);
+    } else {
+      std::vector<int32_t> needed;  // [num_groups]
+      for (const CacheGroupConfig& g : groups_) needed.push_back(uniform(0, g.num_blocks / 2));
+      const bool ok = store_.make_room(needed, &ops);
+      execute(ops);
+      for (int32_t g = 0; ok && g < manager_.num_groups(); ++g) {
+        if (!manager_.allocator(g).can_allocate(needed[g])) fail("make_room without room");
+      }
+    }
+  }
+
   void step() {
-    const int32_t kind = uniform(0, 99);
-    if (kind < 10 || model_.empty()) {
+    const int32_t kind = uniform(0, 129);
+    if (kind >= 100) {
+      session_step(kind - 100);
+    } else if (kind < 10 || model_.empty()) {
       if (model_.size() >= 8) return free_seq();
-      const SeqId id{next_seq_++};
-      manager_.add_sequence(id);
-      model_[id] = {};
+      new_seq();
     } else if (kind < 60) {
       append();
     } else if (kind < 72) {
@@ -595,18 +767,56 @@ class GroupWorld {
       manager_.truncate(id, n);
       model_[id].resize(n);
       verify(id);
+    } else if (kind < 88) {
+      const SeqId id = *random_seq();
+      manager_.register_prefix(id, model_[id]);
     } else {
       free_seq();
+    }
+  }
+
+  // A new sequence; usually a prompt sharing a prefix with others, started from the cache.
+  void new_seq() {
+    const SeqId id{next_seq_++};
+    manager_.add_sequence(id);
+    model_[id] = {};
+    if (uniform(0, 3) == 0) return;  // starts empty; grows by appends
+    std::vector<int32_t> prompt(shared_prompt_.begin(), shared_prompt_.begin() + uniform(0, 48));
+    for (int32_t i = uniform(1, 6); i > 0; --i) prompt.push_back(uniform(0, 3));
+    const int32_t num_cached = manager_.match_prefix(id, prompt);
+    prefix_hit_tokens_ += num_cached;
+    model_[id].assign(prompt.begin(), prompt.begin() + num_cached);
+    verify(id);  // the cached KV must be this prompt's own
+    if (!append_tokens(id, std::vector<int32_t>(prompt.begin() + num_cached, prompt.end()))) {
+      manager_.free_sequence(id);
+      model_.erase(id);
+      return;
     }
   }
 
   void append() {
     const SeqId id = *random_seq();
     const int32_t num_new = uniform(0, 9) < 7 ? 1 : uniform(2, 12);  // decode or a chunk
+    std::vector<int32_t> more(num_new);                              // [num_new]
+    for (int32_t& t : more) t = uniform(0, 3);
+    append_tokens(id, more);
+  }
+
+  bool append_tokens(SeqId id, const std::vector<int32_t>& more) {
+    const int32_t num_new = static_cast<int32_t>(more.size());
     std::vector<GroupBlockCopy> copies;
-    if (!manager_.append(id, num_new, &copies)) {
+    bool ok = manager_.append(id, num_new, &copies, model_[id]);
+    if (!ok) {
       if (!copies.empty()) fail("failed append returned copies");
-      return;
+      std::vector<int32_t> needed;  // [num_groups]
+      for (int32_t g = 0; g < manager_.num_groups(); ++g) {
+        needed.push_back(manager_.table(id, g).blocks_needed(num_new));
+      }
+      std::vector<CacheOp> ops;
+      const bool room = store_.make_room(needed, &ops);
+      execute(ops);
+      if (room) ok = manager_.append(id, num_new, &copies, model_[id]);
+      if (!ok) return false;
     }
     for (const GroupBlockCopy& c : copies) {
       const int32_t bs = groups_[c.group].block_size;
@@ -617,7 +827,7 @@ class GroupWorld {
     }
     std::vector<int32_t>& tokens = model_[id];
     const int32_t old = static_cast<int32_t>(tokens.size());
-    for (int32_t i = 0; i < num_new; ++i) tokens.push_back(uniform(0, 1000));
+    tokens.insert(tokens.end(), more.begin(), more.end());
     for (int32_t g = 0; g < manager_.num_groups(); ++g) {
       const BlockTable& t = manager_.table(id, g);
       const int32_t bs = groups_[g].block_size;
@@ -637,11 +847,13 @@ class GroupWorld {
       }
     }
     verify(id);
+    return true;
   }
 
   void free_seq() {
     std::optional<SeqId> id = random_seq();
     if (!id) return;
+    if (uniform(0, 9) < 7) manager_.register_prefix(*id, model_[*id]);  // a finished request
     manager_.free_sequence(*id);
     model_.erase(*id);
   }
@@ -652,11 +864,19 @@ class GroupWorld {
   std::mt19937_64 rng_;
   int64_t op_index_ = 0;
   KvCacheManager manager_;
-  std::vector<std::vector<int32_t>> bytes_;  // [num_groups][num_blocks * block_size]
+  std::vector<std::unique_ptr<BlockAllocator>> hosts_;  // [num_groups] host pools
+  SessionStore store_;                                  // shares the manager's device pools
+  std::vector<std::vector<int32_t>> bytes_;             // [num_groups][num_blocks * block_size]
+  std::vector<std::vector<int32_t>> host_bytes_;        // [num_groups][kHostBlocks * block_size]
+  std::map<std::pair<std::string, int32_t>, std::vector<int32_t>> disk_;  // (path, group)
+  std::map<SessionId, std::vector<int32_t>> sessions_;  // the model of each session
+  int64_t session_moves_ = 0;
   std::map<SeqId, std::vector<int32_t>> model_;
   int64_t next_seq_ = 1;
   int64_t copies_ = 0;
   int64_t dropped_ = 0;
+  int64_t prefix_hit_tokens_ = 0;
+  std::vector<int32_t> shared_prompt_;  // [48]
 };
 
 TEST(Randomized, CacheGroupsWithSlidingWindowsMatchASimpleModel) {
@@ -666,6 +886,8 @@ TEST(Randomized, CacheGroupsWithSlidingWindowsMatchASimpleModel) {
   const int32_t num_shapes = 4;
   int64_t copies = 0;
   int64_t dropped = 0;
+  int64_t prefix_hit_tokens = 0;
+  int64_t session_moves = 0;
   for (int32_t i = 0; i < num_shapes; ++i) {
     auto pick = [&](int32_t lo, int32_t hi) {
       return std::uniform_int_distribution<int32_t>(lo, hi)(shape_rng);
@@ -692,10 +914,18 @@ TEST(Randomized, CacheGroupsWithSlidingWindowsMatchASimpleModel) {
     }
     copies += world.copies();
     dropped += world.dropped();
+    prefix_hit_tokens += world.prefix_hit_tokens();
+    session_moves += world.session_moves();
   }
+  std::fprintf(stderr,
+               "randomized groups: copies %lld, prefix-hit tokens %lld, session block moves %lld\n",
+               static_cast<long long>(copies), static_cast<long long>(prefix_hit_tokens),
+               static_cast<long long>(session_moves));
   if (total_ops >= 10'000) {
     EXPECT_GT(copies, 0);
     EXPECT_GT(dropped, 0);
+    EXPECT_GT(prefix_hit_tokens, 0);
+    EXPECT_GT(session_moves, 0);
   }
 }
 

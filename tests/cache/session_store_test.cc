@@ -305,5 +305,137 @@ TEST_F(SessionStoreDeathTest, WrongStateCallsAbort) {
   EXPECT_DEATH((void)f.store.info(SessionId{42}), "unknown session 42");
 }
 
+// Gemma-3-like: a global group (block 4) and a sliding-window group (block 2, window 5).
+struct TwoGroupFixture {
+  TwoGroupFixture()
+      : global_device(32),
+        global_host(32),
+        window_device(16),
+        window_host(16),
+        global_cache(&global_device, 4, 9),
+        window_cache(&window_device, 2, 9),
+        store({SessionGroup{&global_device, &global_cache, &global_host, 4, 0},
+               SessionGroup{&window_device, &window_cache, &window_host, 2, 5}},
+              "/d") {}
+  BlockAllocator global_device;
+  BlockAllocator global_host;
+  BlockAllocator window_device;
+  BlockAllocator window_host;
+  PrefixCache global_cache;
+  PrefixCache window_cache;
+  SessionStore store;
+};
+
+TEST(SessionStore, TwoGroupsMoveTogetherAndWindowGroupMovesOnlyItsWindow) {
+  TwoGroupFixture f;
+  SessionId id = f.store.create("a").value();
+  std::vector<CacheOp> ops;
+  ASSERT_TRUE(f.store.begin(id, &ops));
+  for (int32_t i = 0; i < 13; ++i) {  // decode-like: window trims as it goes
+    ASSERT_TRUE(f.store.append_tokens(id, iota_tokens(1, i), &ops).has_value());
+  }
+  f.store.end(id);
+  EXPECT_TRUE(ops.empty());
+  // 13 tokens: global 4 blocks; window: last append at old length 12 kept positions >= 8,
+  // so entries 0..3 dropped, 4..6 held.
+  EXPECT_EQ(f.store.table(id, 0).num_held_blocks(), 4);
+  EXPECT_EQ(f.store.table(id, 1).num_dropped_blocks(), 4);
+  EXPECT_EQ(f.store.table(id, 1).num_held_blocks(), 3);
+  std::vector<BlockId> window_blocks(f.store.table(id, 1).blocks().begin() + 4,
+                                     f.store.table(id, 1).blocks().end());
+  f.global_cache.clear();
+  f.window_cache.clear();
+
+  ASSERT_TRUE(f.store.offload(id, &ops));
+  ASSERT_EQ(ops.size(), 7u);  // 4 global + 3 window transfers
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(std::get<BlockTransfer>(ops[i]).group, 0);
+  for (int i = 0; i < 3; ++i) {
+    const BlockTransfer& t = std::get<BlockTransfer>(ops[4 + i]);
+    EXPECT_EQ(t.group, 1);
+    EXPECT_EQ(t.src, window_blocks[i]);
+  }
+  EXPECT_EQ(f.window_device.num_free(), 16);
+  f.store.check_integrity();
+
+  ops.clear();
+  f.store.save_to_disk(id, &ops);
+  ASSERT_EQ(ops.size(), 2u);
+  const SaveToDisk& global_save = std::get<SaveToDisk>(ops[0]);
+  const SaveToDisk& window_save = std::get<SaveToDisk>(ops[1]);
+  EXPECT_EQ(global_save.group, 0);
+  EXPECT_EQ(global_save.first_position, 0);
+  EXPECT_EQ(global_save.blocks.size(), 4u);
+  EXPECT_EQ(window_save.group, 1);
+  EXPECT_EQ(window_save.first_position, 8);
+  EXPECT_EQ(window_save.blocks.size(), 3u);
+  EXPECT_EQ(window_save.path, global_save.path);
+  EXPECT_EQ(f.window_host.num_free(), 16);
+  f.store.check_integrity();
+
+  ops.clear();
+  ASSERT_TRUE(f.store.resume(id, &ops));
+  ASSERT_EQ(ops.size(), 2u);
+  const LoadFromDisk& window_load = std::get<LoadFromDisk>(ops[1]);
+  EXPECT_EQ(window_load.group, 1);
+  EXPECT_EQ(window_load.first_position, 8);
+  EXPECT_EQ(window_load.blocks.size(), 3u);
+  EXPECT_EQ(f.store.table(id, 1).num_dropped_blocks(), 4);
+  EXPECT_EQ(f.store.table(id, 1).slot(12) % 2, 0);
+  f.store.check_integrity();
+}
+
+TEST(SessionStore, TwoGroupsShareASystemPromptThroughBothPrefixCaches) {
+  TwoGroupFixture f;
+  std::vector<int32_t> prompt = iota_tokens(13, 0);
+  SessionId a = f.store.create("a").value();
+  std::vector<CacheOp> ops;
+  ASSERT_TRUE(f.store.begin(a, &ops));
+  ASSERT_TRUE(f.store.append_tokens(a, prompt, &ops).has_value());  // one chunk: no trim yet
+  f.store.end(a);
+  SessionId b = f.store.create("b").value();
+  ASSERT_TRUE(f.store.begin(b, &ops));
+  std::optional<int32_t> cached = f.store.append_tokens(b, prompt, &ops);
+  ASSERT_TRUE(cached.has_value());
+  // Matchable [0, 12): global hits 3 blocks (12); window group needs positions [8, 12): held.
+  EXPECT_EQ(*cached, 12);
+  EXPECT_EQ(f.store.table(b, 0).block(2), f.store.table(a, 0).block(2));
+  EXPECT_EQ(f.store.table(b, 1).num_dropped_blocks(), 4);
+  EXPECT_EQ(f.store.table(b, 1).block(5), f.store.table(a, 1).block(5));
+  f.store.end(b);
+  f.store.check_integrity();
+}
+
+TEST(SessionStore, WindowBlocksDroppedDuringDecodeStayMatchable) {
+  TwoGroupFixture f;
+  std::vector<int32_t> prompt = iota_tokens(13, 0);
+  SessionId a = f.store.create("a").value();
+  std::vector<CacheOp> ops;
+  ASSERT_TRUE(f.store.begin(a, &ops));
+  ASSERT_TRUE(f.store.append_tokens(a, prompt, &ops).has_value());
+  for (int32_t i = 0; i < 10; ++i) {  // decode: the window group drops blocks 0..8
+    ASSERT_TRUE(f.store.append_tokens(a, iota_tokens(1, 100 + i), &ops).has_value());
+  }
+  f.store.end(a);
+  EXPECT_EQ(f.store.table(a, 1).num_dropped_blocks(), 9);
+  std::vector<int32_t> prompt_b = prompt;
+  prompt_b.push_back(500);
+  SessionId b = f.store.create("b").value();
+  ASSERT_TRUE(f.store.begin(b, &ops));
+  std::optional<int32_t> cached = f.store.append_tokens(b, prompt_b, &ops);
+  ASSERT_TRUE(cached.has_value());
+  // Global: 3 blocks (12 tokens) cached at a's end. Window: position 12 attends to (7, 12], so
+  // window blocks 4 and 5 (positions 8..11) are needed; a registered them before dropping them.
+  EXPECT_EQ(*cached, 12);
+  EXPECT_EQ(f.store.table(b, 1).num_dropped_blocks(), 4);
+  f.store.end(b);
+  f.store.check_integrity();
+}
+
+TEST_F(SessionStoreDeathTest, MakeRoomWithOneCountNeedsOneGroup) {
+  TwoGroupFixture f;
+  std::vector<CacheOp> ops;
+  EXPECT_DEATH((void)f.store.make_room(1, &ops), "2 groups");
+}
+
 }  // namespace
 }  // namespace kvp
