@@ -257,7 +257,7 @@ Result<CacheFile> CacheFile::read(const std::filesystem::path& path,
 
   char magic[8];
   if (!cur.read(&magic)) {
-    return std::memcmp(data.data(), kMagic, data.size()) == 0
+    return data.empty() || std::memcmp(data.data(), kMagic, data.size()) == 0
                ? truncated()
                : corrupt("not a kvpool cache file (wrong magic)");
   }
@@ -367,7 +367,9 @@ Result<CacheFile> CacheFile::read(const std::filesystem::path& path,
   }
 
   std::vector<int32_t> token_ids(h.num_tokens);
-  std::memcpy(token_ids.data(), data.data() + h.header_bytes, 4 * h.num_tokens);
+  if (h.num_tokens > 0) {
+    std::memcpy(token_ids.data(), data.data() + h.header_bytes, 4 * h.num_tokens);
+  }
   return CacheFile(std::move(h.fingerprint), std::move(file_spec).value(), std::move(token_ids),
                    std::move(data), std::move(layer_offsets));
 }
