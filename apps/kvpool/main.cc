@@ -2,6 +2,8 @@
 // usage or bad input (unknown option, unreadable file), anything else a failure of the run.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+
 #include "plan.h"
 
 int main(int argc, char** argv) {
@@ -9,6 +11,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   kvp::app::PlanOptions plan_options;
   CLI::App* plan = kvp::app::add_plan_command(app, &plan_options);
+  auto is_command = [&](const char* name) {
+    return !app.get_subcommands([&](CLI::App* sub) { return sub->check_name(name); }).empty();
+  };
+  if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
+    std::fprintf(stderr, "kvpool: unknown command '%s' (commands: plan; see kvpool --help)\n",
+                 argv[1]);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

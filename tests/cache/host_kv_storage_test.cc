@@ -123,6 +123,14 @@ TEST(HostKvStorage, CopyBlocksCopiesEveryLayerInOrder) {
   EXPECT_NE(block_run(before, 0, 4), block_run(before, 0, 1));  // the copy changed something
 }
 
+TEST(HostKvStorageDeathTest, CopyOutsideThePoolAborts) {
+  HostKvStorage s = make_storage(small_spec(4), {6, 2});
+  const std::vector<BlockCopy> to_outside = {{BlockId{0}, BlockId{6}}};
+  EXPECT_DEATH(s.copy_blocks(0, to_outside), "copy to block 6 of 6");
+  const std::vector<BlockCopy> from_outside = {{BlockId{-1}, BlockId{0}}};
+  EXPECT_DEATH(s.copy_blocks(1, from_outside), "copy from block -1 of 2");
+}
+
 TEST(HostKvStorage, GatherReadsTheTableSlotsInTokenOrder) {
   const CacheSpec spec = small_spec(4);
   HostKvStorage s = make_storage(spec, {6, 2});
