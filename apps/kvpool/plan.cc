@@ -146,10 +146,12 @@ void print_table(const std::vector<PlannedModel>& models, const PlanOptions& opt
 
   std::vector<std::vector<std::string>> rows = {header};
   for (const PlannedModel& m : models) {
-    std::vector<std::string> row = {m.name, describe_layers(m.spec),
-                                    fmt::format("{} x {} {}", m.spec.num_kv_heads(),
-                                                m.spec.head_dim(), dtype_name(m.spec.dtype())),
-                                    format_bytes(static_cast<double>(m.spec.kv_bytes_per_token()))};
+    std::vector<std::string> row = {
+        m.name, describe_layers(m.spec),
+        fmt::format("{} x {} {}", m.spec.num_kv_heads(), m.spec.head_dim(),
+                    dtype_name(m.spec.dtype())),
+        fmt::format("{} ({})", format_bytes(static_cast<double>(m.spec.kv_bytes_per_token())),
+                    m.spec.kv_bytes_per_token())};
     for (int32_t b : options.block_sizes) {
       row.push_back(format_bytes(static_cast<double>(m.spec.kv_bytes_per_token()) * b));
     }
@@ -315,7 +317,8 @@ int run_plan(const PlanOptions& options) {
   fmt::print("kvpool plan: pool {:.4g} GiB ({} bytes), {} tokens of context per agent\n",
              options.pool_gib, budget_bytes, options.context_tokens);
   fmt::print(
-      "KV/token: K and V of one token in every layer. block N: one block of N tokens in every "
+      "KV/token: K and V of one token in every layer (in bytes in parentheses). block N: one block "
+      "of N tokens in every "
       "layer.\nagent (bN): one agent's blocks at that context (a window of W tokens holds at "
       "most ceil(W/N)+1 blocks).\nagents (bN): agents that fit the pool, split between cache "
       "groups in proportion to one agent's need.\nSizes in B, KiB, MiB, GiB (powers of "

@@ -408,6 +408,7 @@ TEST_F(CacheFileRefusal, OtherModel) {
 TEST_F(CacheFileRefusal, MissingFileAndShortTables) {
   expect_refused_file(dir_.path() / "nope.kvc", StatusCode::kNotFound, "no such file", kModel,
                       test_spec(4));
+  expect_refused_file(dir_.path(), StatusCode::kIoError, "is a directory", kModel, test_spec(4));
   Pool pool = Pool::make(test_spec(4), kTokens);
   pool.tables[1].back() = BlockId{1000};
   const auto before = pool.snapshot();
