@@ -277,6 +277,16 @@ TEST(CacheFile, WriteErrors) {
   EXPECT_EQ(short_table.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(short_table.message().find("group 0"), std::string::npos);
   EXPECT_TRUE(fs::is_empty(dir.path()));
+  // The target is a directory: the rename fails, the temporary file goes.
+  fs::create_directory(dir.path() / "taken");
+  const Status rename_failed =
+      write_cache_file(dir.path() / "taken", kModel, pool.storage, seq.token_ids, pool.tables);
+  EXPECT_EQ(rename_failed.code(), StatusCode::kIoError);
+  EXPECT_NE(rename_failed.message().find("rename failed"), std::string::npos);
+  EXPECT_TRUE(fs::is_empty(dir.path() / "taken"));
+  int entries = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path())) entries += entry.exists();
+  EXPECT_EQ(entries, 1);  // only "taken"
 }
 
 // ---- refusals leave the pool exactly as it was ----

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -64,6 +65,14 @@ TEST(HostKvStorage, CreateRejectsBadBlockCounts) {
   EXPECT_EQ(negative.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(negative.status().message().find("group 1"), std::string::npos);
   EXPECT_TRUE(HostKvStorage::create(spec, std::vector<int32_t>{0, 0}).is_ok());
+  // 2^31 - 1 blocks of 64 MiB (64 layers, 8 x 128 bf16, 256 tokens): 2^57 bytes > 64 TiB.
+  const CacheSpec big = CacheSpec::create("big", 64, 8, 128, DType::BF16, 256,
+                                          std::vector<LayerAttention>(64, LayerAttention::global()))
+                            .value();
+  const Result<HostKvStorage> huge =
+      HostKvStorage::create(big, std::vector<int32_t>{std::numeric_limits<int32_t>::max()});
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find("exceed"), std::string::npos);
 }
 
 TEST(HostKvStorage, HeadBlockViewSitsAtTheDesignOffset) {
