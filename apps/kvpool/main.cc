@@ -1,8 +1,30 @@
-// The kvpool command.
+// The kvpool command: one subcommand per job (`plan` for now). Exit codes: 0 success, 2 bad
+// usage or bad input (unknown option, unreadable file), anything else a failure of the run.
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
-#include <cstring>
+
+#include "plan.h"
 
 int main(int argc, char** argv) {
-  std::fprintf(stderr, "usage: kvpool plan\n");
-  return argc > 1 && std::strcmp(argv[1], "plan") == 0 ? 0 : 2;
+  CLI::App app{"kvpool: a paged KV-cache block pool inference engine"};
+  app.require_subcommand(1);
+  kvp::app::PlanOptions plan_options;
+  CLI::App* plan = kvp::app::add_plan_command(app, &plan_options);
+  auto is_command = [&](const char* name) {
+    return !app.get_subcommands([&](CLI::App* sub) { return sub->check_name(name); }).empty();
+  };
+  if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
+    std::fprintf(stderr, "kvpool: unknown command '%s' (commands: plan; see kvpool --help)\n",
+                 argv[1]);
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);  // prints help (code 0) or the error and usage
+    return code == 0 ? 0 : 2;
+  }
+  if (plan->parsed()) return kvp::app::run_plan(plan_options);
+  return 2;
 }

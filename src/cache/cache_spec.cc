@@ -132,6 +132,12 @@ Result<std::vector<LayerAttention>> parse_layer_attention(const FieldReader& cfg
   const int32_t* default_window = defaults ? &defaults->sliding_window : nullptr;
   auto window = [&]() { return cfg.int_in_or("sliding_window", 1, 1 << 30, default_window); };
 
+  // 0. A window switched off (Qwen2 family): transformers drops sliding_window, so even layers
+  //    a layer_types list calls sliding attend globally.
+  KVP_ASSIGN_OR_RETURN(const std::optional<bool> use_sliding,
+                       cfg.optional_bool("use_sliding_window"));
+  if (use_sliding && !*use_sliding) return layers;
+
   // 1. An explicit per-layer list.
   if (const json* types = cfg.find("layer_types")) {
     if (!types->is_array()) return cfg.error("layer_types", "must be a list of strings");
@@ -175,10 +181,8 @@ Result<std::vector<LayerAttention>> parse_layer_attention(const FieldReader& cfg
     return layers;
   }
 
-  // 3. A window switched off, or none at all.
-  KVP_ASSIGN_OR_RETURN(const std::optional<bool> use_sliding,
-                       cfg.optional_bool("use_sliding_window"));
-  if ((use_sliding && !*use_sliding) || !cfg.has("sliding_window")) return layers;
+  // 3. No window at all.
+  if (!cfg.has("sliding_window")) return layers;
 
   // 4. Qwen2 family: only layers from max_window_layers on slide (transformers' Qwen2Config).
   KVP_ASSIGN_OR_RETURN(const int32_t w, window());

@@ -92,9 +92,10 @@ class CacheSpec {
   //     Gemma 2/3 (8 heads, 4 KV heads, head_dim 256, window 4096, pattern 2 resp. 6) and
   //     GPT-OSS (64 heads, 8 KV heads, head_dim 64, window 128, pattern 2);
   //   - per-layer attention, first rule that applies:
+  //       "use_sliding_window": false: all global;
   //       "layer_types" (full_attention | sliding_attention) with "sliding_window";
   //       Gemma 3 or "sliding_window_pattern" P: layer i is global iff (i + 1) % P == 0;
-  //       "use_sliding_window": false, or no "sliding_window": all global;
+  //       no "sliding_window" (or null): all global;
   //       Qwen2 family with "use_sliding_window": true: layers >= "max_window_layers" slide;
   //       otherwise (Mistral style): every layer slides.
   //   MoE fields (experts, router) do not change the KV cache and are ignored.

@@ -25,6 +25,14 @@ Result<HostKvStorage> HostKvStorage::create(const CacheSpec& spec,
       return Status::invalid_argument("host KV storage: group {}: negative block count {}", g,
                                       num_blocks[g]);
     }
+    // Refuse sizes the layout's int64 element arithmetic or any host could not hold.
+    const unsigned __int128 wanted =
+        static_cast<unsigned __int128>(spec.block_bytes(g)) * static_cast<uint32_t>(num_blocks[g]);
+    if (wanted > kMaxSlabBytes) {
+      return Status::resource_exhausted(
+          "host KV storage: group {}: {} blocks of {} bytes exceed the {} bytes a slab may hold", g,
+          num_blocks[g], spec.block_bytes(g), kMaxSlabBytes);
+    }
     const KvLayout layout = spec.group_layout(g, num_blocks[g]);
     // aligned_alloc wants a multiple of the alignment; never zero bytes.
     const size_t bytes = layout.size_bytes();

@@ -39,10 +39,11 @@ namespace kvp {
 class HostKvStorage {
  public:
   static constexpr size_t kAlignment = 4096;
+  static constexpr uint64_t kMaxSlabBytes = uint64_t{1} << 46;  // 64 TiB
 
   // Allocates one zeroed slab per group of `spec`; group g holds num_blocks[g] blocks.
   // InvalidArgument if num_blocks has the wrong length or a negative count; ResourceExhausted if
-  // the memory cannot be had.
+  // a slab would exceed kMaxSlabBytes or the memory cannot be had.
   static Result<HostKvStorage> create(const CacheSpec& spec, std::span<const int32_t> num_blocks);
 
   HostKvStorage(HostKvStorage&&) noexcept = default;

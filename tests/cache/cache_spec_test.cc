@@ -264,6 +264,16 @@ TEST(CacheSpecConfig, QwenSlidingWindowAppliesFromMaxWindowLayers) {
                                          LayerAttention::global(), LayerAttention::sliding(64)}));
 }
 
+TEST(CacheSpecConfig, UseSlidingWindowFalseOverridesLayerTypes) {
+  const CacheSpec spec =
+      parse(R"({"model_type": "qwen3", "num_hidden_layers": 2, "num_attention_heads": 2,
+                "head_dim": 8, "sliding_window": 64, "use_sliding_window": false,
+                "layer_types": ["full_attention", "sliding_attention"]})")
+          .value();
+  ASSERT_EQ(spec.num_groups(), 1);
+  EXPECT_EQ(spec.group(0).attention, LayerAttention::global());
+}
+
 TEST(CacheSpecConfig, MistralStyleWindowCoversEveryLayerAndNullMeansNone) {
   const CacheSpec all =
       parse(R"({"model_type": "mistral", "num_hidden_layers": 3, "num_attention_heads": 4,

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -64,6 +65,14 @@ TEST(HostKvStorage, CreateRejectsBadBlockCounts) {
   EXPECT_EQ(negative.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(negative.status().message().find("group 1"), std::string::npos);
   EXPECT_TRUE(HostKvStorage::create(spec, std::vector<int32_t>{0, 0}).is_ok());
+  // 2^31 - 1 blocks of 64 MiB (64 layers, 8 x 128 bf16, 256 tokens): 2^57 bytes > 64 TiB.
+  const CacheSpec big = CacheSpec::create("big", 64, 8, 128, DType::BF16, 256,
+                                          std::vector<LayerAttention>(64, LayerAttention::global()))
+                            .value();
+  const Result<HostKvStorage> huge =
+      HostKvStorage::create(big, std::vector<int32_t>{std::numeric_limits<int32_t>::max()});
+  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(huge.status().message().find("exceed"), std::string::npos);
 }
 
 TEST(HostKvStorage, HeadBlockViewSitsAtTheDesignOffset) {
@@ -121,6 +130,14 @@ TEST(HostKvStorage, CopyBlocksCopiesEveryLayerInOrder) {
       EXPECT_EQ(block_run(after, layer, b), block_run(before, layer, b));
   }
   EXPECT_NE(block_run(before, 0, 4), block_run(before, 0, 1));  // the copy changed something
+}
+
+TEST(HostKvStorageDeathTest, CopyOutsideThePoolAborts) {
+  HostKvStorage s = make_storage(small_spec(4), {6, 2});
+  const std::vector<BlockCopy> to_outside = {{BlockId{0}, BlockId{6}}};
+  EXPECT_DEATH(s.copy_blocks(0, to_outside), "copy to block 6 of 6");
+  const std::vector<BlockCopy> from_outside = {{BlockId{-1}, BlockId{0}}};
+  EXPECT_DEATH(s.copy_blocks(1, from_outside), "copy from block -1 of 2");
 }
 
 TEST(HostKvStorage, GatherReadsTheTableSlotsInTokenOrder) {

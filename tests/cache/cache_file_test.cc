@@ -1,0 +1,432 @@
+// Cache files: the bytes on disk against docs/cache-files.md (checksum computed here with xxhash
+// itself), round trips that re-block between pools of block size 16, 256 and 1 with a windowed
+// group, and every refusal (truncated, flipped byte, wrong magic, future version, other model,
+// trailing bytes, tables too short) leaving the pool byte-for-byte as it was.
+#include "cache/cache_file.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+#include <cstring>
+#include <fstream>
+#include <random>
+
+namespace kvp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A scratch directory per test, removed at the end.
+class TempDir {
+ public:
+  TempDir() {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    path_ =
+        fs::temp_directory_path() /
+        fmt::format("kvp_cache_file_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<std::byte> read_bytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> chars((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::byte> out(chars.size());
+  std::memcpy(out.data(), chars.data(), chars.size());
+  return out;
+}
+
+void write_bytes(const fs::path& path, std::span<const std::byte> bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+}
+
+void fill_random(std::span<std::byte> bytes, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  for (std::byte& b : bytes) b = static_cast<std::byte>(rng() & 0xff);
+}
+
+// 4 layers: 0, 2 global; 1, 3 window 40. 2 KV heads, head_dim 8, bf16.
+CacheSpec test_spec(int32_t block_size) {
+  return CacheSpec::create("testarch", 4, 2, 8, DType::BF16, block_size,
+                           {LayerAttention::global(), LayerAttention::sliding(40),
+                            LayerAttention::global(), LayerAttention::sliding(40)})
+      .value();
+}
+
+const ModelFingerprint kModel{"testarch", 0x1234'5678'9abc'def0ull};
+
+// A sequence of num_tokens tokens with random dense K and V per layer (the truth every test
+// compares against), held in a pool of some block size through tables with scrambled ids.
+struct Sequence {
+  int64_t num_tokens;
+  std::vector<int32_t> token_ids;
+  std::vector<std::vector<std::byte>> k, v;  // [layer] dense [kept][heads][head_dim]
+
+  Sequence(const CacheSpec& spec, int64_t n, uint64_t seed) : num_tokens(n) {
+    std::mt19937_64 rng(seed);
+    for (int64_t i = 0; i < n; ++i) token_ids.push_back(static_cast<int32_t>(rng() % 200000));
+    for (int32_t layer = 0; layer < spec.num_layers(); ++layer) {
+      const size_t bytes = static_cast<size_t>(spec.kept_tokens(layer, n)) * spec.num_kv_heads() *
+                           spec.head_dim() * dtype_size_bytes(spec.dtype());
+      k.emplace_back(bytes);
+      v.emplace_back(bytes);
+      fill_random(k.back(), seed * 100 + 2 * layer);
+      fill_random(v.back(), seed * 100 + 2 * layer + 1);
+    }
+  }
+};
+
+// A pool with room for one sequence of n tokens, other blocks filled with noise, and tables
+// that use the pool's blocks from the top down (so logical and physical order differ).
+struct Pool {
+  HostKvStorage storage;
+  std::vector<std::vector<BlockId>> tables;
+
+  static Pool make(const CacheSpec& spec, int64_t n) {
+    std::vector<int32_t> num_blocks;
+    std::vector<std::vector<BlockId>> tables;
+    for (int32_t g = 0; g < spec.num_groups(); ++g) {
+      const int64_t entries = (n + spec.block_size() - 1) / spec.block_size();
+      const int64_t used = spec.blocks_per_seq(g, n);
+      const int32_t total = static_cast<int32_t>(used + 3);
+      num_blocks.push_back(total);
+      std::vector<BlockId> table(entries, BlockId{-1});  // holes behind a window stay -1
+      for (int64_t i = 0; i < used; ++i) {
+        table[entries - 1 - i] = BlockId{static_cast<int32_t>(total - 1 - i)};
+      }
+      tables.push_back(std::move(table));
+    }
+    Pool pool{HostKvStorage::create(spec, num_blocks).value(), std::move(tables)};
+    for (int32_t g = 0; g < spec.num_groups(); ++g) fill_random(pool.storage.slab(g), 77 + g);
+    return pool;
+  }
+
+  void put(const Sequence& seq) {
+    const CacheSpec& spec = storage.spec();
+    for (int32_t layer = 0; layer < spec.num_layers(); ++layer) {
+      const int64_t kept = spec.kept_tokens(layer, seq.num_tokens);
+      storage.scatter_layer(layer, tables[spec.group_of_layer(layer)], seq.num_tokens - kept,
+                            seq.num_tokens, seq.k[layer], seq.v[layer]);
+    }
+  }
+
+  // Compares the pool's copy of the sequence with the truth.
+  void expect_holds(const Sequence& seq) const {
+    const CacheSpec& spec = storage.spec();
+    for (int32_t layer = 0; layer < spec.num_layers(); ++layer) {
+      const int64_t kept = spec.kept_tokens(layer, seq.num_tokens);
+      std::vector<std::byte> k(storage.dense_bytes(kept)), v(k.size());
+      storage.gather_layer(layer, tables[spec.group_of_layer(layer)], seq.num_tokens - kept,
+                           seq.num_tokens, k, v);
+      EXPECT_EQ(k, seq.k[layer]) << "layer " << layer << " block size " << spec.block_size();
+      EXPECT_EQ(v, seq.v[layer]) << "layer " << layer << " block size " << spec.block_size();
+    }
+  }
+
+  std::vector<std::vector<std::byte>> snapshot() const {
+    std::vector<std::vector<std::byte>> out;
+    for (int32_t g = 0; g < storage.num_groups(); ++g) {
+      out.emplace_back(storage.slab(g).begin(), storage.slab(g).end());
+    }
+    return out;
+  }
+};
+
+template <typename T>
+T load_le(const std::vector<std::byte>& bytes, size_t at) {
+  T value;
+  std::memcpy(&value, bytes.data() + at, sizeof(T));
+  return value;
+}
+
+TEST(CacheFile, BytesFollowTheDocumentedFormat) {
+  TempDir dir;
+  const CacheSpec spec = test_spec(16);
+  const Sequence seq(spec, 50, 1);
+  Pool pool = Pool::make(spec, 50);
+  pool.put(seq);
+  const fs::path path = dir.path() / "a.kvc";
+  ASSERT_TRUE(write_cache_file(path, kModel, pool.storage, seq.token_ids, pool.tables).is_ok());
+  const std::vector<std::byte> b = read_bytes(path);
+
+  EXPECT_EQ(std::memcmp(b.data(), "KVPCACHE", 8), 0);
+  EXPECT_EQ(load_le<uint32_t>(b, 8), 1u);   // version
+  EXPECT_EQ(load_le<uint32_t>(b, 12), 8u);  // strlen("testarch")
+  EXPECT_EQ(std::memcmp(b.data() + 16, "testarch", 8), 0);
+  EXPECT_EQ(load_le<uint64_t>(b, 24), kModel.weight_hash);
+  EXPECT_EQ(load_le<uint32_t>(b, 32), 4u);  // layers
+  EXPECT_EQ(load_le<uint32_t>(b, 36), 2u);  // KV heads
+  EXPECT_EQ(load_le<uint32_t>(b, 40), 8u);  // head_dim
+  EXPECT_EQ(load_le<uint32_t>(b, 44), 2u);  // bf16
+  const uint32_t attention[8] = {0, 0, 1, 40, 0, 0, 1, 40};
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(load_le<uint32_t>(b, 48 + 4 * i), attention[i]) << i;
+  EXPECT_EQ(load_le<uint64_t>(b, 80), 50u);  // tokens
+  const size_t tokens_at = 88;
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(load_le<int32_t>(b, tokens_at + 4 * i), seq.token_ids[i]);
+  // Layer data: global layers keep 50 tokens, windowed ones the last 40; a row is 2 * 8 bf16.
+  size_t at = tokens_at + 4 * 50;
+  for (int32_t layer = 0; layer < 4; ++layer) {
+    const size_t bytes = (layer % 2 == 0 ? 50u : 40u) * 2 * 8 * 2;
+    ASSERT_EQ(seq.k[layer].size(), bytes);
+    EXPECT_EQ(std::memcmp(b.data() + at, seq.k[layer].data(), bytes), 0) << layer;
+    EXPECT_EQ(std::memcmp(b.data() + at + bytes, seq.v[layer].data(), bytes), 0) << layer;
+    at += 2 * bytes;
+  }
+  ASSERT_EQ(b.size(), at + 8);
+  EXPECT_EQ(b.size(), 11816u);  // the worked example in docs/cache-files.md
+  EXPECT_EQ(load_le<uint64_t>(b, at), XXH3_64bits(b.data(), at));
+}
+
+TEST(CacheFile, LoadsIntoPoolsOfOtherBlockSizes) {
+  TempDir dir;
+  const int64_t n = 300;  // more than one 256-token block; windows keep tokens 260..299
+  const Sequence seq(test_spec(16), n, 2);
+
+  Pool p16 = Pool::make(test_spec(16), n);
+  p16.put(seq);
+  const fs::path f16 = dir.path() / "from16.kvc";
+  ASSERT_TRUE(write_cache_file(f16, kModel, p16.storage, seq.token_ids, p16.tables).is_ok());
+
+  // 16 -> 256
+  Pool p256 = Pool::make(test_spec(256), n);
+  std::vector<int32_t> tokens;
+  const Status s256 = load_cache_file(f16, kModel, p256.storage, p256.tables, &tokens);
+  ASSERT_TRUE(s256.is_ok()) << s256.to_string();
+  EXPECT_EQ(tokens, seq.token_ids);
+  p256.expect_holds(seq);
+
+  // 256 -> 1
+  const fs::path f256 = dir.path() / "from256.kvc";
+  ASSERT_TRUE(write_cache_file(f256, kModel, p256.storage, seq.token_ids, p256.tables).is_ok());
+  EXPECT_EQ(read_bytes(f256), read_bytes(f16));  // no block size in the file
+  Pool p1 = Pool::make(test_spec(1), n);
+  ASSERT_TRUE(load_cache_file(f256, kModel, p1.storage, p1.tables).is_ok());
+  p1.expect_holds(seq);
+}
+
+TEST(CacheFile, ShortAndEmptySequencesRoundTrip) {
+  TempDir dir;
+  for (int64_t n : {0, 1, 39, 40, 41}) {
+    const Sequence seq(test_spec(16), n, 3);
+    Pool src = Pool::make(test_spec(16), n);
+    src.put(seq);
+    const fs::path path = dir.path() / fmt::format("n{}.kvc", n);
+    ASSERT_TRUE(write_cache_file(path, kModel, src.storage, seq.token_ids, src.tables).is_ok());
+    Pool dst = Pool::make(test_spec(4), n);
+    const Result<CacheFile> file = CacheFile::read(path, kModel, dst.storage.spec());
+    ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+    EXPECT_EQ(file->num_tokens(), n);
+    EXPECT_EQ(file->group_token_begin(0), 0);
+    EXPECT_EQ(file->group_token_begin(1), std::max<int64_t>(0, n - 40));
+    ASSERT_TRUE(file->check_tables(dst.storage, dst.tables).is_ok());
+    file->scatter_into(dst.storage, dst.tables);
+    dst.expect_holds(seq);
+  }
+}
+
+TEST(CacheFile, OverwritesAtomicallyAndLeavesNoTempFiles) {
+  TempDir dir;
+  const CacheSpec spec = test_spec(16);
+  const fs::path path = dir.path() / "s.kvc";
+  for (uint64_t seed : {4, 5}) {
+    const Sequence seq(spec, 20, seed);
+    Pool pool = Pool::make(spec, 20);
+    pool.put(seq);
+    ASSERT_TRUE(write_cache_file(path, kModel, pool.storage, seq.token_ids, pool.tables).is_ok());
+    Pool back = Pool::make(spec, 20);
+    ASSERT_TRUE(load_cache_file(path, kModel, back.storage, back.tables).is_ok());
+    back.expect_holds(seq);
+  }
+  int files = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path())) {
+    ++files;
+    EXPECT_EQ(entry.path().filename(), "s.kvc");
+  }
+  EXPECT_EQ(files, 1);
+}
+
+TEST(CacheFile, WriteErrors) {
+  TempDir dir;
+  const CacheSpec spec = test_spec(16);
+  const Sequence seq(spec, 20, 6);
+  Pool pool = Pool::make(spec, 20);
+  pool.put(seq);
+  const Status no_dir = write_cache_file(dir.path() / "missing" / "x.kvc", kModel, pool.storage,
+                                         seq.token_ids, pool.tables);
+  EXPECT_EQ(no_dir.code(), StatusCode::kIoError);
+  EXPECT_NE(no_dir.message().find("x.kvc"), std::string::npos);
+  EXPECT_EQ(write_cache_file(dir.path() / "x.kvc", ModelFingerprint{"", 1}, pool.storage,
+                             seq.token_ids, pool.tables)
+                .code(),
+            StatusCode::kInvalidArgument);
+  std::vector<std::vector<BlockId>> short_tables = pool.tables;
+  short_tables[0].pop_back();
+  const Status short_table =
+      write_cache_file(dir.path() / "x.kvc", kModel, pool.storage, seq.token_ids, short_tables);
+  EXPECT_EQ(short_table.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(short_table.message().find("group 0"), std::string::npos);
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+  // The target is a directory: the rename fails, the temporary file goes.
+  fs::create_directory(dir.path() / "taken");
+  const Status rename_failed =
+      write_cache_file(dir.path() / "taken", kModel, pool.storage, seq.token_ids, pool.tables);
+  EXPECT_EQ(rename_failed.code(), StatusCode::kIoError);
+  EXPECT_NE(rename_failed.message().find("rename failed"), std::string::npos);
+  EXPECT_TRUE(fs::is_empty(dir.path() / "taken"));
+  int entries = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path())) entries += entry.exists();
+  EXPECT_EQ(entries, 1);  // only "taken"
+}
+
+// ---- refusals leave the pool exactly as it was ----
+
+class CacheFileRefusal : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Pool src = Pool::make(test_spec(16), kTokens);
+    src.put(seq_);
+    ASSERT_TRUE(write_cache_file(good_, kModel, src.storage, seq_.token_ids, src.tables).is_ok());
+    good_bytes_ = read_bytes(good_);
+  }
+
+  // Loads `bytes` (written to a file) into a noisy pool of block size 4; expects a refusal of
+  // `code` whose message names the file and contains `reason`, and an untouched pool.
+  void expect_refused(std::span<const std::byte> bytes, StatusCode code, const std::string& reason,
+                      const ModelFingerprint& expected = kModel) {
+    write_bytes(bad_, bytes);
+    expect_refused_file(bad_, code, reason, expected, test_spec(4));
+  }
+
+  void expect_refused_file(const fs::path& path, StatusCode code, const std::string& reason,
+                           const ModelFingerprint& expected, const CacheSpec& running) {
+    Pool pool = Pool::make(running, kTokens);
+    const auto before = pool.snapshot();
+    const Status s = load_cache_file(path, expected, pool.storage, pool.tables);
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_EQ(s.code(), code) << s.to_string();
+    EXPECT_NE(s.message().find(path.filename().string()), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find(reason), std::string::npos) << s.message();
+    EXPECT_EQ(pool.snapshot(), before) << "the pool changed on: " << s.to_string();
+  }
+
+  static constexpr int64_t kTokens = 45;
+  TempDir dir_;
+  fs::path good_ = dir_.path() / "good.kvc";
+  fs::path bad_ = dir_.path() / "bad.kvc";
+  Sequence seq_{test_spec(16), kTokens, 9};
+  std::vector<std::byte> good_bytes_;
+};
+
+TEST_F(CacheFileRefusal, TheGoodFileLoads) {
+  Pool pool = Pool::make(test_spec(4), kTokens);
+  ASSERT_TRUE(load_cache_file(good_, kModel, pool.storage, pool.tables).is_ok());
+  pool.expect_holds(seq_);
+}
+
+TEST_F(CacheFileRefusal, Truncated) {
+  const size_t header = 88;  // up to the token ids (see BytesFollowTheDocumentedFormat)
+  for (size_t size : {size_t{0}, size_t{5}, size_t{8}, size_t{30}, header - 1}) {
+    SCOPED_TRACE(size);
+    expect_refused(std::span(good_bytes_).first(size), StatusCode::kCorruption,
+                   "truncated: " + std::to_string(size) + " bytes end inside the header");
+  }
+  for (size_t size : {header, header + 100, good_bytes_.size() - 1}) {
+    SCOPED_TRACE(size);
+    expect_refused(
+        std::span(good_bytes_).first(size), StatusCode::kCorruption,
+        fmt::format("truncated: {} bytes, the header promises {}", size, good_bytes_.size()));
+  }
+}
+
+TEST_F(CacheFileRefusal, FlippedBytes) {
+  // Every byte of the header, the token ids and the checksum; every 37th byte of the KV data
+  // (each file write costs disk time).
+  std::vector<size_t> positions;
+  const size_t data_begin = 88 + 4 * kTokens, checksum_at = good_bytes_.size() - 8;
+  for (size_t i = 0; i < data_begin; ++i) positions.push_back(i);
+  for (size_t i = data_begin; i < checksum_at; i += 37) positions.push_back(i);
+  for (size_t i = checksum_at; i < good_bytes_.size(); ++i) positions.push_back(i);
+  for (size_t i : positions) {
+    std::vector<std::byte> bad = good_bytes_;
+    bad[i] ^= std::byte{0x10};
+    write_bytes(bad_, bad);
+    Pool pool = Pool::make(test_spec(4), kTokens);
+    const auto before = pool.snapshot();
+    const Status s = load_cache_file(bad_, kModel, pool.storage, pool.tables);
+    ASSERT_FALSE(s.is_ok()) << "flipped byte " << i << " was accepted";
+    ASSERT_EQ(pool.snapshot(), before) << "flipped byte " << i;
+    // Past the header, nothing but the checksum can tell.
+    if (i >= 88) {
+      ASSERT_NE(s.message().find("checksum mismatch"), std::string::npos) << s.message();
+    }
+  }
+}
+
+TEST_F(CacheFileRefusal, WrongMagic) {
+  std::vector<std::byte> bad = good_bytes_;
+  std::memcpy(bad.data(), "GGUF\3\0\0\0", 8);
+  expect_refused(bad, StatusCode::kCorruption, "not a kvpool cache file (wrong magic)");
+}
+
+TEST_F(CacheFileRefusal, FutureVersion) {
+  std::vector<std::byte> bad = good_bytes_;
+  const uint32_t version = 2;
+  std::memcpy(bad.data() + 8, &version, 4);
+  // A consistent file of a newer format: its checksum is right.
+  const uint64_t sum = XXH3_64bits(bad.data(), bad.size() - 8);
+  std::memcpy(bad.data() + bad.size() - 8, &sum, 8);
+  expect_refused(bad, StatusCode::kUnsupported, "format version 2 is newer");
+}
+
+TEST_F(CacheFileRefusal, TrailingBytes) {
+  std::vector<std::byte> bad = good_bytes_;
+  bad.push_back(std::byte{0});
+  expect_refused(bad, StatusCode::kCorruption, "(trailing bytes)");
+}
+
+TEST_F(CacheFileRefusal, OtherModel) {
+  expect_refused_file(good_, StatusCode::kMismatch, "made for architecture 'testarch', running 'x'",
+                      ModelFingerprint{"x", kModel.weight_hash}, test_spec(4));
+  expect_refused_file(good_, StatusCode::kMismatch, "made for weights 123456789abcdef0",
+                      ModelFingerprint{"testarch", 7}, test_spec(4));
+  const CacheSpec more_heads =
+      CacheSpec::create("testarch", 4, 4, 8, DType::BF16, 4,
+                        {LayerAttention::global(), LayerAttention::sliding(40),
+                         LayerAttention::global(), LayerAttention::sliding(40)})
+          .value();
+  expect_refused_file(good_, StatusCode::kMismatch, "num_kv_heads 2 vs 4", kModel, more_heads);
+  const CacheSpec other_window =
+      CacheSpec::create("testarch", 4, 2, 8, DType::BF16, 4,
+                        {LayerAttention::global(), LayerAttention::sliding(40),
+                         LayerAttention::global(), LayerAttention::sliding(64)})
+          .value();
+  expect_refused_file(good_, StatusCode::kMismatch, "layer 3 attention window 40 vs window 64",
+                      kModel, other_window);
+}
+
+TEST_F(CacheFileRefusal, MissingFileAndShortTables) {
+  expect_refused_file(dir_.path() / "nope.kvc", StatusCode::kNotFound, "no such file", kModel,
+                      test_spec(4));
+  expect_refused_file(dir_.path(), StatusCode::kIoError, "is a directory", kModel, test_spec(4));
+  Pool pool = Pool::make(test_spec(4), kTokens);
+  pool.tables[1].back() = BlockId{1000};
+  const auto before = pool.snapshot();
+  const Status s = load_cache_file(good_, kModel, pool.storage, pool.tables);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("block table of group 1"), std::string::npos) << s.message();
+  EXPECT_EQ(pool.snapshot(), before);
+}
+
+}  // namespace
+}  // namespace kvp
