@@ -2,13 +2,13 @@
 // (SSE4, AVX2, AVX-512, ...) through foreach_target and picked at run time by
 // HWY_DYNAMIC_DISPATCH, so one binary runs at full width on AVX2 and AVX-512 machines.
 //
-// Per chunk of kChunkKeys keys:
-//   1. K rows of the chunk, as f32 (bf16/f16 are widened once into scratch; f32 is read in place)
-//   2. S[r][t] = q_r · k_t for every active row: 2 rows x 4 keys per pass, so each K vector
-//      loaded serves two rows and each q vector four keys
-//   3. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
-//   4. V rows as f32, then o_r += sum_t P[r][t] v_t: 2 rows x 4 vectors of head_dim per pass
-// Everything accumulates in f32.
+// Per chunk of kChunkKeys keys, per KV head of the item:
+//   1. S[r][t] = q_r · k_t for every active row: R rows x 4 keys per pass (R = 4 on AVX-512,
+//      2 on narrower targets, for their 16 registers), so each K vector loaded (and widened from
+//      bf16/f16 in registers) serves R rows and each q vector four keys
+//   2. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
+//   3. o_r += sum_t P[r][t] v_t: R rows x 4 vectors of head_dim per pass, V widened in registers
+// KV is read straight from the pool in its own dtype; everything accumulates in f32.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu_attention_kernel.cc"
@@ -19,9 +19,11 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 #include "backend/cpu_attention_kernel.h"
 
@@ -33,22 +35,27 @@ using VF = hn::Vec<DF>;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// dst[0..count) = src[0..count) widened to f32. src: one K or V row of dtype t.
-HWY_INLINE void widen_row(DF df, const void* src, DType t, int32_t count, float* HWY_RESTRICT dst) {
-  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
-  int32_t i = 0;
-  if (t == DType::BF16) {
-    const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-    const auto* p = static_cast<const hwy::bfloat16_t*>(src);
-    for (; i + lanes <= count; i += lanes)
-      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dbf, p + i)), df, dst + i);
+// One vector of f32 from a K or V row of element type T (float, bfloat16_t or float16_t).
+template <typename T>
+HWY_INLINE VF load_row(DF df, const T* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, p);
   } else {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto* p = static_cast<const hwy::float16_t*>(src);
-    for (; i + lanes <= count; i += lanes)
-      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, p + i)), df, dst + i);
+    const hn::Rebind<T, DF> dt;
+    return hn::PromoteTo(df, hn::LoadU(dt, p));
   }
-  for (; i < count; ++i) dst[i] = load_as_f32(src, t, static_cast<size_t>(i));
+}
+
+// Element i of a K or V row as f32 (tails past the last full vector).
+template <typename T>
+HWY_INLINE float scalar_of(const T* p, int32_t i) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p[i];
+  } else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+    return bf16_to_f32(Bf16{std::bit_cast<uint16_t>(p[i])});
+  } else {
+    return f16_to_f32(F16{std::bit_cast<uint16_t>(p[i])});
+  }
 }
 
 #if HWY_TARGET != HWY_SCALAR
@@ -80,8 +87,8 @@ HWY_INLINE void sum_of_four(DF df, const VF* a, float* HWY_RESTRICT out) {
 #endif  // HWY_TARGET != HWY_SCALAR
 
 // s[r * s_stride + t] = q[r] · k[t] for r < kRows, t < kKeys. q, k: rows of head_dim floats.
-template <int kRows, int kKeys>
-HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const float* const* k, int32_t head_dim,
+template <typename T, int kRows, int kKeys>
+HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const T* const* k, int32_t head_dim,
                               float* HWY_RESTRICT s, int32_t s_stride) {
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   VF acc[kRows][kKeys];
@@ -91,7 +98,7 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const float* const* 
   int32_t d = 0;
   for (; d + lanes <= head_dim; d += lanes) {
     VF kv[kKeys];
-    for (int t = 0; t < kKeys; ++t) kv[t] = hn::LoadU(df, k[t] + d);
+    for (int t = 0; t < kKeys; ++t) kv[t] = load_row(df, k[t] + d);
     for (int r = 0; r < kRows; ++r) {
       const VF qv = hn::LoadU(df, q[r] + d);
       for (int t = 0; t < kKeys; ++t) acc[r][t] = hn::MulAdd(qv, kv[t], acc[r][t]);
@@ -108,14 +115,14 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const float* const* 
         s[r * s_stride + t] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
     }
     for (int t = 0; t < kKeys; ++t) {
-      for (int32_t e = d; e < head_dim; ++e) s[r * s_stride + t] += q[r][e] * k[t][e];
+      for (int32_t e = d; e < head_dim; ++e) s[r * s_stride + t] += q[r][e] * scalar_of(k[t], e);
     }
   }
 }
 
 // o[r][:] += sum_{t < num_keys} p[r][t] * v[t][:] for r < kRows.
-template <int kRows>
-HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, const float* const* v,
+template <typename T, int kRows>
+HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, const T* const* v,
                               int32_t num_keys, int32_t head_dim) {
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   int32_t d = 0;
@@ -128,7 +135,7 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
       VF pt[kRows];
       for (int r = 0; r < kRows; ++r) pt[r] = hn::Set(df, p[r][t]);
       for (int c = 0; c < 4; ++c) {
-        const VF vv = hn::LoadU(df, v[t] + d + c * lanes);
+        const VF vv = load_row(df, v[t] + d + c * lanes);
         for (int r = 0; r < kRows; ++r) acc[r][c] = hn::MulAdd(pt[r], vv, acc[r][c]);
       }
     }
@@ -140,7 +147,7 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
     VF acc[kRows];
     for (int r = 0; r < kRows; ++r) acc[r] = hn::LoadU(df, o[r] + d);
     for (int32_t t = 0; t < num_keys; ++t) {
-      const VF vv = hn::LoadU(df, v[t] + d);
+      const VF vv = load_row(df, v[t] + d);
       for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(df, p[r][t]), vv, acc[r]);
     }
     for (int r = 0; r < kRows; ++r) hn::StoreU(acc[r], df, o[r] + d);
@@ -148,7 +155,7 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
   for (; d < head_dim; ++d) {
     for (int r = 0; r < kRows; ++r) {
       float acc = o[r][d];
-      for (int32_t t = 0; t < num_keys; ++t) acc += p[r][t] * v[t][d];
+      for (int32_t t = 0; t < num_keys; ++t) acc += p[r][t] * scalar_of(v[t], d);
       o[r][d] = acc;
     }
   }
@@ -156,25 +163,27 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
 
 // Row pointers of one KV head's rows for the keys of a chunk, for K (kv_base = kv.k) or V.
 // key_elem[t]: element offset of key t's row in KV head 0; head h adds h * block_size * head_dim.
-// Widened into buf ([kChunkKeys][head_dim] f32) unless the pool is f32.
-HWY_INLINE void gather_rows(DF df, const TileTask& task, int32_t kv_head, const void* kv_base,
-                            const int64_t* key_elem, int32_t num_keys, float* HWY_RESTRICT buf,
-                            const float** rows) {
-  const PagedKv& kv = *task.kv;
-  const size_t elem_bytes = dtype_size_bytes(kv.dtype);
-  const auto* base = static_cast<const std::byte*>(kv_base);
-  const int64_t head_elem = int64_t{kv_head} * kv.block_size * task.head_dim;
-  for (int32_t t = 0; t < num_keys; ++t) {
-    const void* src = base + static_cast<size_t>(key_elem[t] + head_elem) * elem_bytes;
-    if (kv.dtype == DType::F32) {
-      rows[t] = static_cast<const float*>(src);
-    } else {
-      float* dst = buf + int64_t{t} * task.head_dim;
-      widen_row(df, src, kv.dtype, task.head_dim, dst);
-      rows[t] = dst;
-    }
-  }
+template <typename T>
+HWY_INLINE void gather_rows(const TileTask& task, int32_t kv_head, const void* kv_base,
+                            const int64_t* key_elem, int32_t num_keys, const T** rows) {
+  const T* base = static_cast<const T*>(kv_base);
+  const int64_t head_elem = int64_t{kv_head} * task.kv->block_size * task.head_dim;
+  for (int32_t t = 0; t < num_keys; ++t) rows[t] = base + key_elem[t] + head_elem;
 }
+
+// s[r * kChunkKeys + t] = q[r] · k[t] for rows [0, num_rows) (num_rows <= kRowGroup) and keys
+// [0, num_keys). q: row pointers.
+template <typename T, int kRows>
+HWY_INLINE void dot_rows(DF df, const float* const* q, const T* const* k, int32_t num_keys,
+                         int32_t head_dim, float* HWY_RESTRICT s) {
+  int32_t t = 0;
+  for (; t + 4 <= num_keys; t += 4)
+    dot_rows_keys<T, kRows, 4>(df, q, k + t, head_dim, s + t, kChunkKeys);
+  for (; t < num_keys; ++t) dot_rows_keys<T, kRows, 1>(df, q, k + t, head_dim, s + t, kChunkKeys);
+}
+
+// Rows per pass: four on 512-bit targets (32 registers hold 4 x 4 accumulators), else two.
+constexpr int kRowGroup = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
 
 // Element offsets of the rows of keys [j0, j0 + num_keys) in KV head 0 (one division per chunk,
 // not per key).
@@ -213,17 +222,16 @@ HWY_INLINE void prefetch_unit(const TileTask& task, int32_t kv_head, const int64
   }
 }
 
-void attend_tile(const TileTask& task) {
+template <typename T>
+void attend_tile_typed(const TileTask& task) {
   const DF df;
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   const int32_t head_dim = task.head_dim;
   const int32_t group = task.rows_per_token;
   const int32_t num_tokens = task.num_rows / group;
-  float* k_buf = task.scratch;                            // [kChunkKeys][head_dim]
-  float* v_buf = k_buf + int64_t{kChunkKeys} * head_dim;  // [kChunkKeys][head_dim]
-  float* s = v_buf + int64_t{kChunkKeys} * head_dim;      // [num_rows][kChunkKeys]
-  const float* k_rows[kChunkKeys];
-  const float* v_rows[kChunkKeys];
+  float* s = task.scratch;  // [num_rows][kChunkKeys] logits, then probabilities
+  const T* k_rows[kChunkKeys];
+  const T* v_rows[kChunkKeys];
   int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
   int64_t next_key_elem[kChunkKeys];  // the same for the next chunk (prefetch)
   const PagedKv& kv = *task.kv;
@@ -262,32 +270,26 @@ void attend_tile(const TileTask& task) {
           prefetch_unit(task, task.kv_head, next_key_elem, next_num_keys);
         }
       }
-      gather_rows(df, task, kv_head, kv.k, key_elem, num_keys, k_buf, k_rows);
+      gather_rows(task, kv_head, kv.k, key_elem, num_keys, k_rows);
 
-      // 2. logits
-      for (int32_t r = row_begin; r < row_end; r += 2) {
-        const bool pair = r + 1 < row_end;
-        const float* q2[2] = {q + int64_t{r} * head_dim, q + int64_t{pair ? r + 1 : r} * head_dim};
-        float* s_row = s + int64_t{r} * kChunkKeys;
-        int32_t t = 0;
-        if (pair) {
-          for (; t + 4 <= num_keys; t += 4) {
-            dot_rows_keys<2, 4>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-          }
-          for (; t < num_keys; ++t) {
-            dot_rows_keys<2, 1>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-          }
+      // 1. logits
+      for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
+        const int n = std::min<int32_t>(kRowGroup, row_end - r);
+        const float* qr[kRowGroup];
+        for (int i = 0; i < kRowGroup; ++i) qr[i] = q + int64_t{r + std::min(i, n - 1)} * head_dim;
+        float* s_rows = s + int64_t{r} * kChunkKeys;
+        if (n == kRowGroup) {
+          dot_rows<T, kRowGroup>(df, qr, k_rows, num_keys, head_dim, s_rows);
+        } else if (n >= 2) {
+          dot_rows<T, 2>(df, qr, k_rows, num_keys, head_dim, s_rows);
+          if (n == 3)
+            dot_rows<T, 1>(df, qr + 2, k_rows, num_keys, head_dim, s_rows + 2 * kChunkKeys);
         } else {
-          for (; t + 4 <= num_keys; t += 4) {
-            dot_rows_keys<1, 4>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-          }
-          for (; t < num_keys; ++t) {
-            dot_rows_keys<1, 1>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-          }
+          dot_rows<T, 1>(df, qr, k_rows, num_keys, head_dim, s_rows);
         }
       }
 
-      // 3. cap, mask, online softmax
+      // 2. cap, mask, online softmax
       const VF cap = hn::Set(df, task.soft_cap);
       const VF inv_cap = hn::Set(df, task.soft_cap > 0.0f ? 1.0f / task.soft_cap : 0.0f);
       for (int32_t r = row_begin; r < row_end; ++r) {
@@ -337,18 +339,37 @@ void attend_tile(const TileTask& task) {
         }
       }
 
-      // 4. values
-      gather_rows(df, task, kv_head, kv.v, key_elem, num_keys, v_buf, v_rows);
-      for (int32_t r = row_begin; r < row_end; r += 2) {
-        float* o2[2] = {o + int64_t{r} * head_dim, o + int64_t{r + 1} * head_dim};
-        const float* p2[2] = {s + int64_t{r} * kChunkKeys, s + int64_t{r + 1} * kChunkKeys};
-        if (r + 1 < row_end) {
-          accumulate_pv<2>(df, o2, p2, v_rows, num_keys, head_dim);
+      // 3. values
+      gather_rows(task, kv_head, kv.v, key_elem, num_keys, v_rows);
+      for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
+        const int n = std::min<int32_t>(kRowGroup, row_end - r);
+        float* orows[kRowGroup];
+        const float* prows[kRowGroup];
+        for (int i = 0; i < kRowGroup; ++i) {
+          orows[i] = o + int64_t{r + std::min(i, n - 1)} * head_dim;
+          prows[i] = s + int64_t{r + std::min(i, n - 1)} * kChunkKeys;
+        }
+        if (n == kRowGroup) {
+          accumulate_pv<T, kRowGroup>(df, orows, prows, v_rows, num_keys, head_dim);
+        } else if (n >= 2) {
+          accumulate_pv<T, 2>(df, orows, prows, v_rows, num_keys, head_dim);
+          if (n == 3) accumulate_pv<T, 1>(df, orows + 2, prows + 2, v_rows, num_keys, head_dim);
         } else {
-          accumulate_pv<1>(df, o2, p2, v_rows, num_keys, head_dim);
+          accumulate_pv<T, 1>(df, orows, prows, v_rows, num_keys, head_dim);
         }
       }
     }
+  }
+}
+
+void attend_tile(const TileTask& task) {
+  switch (task.kv->dtype) {
+    case DType::F32:
+      return attend_tile_typed<float>(task);
+    case DType::BF16:
+      return attend_tile_typed<hwy::bfloat16_t>(task);
+    case DType::F16:
+      return attend_tile_typed<hwy::float16_t>(task);
   }
 }
 
