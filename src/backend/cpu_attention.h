@@ -41,7 +41,8 @@ struct AttentionTuning {
   int32_t split_keys = 0;
   // Query rows per tile (at least one token's GQA group).
   int32_t tile_rows = 16;
-  // Software prefetch of the next KV head's rows (benchmarks turn it off to measure it).
+  // Software prefetch of the next KV head's rows in tiles of at most 8 rows per KV head
+  // (decode); benchmarks turn it off to measure it.
   bool prefetch = true;
 };
 
