@@ -13,9 +13,10 @@
 //
 //   attention_cpu_bench [--variant 1,2,3] [--threads N] [--kv bf16,f32] [--batch 1,8,32]
 //                       [--ctx 512,4096,16384] [--no-decode] [--no-prefill] [--min-time S]
-//                       [--rotate-mb MB] [--csv FILE]
+//                       [--rotate-mb MB] [--tile-rows N] [--csv FILE]
 // --rotate-mb (default 512) sets the KV footprint the calls rotate through; a small value keeps
-// the KV in cache, which shows the kernel's compute-bound speed.
+// the KV in cache, which shows the kernel's compute-bound speed. --tile-rows sets
+// cpu::AttentionTuning::tile_rows (query rows per KV head per tile).
 
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -183,11 +184,12 @@ class Case {
   }
 
   // Runs one call of a variant on the next set of blocks.
-  void run(int variant, ThreadPool& pool) {
+  void run(int variant, ThreadPool& pool, int32_t tile_rows) {
     batch_.block_tables = tables_[size_t(next_set_)].data();
     next_set_ = (next_set_ + 1) % num_sets_;
     cpu::AttentionTuning tuning;
     tuning.prefetch = variant != 3;
+    tuning.tile_rows = tile_rows;
     const Status status = variant == 1
                               ? cpu::paged_attention_scalar(params_, batch_, kv_, q_.data(),
                                                             DType::F32, out_.data(), &pool)
@@ -246,7 +248,7 @@ int usage(const char* why) {
                "attention_cpu_bench: %s\n"
                "usage: attention_cpu_bench [--variant 1,2,3] [--threads N] [--kv bf16,f32]\n"
                "       [--batch 1,8,32] [--ctx 512,4096,16384] [--no-decode] [--no-prefill]\n"
-               "       [--min-time S] [--rotate-mb MB] [--csv FILE]\n",
+               "       [--min-time S] [--rotate-mb MB] [--tile-rows N] [--csv FILE]\n",
                why);
   return 2;
 }
@@ -266,6 +268,7 @@ int main(int argc, char** argv) {
   double min_time = 0.5;
   std::string csv_path;
   size_t rotation_bytes = size_t{512} << 20;
+  int32_t tile_rows = cpu::AttentionTuning().tile_rows;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -300,6 +303,9 @@ int main(int argc, char** argv) {
       contexts = parse_ints(argv[++i]);
     } else if (arg == "--min-time") {
       min_time = std::atof(argv[++i]);
+    } else if (arg == "--tile-rows") {
+      tile_rows = std::atoi(argv[++i]);
+      if (tile_rows < 1) return usage("--tile-rows must be >= 1");
     } else if (arg == "--rotate-mb") {
       rotation_bytes = size_t(std::atol(argv[++i])) << 20;
     } else if (arg == "--csv") {
@@ -346,7 +352,7 @@ int main(int argc, char** argv) {
   };
   auto report = [&](const char* name, int variant, DType kv_dtype, int batch, int q_len, int kv_len,
                     Case& c) {
-    const double seconds = time_median(min_time, 3, [&] { c.run(variant, pool); });
+    const double seconds = time_median(min_time, 3, [&] { c.run(variant, pool, tile_rows); });
     const double gbps = c.kv_bytes() / seconds / 1e9;
     const double gflops = c.flops() / seconds / 1e9;
     const bool is_decode = q_len == 1;

@@ -229,9 +229,9 @@ void attend_tile_typed(const TileTask& task) {
   const int32_t head_dim = task.head_dim;
   const int32_t group = task.rows_per_token;
   const int32_t num_tokens = task.num_rows / group;
-  float* s = task.scratch;  // [num_rows][kChunkKeys] logits, then probabilities
-  const T* k_rows[kChunkKeys];
-  const T* v_rows[kChunkKeys];
+  float* s = task.scratch;            // [num_rows][kChunkKeys] logits, then probabilities
+  const T* k_rows[kChunkKeys];        // [num_keys] -> K row [head_dim] in the pool
+  const T* v_rows[kChunkKeys];        // [num_keys] -> V row [head_dim] in the pool
   int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
   int64_t next_key_elem[kChunkKeys];  // the same for the next chunk (prefetch)
   const PagedKv& kv = *task.kv;
@@ -258,10 +258,10 @@ void attend_tile_typed(const TileTask& task) {
     for (int32_t hh = 0; hh < task.num_heads; ++hh) {
       // The state of this head's rows.
       const int32_t kv_head = task.kv_head + hh;
-      const float* q = task.q + int64_t{hh} * task.num_rows * head_dim;
-      float* o = task.o + int64_t{hh} * task.num_rows * head_dim;
-      float* m = task.m + int64_t{hh} * task.num_rows;
-      float* l = task.l + int64_t{hh} * task.num_rows;
+      const float* q = task.q + int64_t{hh} * task.num_rows * head_dim;  // [num_rows][head_dim]
+      float* o = task.o + int64_t{hh} * task.num_rows * head_dim;        // [num_rows][head_dim]
+      float* m = task.m + int64_t{hh} * task.num_rows;                   // [num_rows]
+      float* l = task.l + int64_t{hh} * task.num_rows;                   // [num_rows]
       if (task.prefetch) {
         if (hh + 1 < task.num_heads) {
           prefetch_unit(task, kv_head + 1, key_elem, num_keys);
@@ -275,9 +275,9 @@ void attend_tile_typed(const TileTask& task) {
       // 1. logits
       for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
         const int n = std::min<int32_t>(kRowGroup, row_end - r);
-        const float* qr[kRowGroup];
+        const float* qr[kRowGroup];  // rows r.. of q; past the group's end, its last row
         for (int i = 0; i < kRowGroup; ++i) qr[i] = q + int64_t{r + std::min(i, n - 1)} * head_dim;
-        float* s_rows = s + int64_t{r} * kChunkKeys;
+        float* s_rows = s + int64_t{r} * kChunkKeys;  // [n][kChunkKeys]
         if (n == kRowGroup) {
           dot_rows<T, kRowGroup>(df, qr, k_rows, num_keys, head_dim, s_rows);
         } else if (n >= 2) {
@@ -293,7 +293,7 @@ void attend_tile_typed(const TileTask& task) {
       const VF cap = hn::Set(df, task.soft_cap);
       const VF inv_cap = hn::Set(df, task.soft_cap > 0.0f ? 1.0f / task.soft_cap : 0.0f);
       for (int32_t r = row_begin; r < row_end; ++r) {
-        float* s_row = s + int64_t{r} * kChunkKeys;
+        float* s_row = s + int64_t{r} * kChunkKeys;  // [kChunkKeys]
         if (task.soft_cap > 0.0f) {
           for (int32_t t = 0; t < kChunkKeys; t += lanes) {
             const VF x = hn::Load(df, s_row + t);
@@ -343,8 +343,8 @@ void attend_tile_typed(const TileTask& task) {
       gather_rows(task, kv_head, kv.v, key_elem, num_keys, v_rows);
       for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
         const int n = std::min<int32_t>(kRowGroup, row_end - r);
-        float* orows[kRowGroup];
-        const float* prows[kRowGroup];
+        float* orows[kRowGroup];        // rows r.. of o (clamped like qr)
+        const float* prows[kRowGroup];  // rows r.. of the probabilities
         for (int i = 0; i < kRowGroup; ++i) {
           orows[i] = o + int64_t{r + std::min(i, n - 1)} * head_dim;
           prows[i] = s + int64_t{r + std::min(i, n - 1)} * kChunkKeys;
