@@ -227,7 +227,7 @@ TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
   spec.num_kv_heads = group == 8 ? 1 : 2;
   const DType kv_types[] = {DType::F32, DType::BF16, DType::F16};
   spec.kv_dtype = kv_types[combo % 3];
-  spec.q_dtype = combo % 7 == 0 ? DType::BF16 : DType::F32;
+  spec.q_dtype = combo % 7 == 0 ? DType::BF16 : combo % 11 == 0 ? DType::F16 : DType::F32;
   // Logit spread: from near-uniform attention to sharp.
   spec.params.scale = (combo % 2 == 0 ? 1.0f : 3.0f) / std::sqrt(float(head_dim));
   spec.params.soft_cap = combo % 5 == 1 ? 2.0f : 0.0f;
