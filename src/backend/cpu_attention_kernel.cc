@@ -4,10 +4,11 @@
 //
 // Per chunk of kChunkKeys keys, per KV head of the item:
 //   1. S[r][t] = q_r · k_t for every active row: R rows x 4 keys per pass (R = 4 on AVX-512,
-//      2 on narrower targets, for their 16 registers), so each K vector loaded (and widened from
-//      bf16/f16 in registers) serves R rows and each q vector four keys
+//      2 on narrower targets, for their 16 registers), so each K vector loaded serves R rows and
+//      each q vector four keys. bf16/f16 K is widened in registers when the tile is one pass of
+//      rows (decode), and once into an f32 scratch chunk when it takes several (prefill)
 //   2. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
-//   3. o_r += sum_t P[r][t] v_t: R rows x 4 vectors of head_dim per pass, V widened in registers
+//   3. o_r += sum_t P[r][t] v_t: R rows x 4 vectors of head_dim per pass, V widened like K
 // KV is read straight from the pool in its own dtype; everything accumulates in f32.
 
 #undef HWY_TARGET_INCLUDE
@@ -222,6 +223,66 @@ HWY_INLINE void prefetch_unit(const TileTask& task, int32_t kv_head, const int64
   }
 }
 
+// s[r][t] = q[r] · k[t] for rows [row_begin, row_end), in passes of kRowGroup rows.
+// q: [num_rows][head_dim]; s: [num_rows][kChunkKeys].
+template <typename T>
+HWY_INLINE void logits_for_rows(DF df, const float* q, const T* const* k_rows, int32_t row_begin,
+                                int32_t row_end, int32_t num_keys, int32_t head_dim, float* s) {
+  for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
+    const int n = std::min<int32_t>(kRowGroup, row_end - r);
+    const float* qr[kRowGroup];  // rows r.. of q; past the group's end, its last row
+    for (int i = 0; i < kRowGroup; ++i) qr[i] = q + int64_t{r + std::min(i, n - 1)} * head_dim;
+    float* s_rows = s + int64_t{r} * kChunkKeys;  // [n][kChunkKeys]
+    if (n == kRowGroup) {
+      dot_rows<T, kRowGroup>(df, qr, k_rows, num_keys, head_dim, s_rows);
+    } else if (n >= 2) {
+      dot_rows<T, 2>(df, qr, k_rows, num_keys, head_dim, s_rows);
+      if (n == 3) dot_rows<T, 1>(df, qr + 2, k_rows, num_keys, head_dim, s_rows + 2 * kChunkKeys);
+    } else {
+      dot_rows<T, 1>(df, qr, k_rows, num_keys, head_dim, s_rows);
+    }
+  }
+}
+
+// o[r] += sum_t p[r][t] v[t] for rows [row_begin, row_end), in passes of kRowGroup rows.
+// o: [num_rows][head_dim]; p: [num_rows][kChunkKeys].
+template <typename T>
+HWY_INLINE void values_for_rows(DF df, float* o, const float* p, const T* const* v_rows,
+                                int32_t row_begin, int32_t row_end, int32_t num_keys,
+                                int32_t head_dim) {
+  for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
+    const int n = std::min<int32_t>(kRowGroup, row_end - r);
+    float* orows[kRowGroup];        // rows r.. of o (clamped like qr)
+    const float* prows[kRowGroup];  // rows r.. of p
+    for (int i = 0; i < kRowGroup; ++i) {
+      orows[i] = o + int64_t{r + std::min(i, n - 1)} * head_dim;
+      prows[i] = p + int64_t{r + std::min(i, n - 1)} * kChunkKeys;
+    }
+    if (n == kRowGroup) {
+      accumulate_pv<T, kRowGroup>(df, orows, prows, v_rows, num_keys, head_dim);
+    } else if (n >= 2) {
+      accumulate_pv<T, 2>(df, orows, prows, v_rows, num_keys, head_dim);
+      if (n == 3) accumulate_pv<T, 1>(df, orows + 2, prows + 2, v_rows, num_keys, head_dim);
+    } else {
+      accumulate_pv<T, 1>(df, orows, prows, v_rows, num_keys, head_dim);
+    }
+  }
+}
+
+// buf[t] = rows[t] widened to f32 ([num_keys][head_dim]); out[t] points at buf[t].
+template <typename T>
+HWY_INLINE void widen_rows(DF df, const T* const* rows, int32_t num_keys, int32_t head_dim,
+                           float* HWY_RESTRICT buf, const float** out) {
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
+  for (int32_t t = 0; t < num_keys; ++t) {
+    float* dst = buf + int64_t{t} * head_dim;
+    int32_t d = 0;
+    for (; d + lanes <= head_dim; d += lanes) hn::StoreU(load_row(df, rows[t] + d), df, dst + d);
+    for (; d < head_dim; ++d) dst[d] = scalar_of(rows[t], d);
+    out[t] = dst;
+  }
+}
+
 template <typename T>
 void attend_tile_typed(const TileTask& task) {
   const DF df;
@@ -229,7 +290,11 @@ void attend_tile_typed(const TileTask& task) {
   const int32_t head_dim = task.head_dim;
   const int32_t group = task.rows_per_token;
   const int32_t num_tokens = task.num_rows / group;
-  float* s = task.scratch;            // [num_rows][kChunkKeys] logits, then probabilities
+  float* s = task.scratch;  // [num_rows][kChunkKeys] logits, then probabilities
+  float* k_buf = s + int64_t{task.num_rows} * kChunkKeys;  // [kChunkKeys][head_dim] widened K
+  float* v_buf = k_buf + int64_t{kChunkKeys} * head_dim;   // [kChunkKeys][head_dim] widened V
+  const float* k_rows_f32[kChunkKeys];                     // [num_keys] -> rows of k_buf
+  const float* v_rows_f32[kChunkKeys];                     // [num_keys] -> rows of v_buf
   const T* k_rows[kChunkKeys];        // [num_keys] -> K row [head_dim] in the pool
   const T* v_rows[kChunkKeys];        // [num_keys] -> V row [head_dim] in the pool
   int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
@@ -251,6 +316,7 @@ void attend_tile_typed(const TileTask& task) {
     if (tok_begin >= tok_end) continue;
     const int32_t row_begin = tok_begin * group;
     const int32_t row_end = tok_end * group;
+    const bool widen_once = !std::is_same_v<T, float> && row_end - row_begin > kRowGroup;
 
     key_offsets(task, j0, num_keys, key_elem);
     const int32_t next_j0 = j0 + kChunkKeys;
@@ -272,21 +338,13 @@ void attend_tile_typed(const TileTask& task) {
       }
       gather_rows(task, kv_head, kv.k, key_elem, num_keys, k_rows);
 
-      // 1. logits
-      for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
-        const int n = std::min<int32_t>(kRowGroup, row_end - r);
-        const float* qr[kRowGroup];  // rows r.. of q; past the group's end, its last row
-        for (int i = 0; i < kRowGroup; ++i) qr[i] = q + int64_t{r + std::min(i, n - 1)} * head_dim;
-        float* s_rows = s + int64_t{r} * kChunkKeys;  // [n][kChunkKeys]
-        if (n == kRowGroup) {
-          dot_rows<T, kRowGroup>(df, qr, k_rows, num_keys, head_dim, s_rows);
-        } else if (n >= 2) {
-          dot_rows<T, 2>(df, qr, k_rows, num_keys, head_dim, s_rows);
-          if (n == 3)
-            dot_rows<T, 1>(df, qr + 2, k_rows, num_keys, head_dim, s_rows + 2 * kChunkKeys);
-        } else {
-          dot_rows<T, 1>(df, qr, k_rows, num_keys, head_dim, s_rows);
-        }
+      // 1. logits. A tile of more than one row group widens the chunk's K once to f32, rather
+      // than once per row group in registers.
+      if (widen_once) {
+        widen_rows(df, k_rows, num_keys, head_dim, k_buf, k_rows_f32);
+        logits_for_rows<float>(df, q, k_rows_f32, row_begin, row_end, num_keys, head_dim, s);
+      } else {
+        logits_for_rows<T>(df, q, k_rows, row_begin, row_end, num_keys, head_dim, s);
       }
 
       // 2. cap, mask, online softmax
@@ -341,22 +399,11 @@ void attend_tile_typed(const TileTask& task) {
 
       // 3. values
       gather_rows(task, kv_head, kv.v, key_elem, num_keys, v_rows);
-      for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
-        const int n = std::min<int32_t>(kRowGroup, row_end - r);
-        float* orows[kRowGroup];        // rows r.. of o (clamped like qr)
-        const float* prows[kRowGroup];  // rows r.. of the probabilities
-        for (int i = 0; i < kRowGroup; ++i) {
-          orows[i] = o + int64_t{r + std::min(i, n - 1)} * head_dim;
-          prows[i] = s + int64_t{r + std::min(i, n - 1)} * kChunkKeys;
-        }
-        if (n == kRowGroup) {
-          accumulate_pv<T, kRowGroup>(df, orows, prows, v_rows, num_keys, head_dim);
-        } else if (n >= 2) {
-          accumulate_pv<T, 2>(df, orows, prows, v_rows, num_keys, head_dim);
-          if (n == 3) accumulate_pv<T, 1>(df, orows + 2, prows + 2, v_rows, num_keys, head_dim);
-        } else {
-          accumulate_pv<T, 1>(df, orows, prows, v_rows, num_keys, head_dim);
-        }
+      if (widen_once) {
+        widen_rows(df, v_rows, num_keys, head_dim, v_buf, v_rows_f32);
+        values_for_rows<float>(df, o, s, v_rows_f32, row_begin, row_end, num_keys, head_dim);
+      } else {
+        values_for_rows<T>(df, o, s, v_rows, row_begin, row_end, num_keys, head_dim);
       }
     }
   }

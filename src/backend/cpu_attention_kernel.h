@@ -41,8 +41,9 @@ struct TileTask {
 };
 
 inline int64_t tile_scratch_floats(int32_t num_rows, int32_t head_dim) {
-  // Logits / probabilities [num_rows][kChunkKeys].
-  return int64_t{num_rows} * kChunkKeys;
+  // Logits / probabilities [num_rows][kChunkKeys], then a chunk's K and V widened to f32
+  // [kChunkKeys][head_dim] each.
+  return int64_t{num_rows} * kChunkKeys + 2 * int64_t{kChunkKeys} * head_dim;
 }
 
 // Folds keys [kv_begin, kv_end) into the state of every row of the tile, honouring the causal
