@@ -1,9 +1,10 @@
 // CPU paged attention benchmark: decode (q_len 1) and prefill (q_len 512 on a 4K prefix) with
 // Llama 3.1 8B attention geometry (32 query heads, 8 KV heads, head dim 128, block size 16).
-// Decode reports KV bytes read per second against a memory-copy ceiling measured in the same
-// run (memcpy over buffers far larger than the LLC, bytes read + written, all threads); prefill
-// reports GFLOP/s against an f32 FMA ceiling (register-only multiply-adds, all threads) measured
-// in the same run. Inputs rotate through a pool far larger than the LLC so every call streams KV
+// Decode reports KV bytes read per second against a memory-copy ceiling (memcpy over buffers far
+// larger than the LLC, bytes read + written, all threads); prefill reports GFLOP/s against an f32
+// FMA ceiling (register-only multiply-adds, all threads). Both ceilings are measured at the start
+// and again just before each case (the line's percentage uses the latter: on a shared machine the
+// ceiling drifts). Inputs rotate through a pool far larger than the LLC so every call streams KV
 // from memory. Times are medians over repetitions.
 //
 // Variants (--variant, default "1,2"): 1 = cpu::paged_attention_scalar (one query row at a time,
@@ -12,9 +13,10 @@
 //
 //   attention_cpu_bench [--variant 1,2,3] [--threads N] [--kv bf16,f32] [--batch 1,8,32]
 //                       [--ctx 512,4096,16384] [--no-decode] [--no-prefill] [--min-time S]
-//                       [--rotate-mb MB] [--csv FILE]
+//                       [--rotate-mb MB] [--tile-rows N] [--csv FILE]
 // --rotate-mb (default 512) sets the KV footprint the calls rotate through; a small value keeps
-// the KV in cache, which shows the kernel's compute-bound speed.
+// the KV in cache, which shows the kernel's compute-bound speed. --tile-rows sets
+// cpu::AttentionTuning::tile_rows (query rows per KV head per tile).
 
 #include <fmt/format.h>
 #include <sys/mman.h>
@@ -92,21 +94,29 @@ void fill_fast(void* data, DType t, size_t count, uint64_t seed) {
 }
 
 // The memory ceiling: every thread memcpy's its share of a buffer far larger than the LLC.
-double measure_copy_gbps(ThreadPool& pool, double min_time) {
-  const size_t bytes = size_t{1} << 30;  // 1 GiB source, 1 GiB destination
-  std::unique_ptr<char[]> src(new char[bytes]);
-  std::unique_ptr<char[]> dst(new char[bytes]);
-  std::memset(src.get(), 1, bytes);
-  std::memset(dst.get(), 2, bytes);
-  const int threads = pool.num_threads();
-  const double seconds = time_median(min_time, 5, [&] {
-    pool.parallel_for(threads, [&](int64_t item, int) {
-      const size_t share = bytes / size_t(threads);
-      std::memcpy(dst.get() + size_t(item) * share, src.get() + size_t(item) * share, share);
+class CopyProbe {
+ public:
+  CopyProbe() : src_(new char[kBytes]), dst_(new char[kBytes]) {
+    std::memset(src_.get(), 1, kBytes);
+    std::memset(dst_.get(), 2, kBytes);
+  }
+  // Bytes read + written per second, median over at least 5 copies.
+  double measure_gbps(ThreadPool& pool, double min_time) {
+    const int threads = pool.num_threads();
+    const double seconds = time_median(min_time, 5, [&] {
+      pool.parallel_for(threads, [&](int64_t item, int) {
+        const size_t share = kBytes / size_t(threads);
+        std::memcpy(dst_.get() + size_t(item) * share, src_.get() + size_t(item) * share, share);
+      });
     });
-  });
-  return 2.0 * double(bytes) / seconds / 1e9;
-}
+    return 2.0 * double(kBytes) / seconds / 1e9;
+  }
+
+ private:
+  static constexpr size_t kBytes = size_t{1} << 30;  // 1 GiB source, 1 GiB destination
+  std::unique_ptr<char[]> src_;
+  std::unique_ptr<char[]> dst_;
+};
 
 double measure_fma_gflops(ThreadPool& pool, double min_time) {
   const int64_t iterations = 50'000'000;
@@ -174,11 +184,12 @@ class Case {
   }
 
   // Runs one call of a variant on the next set of blocks.
-  void run(int variant, ThreadPool& pool) {
+  void run(int variant, ThreadPool& pool, int32_t tile_rows) {
     batch_.block_tables = tables_[size_t(next_set_)].data();
     next_set_ = (next_set_ + 1) % num_sets_;
     cpu::AttentionTuning tuning;
     tuning.prefetch = variant != 3;
+    tuning.tile_rows = tile_rows;
     const Status status = variant == 1
                               ? cpu::paged_attention_scalar(params_, batch_, kv_, q_.data(),
                                                             DType::F32, out_.data(), &pool)
@@ -237,7 +248,7 @@ int usage(const char* why) {
                "attention_cpu_bench: %s\n"
                "usage: attention_cpu_bench [--variant 1,2,3] [--threads N] [--kv bf16,f32]\n"
                "       [--batch 1,8,32] [--ctx 512,4096,16384] [--no-decode] [--no-prefill]\n"
-               "       [--min-time S] [--rotate-mb MB] [--csv FILE]\n",
+               "       [--min-time S] [--rotate-mb MB] [--tile-rows N] [--csv FILE]\n",
                why);
   return 2;
 }
@@ -257,6 +268,7 @@ int main(int argc, char** argv) {
   double min_time = 0.5;
   std::string csv_path;
   size_t rotation_bytes = size_t{512} << 20;
+  int32_t tile_rows = cpu::AttentionTuning().tile_rows;
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -291,6 +303,9 @@ int main(int argc, char** argv) {
       contexts = parse_ints(argv[++i]);
     } else if (arg == "--min-time") {
       min_time = std::atof(argv[++i]);
+    } else if (arg == "--tile-rows") {
+      tile_rows = std::atoi(argv[++i]);
+      if (tile_rows < 1) return usage("--tile-rows must be >= 1");
     } else if (arg == "--rotate-mb") {
       rotation_bytes = size_t(std::atol(argv[++i])) << 20;
     } else if (arg == "--csv") {
@@ -315,7 +330,8 @@ int main(int argc, char** argv) {
                  "case,variant,kv_dtype,batch,q_len,kv_len,threads,median_ms,kv_gbps,gflops,"
                  "ceiling,ceiling_value,fraction_of_ceiling\n");
   }
-  const double copy_gbps = measure_copy_gbps(pool, min_time);
+  CopyProbe copy_probe;
+  const double copy_gbps = copy_probe.measure_gbps(pool, min_time);
   const double fma_gflops = prefill ? measure_fma_gflops(pool, min_time) : 0.0;
   std::printf("target %s threads %d\n", cpu::kernel_target(), threads);
   std::printf("ceiling copy_GBps %.1f (1 GiB memcpy, read+write, %d threads)\n", copy_gbps,
@@ -329,24 +345,30 @@ int main(int argc, char** argv) {
                    fma_gflops);
   }
 
+  // The machine may be shared, so each case is compared with a ceiling measured just before it.
+  double case_ceiling = 0.0;
+  auto measure_case_ceiling = [&](bool is_decode) {
+    case_ceiling = is_decode ? copy_probe.measure_gbps(pool, 0.3) : measure_fma_gflops(pool, 0.3);
+  };
   auto report = [&](const char* name, int variant, DType kv_dtype, int batch, int q_len, int kv_len,
                     Case& c) {
-    const double seconds = time_median(min_time, 3, [&] { c.run(variant, pool); });
+    const double seconds = time_median(min_time, 3, [&] { c.run(variant, pool, tile_rows); });
     const double gbps = c.kv_bytes() / seconds / 1e9;
     const double gflops = c.flops() / seconds / 1e9;
     const bool is_decode = q_len == 1;
-    const double fraction = is_decode ? gbps / copy_gbps : gflops / fma_gflops;
+    const double fraction = (is_decode ? gbps : gflops) / case_ceiling;
     std::printf(
         "%-7s v%d kv=%-4s batch=%-2d q_len=%-3d kv_len=%-5d  %9.3f ms  %7.2f KV_GB/s  %8.2f "
-        "GFLOP/s  %5.1f%% of %s\n",
+        "GFLOP/s  %5.1f%% of %s %.1f\n",
         name, variant, std::string(dtype_name(kv_dtype)).c_str(), batch, q_len, kv_len,
-        seconds * 1e3, gbps, gflops, 100.0 * fraction, is_decode ? "copy" : "fma");
+        seconds * 1e3, gbps, gflops, 100.0 * fraction, is_decode ? "copy_GBps" : "fma_GFLOPs",
+        case_ceiling);
     std::fflush(stdout);
     if (csv != nullptr) {
       std::fprintf(csv, "%s,%d,%s,%d,%d,%d,%d,%.4f,%.3f,%.3f,%s,%.3f,%.4f\n", name, variant,
                    std::string(dtype_name(kv_dtype)).c_str(), batch, q_len, kv_len, threads,
                    seconds * 1e3, gbps, gflops, is_decode ? "copy_gbps" : "fma_gflops",
-                   is_decode ? copy_gbps : fma_gflops, fraction);
+                   case_ceiling, fraction);
     }
   };
 
@@ -355,6 +377,7 @@ int main(int argc, char** argv) {
       for (int batch : batches) {
         for (int ctx : contexts) {
           Case c(kv_dtype, batch, 1, ctx, rotation_bytes);
+          measure_case_ceiling(true);
           for (int variant : variants) report("decode", variant, kv_dtype, batch, 1, ctx, c);
         }
       }
@@ -363,6 +386,7 @@ int main(int argc, char** argv) {
   if (prefill) {
     for (DType kv_dtype : kv_dtypes) {
       Case c(kv_dtype, 1, 512, 4096 + 512, rotation_bytes);
+      measure_case_ceiling(false);
       for (int variant : variants) report("prefill", variant, kv_dtype, 1, 512, 4096 + 512, c);
     }
   }

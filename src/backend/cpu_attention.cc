@@ -21,6 +21,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Automatic splits never cut a key range finer than this: a smaller item costs more to merge
 // than it gains in balance.
 constexpr int32_t kMinSplitKeys = 256;
+// Tiles with at most this many query rows per KV head software-prefetch their KV.
+constexpr int32_t kMaxPrefetchRows = 8;
 
 Status check_pointers(const AttentionBatch& batch, const PagedKv& kv, const void* q,
                       const void* out) {
@@ -196,7 +198,9 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
     task.kv_end = item.kv_end;
     task.window = params.window;
     task.soft_cap = params.soft_cap;
-    task.prefetch = tuning.prefetch;
+    // Prefetch pays where the tile streams KV (few rows per head: decode); a prefill tile
+    // re-reads KV that earlier tiles left in cache, and prefetch only costs it issue slots.
+    task.prefetch = tuning.prefetch && num_rows <= kMaxPrefetchRows;
     task.q = q_tile;
     task.o = o;
     task.m = m;

@@ -5,16 +5,23 @@
 //
 // Work decomposition of paged_attention:
 //
-//   sequence s ── q tokens ─┬─ tile 0 (tokens 0..T-1, all G query heads of KV head h = T*G rows)
+//   sequence s ── q tokens ─┬─ tile 0: tokens 0..T-1; per KV head h its G query heads (T*G rows)
 //                           ├─ tile 1 ...
-//   each (s, h, tile) ── keys it can see [kv_lo, kv_hi) ─┬─ split 0 ─┐  partial (m, l, o) per row,
-//                                                        ├─ split 1 ─┤  merged exactly:
-//                                                        └─ ...     ─┘  M = max m_k,
-//                                                                       L = sum l_k e^(m_k - M),
-//                                                                       out = sum o_k e^(m_k - M) /
-//                                                                       L
-// One work item = one (s, h, tile, split); the items run on the thread pool. Each chunk of keys
-// is read from the pool once per tile and serves all T*G rows.
+//   each (s, tile) ── keys it can see [kv_lo, kv_hi) ─┬─ split 0 ─┐ partial (m, l, o) per row
+//                                                     ├─ split 1 ─┤
+//                                                     └─ ...     ─┘
+//   merged exactly: M = max_k m_k, L = sum_k l_k e^(m_k - M), out = sum_k o_k e^(m_k - M) / L
+//   one work item = one (s, tile, split), run on the thread pool; inside it, per chunk of 32
+//   keys, KV head 0, 1, ... in turn:
+//
+//     block b: [ K h0 | K h1 | ... | K h7 ][ V h0 | V h1 | ... | V h7 ]   (kv_layout.h)
+//               ───────────────────▶        ───────────────────▶
+//     so each block is read as two sequential runs (the hardware prefetcher follows them), and
+//     the next (chunk, head) is software-prefetched. Each K/V row is read from the pool once
+//     per tile and serves all T*G rows of its head.
+//
+// Splits are automatic when there are fewer tiles than 4 per thread (batch-1 decode of a long
+// context): the key range is cut into pieces of at least 256 keys.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +41,8 @@ struct AttentionTuning {
   int32_t split_keys = 0;
   // Query rows per tile (at least one token's GQA group).
   int32_t tile_rows = 16;
-  // Software prefetch of the next KV head's rows (benchmarks turn it off to measure it).
+  // Software prefetch of the next KV head's rows in tiles of at most 8 rows per KV head
+  // (decode); benchmarks turn it off to measure it.
   bool prefetch = true;
 };
 

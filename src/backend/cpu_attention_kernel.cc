@@ -2,13 +2,14 @@
 // (SSE4, AVX2, AVX-512, ...) through foreach_target and picked at run time by
 // HWY_DYNAMIC_DISPATCH, so one binary runs at full width on AVX2 and AVX-512 machines.
 //
-// Per chunk of kChunkKeys keys:
-//   1. K rows of the chunk, as f32 (bf16/f16 are widened once into scratch; f32 is read in place)
-//   2. S[r][t] = q_r · k_t for every active row: 2 rows x 4 keys per pass, so each K vector
-//      loaded serves two rows and each q vector four keys
-//   3. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
-//   4. V rows as f32, then o_r += sum_t P[r][t] v_t: 2 rows x 4 vectors of head_dim per pass
-// Everything accumulates in f32.
+// Per chunk of kChunkKeys keys, per KV head of the item:
+//   1. S[r][t] = q_r · k_t for every active row: R rows x 4 keys per pass (R = 4 on AVX-512,
+//      2 on narrower targets, for their 16 registers), so each K vector loaded serves R rows and
+//      each q vector four keys. bf16/f16 K is widened in registers when the tile is one pass of
+//      rows (decode), and once into an f32 scratch chunk when it takes several (prefill)
+//   2. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
+//   3. o_r += sum_t P[r][t] v_t: R rows x 4 vectors of head_dim per pass, V widened like K
+// KV is read straight from the pool in its own dtype; everything accumulates in f32.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu_attention_kernel.cc"
@@ -19,9 +20,11 @@
 #include <hwy/highway.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <limits>
+#include <type_traits>
 
 #include "backend/cpu_attention_kernel.h"
 
@@ -33,22 +36,27 @@ using VF = hn::Vec<DF>;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// dst[0..count) = src[0..count) widened to f32. src: one K or V row of dtype t.
-HWY_INLINE void widen_row(DF df, const void* src, DType t, int32_t count, float* HWY_RESTRICT dst) {
-  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
-  int32_t i = 0;
-  if (t == DType::BF16) {
-    const hn::Rebind<hwy::bfloat16_t, DF> dbf;
-    const auto* p = static_cast<const hwy::bfloat16_t*>(src);
-    for (; i + lanes <= count; i += lanes)
-      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dbf, p + i)), df, dst + i);
+// One vector of f32 from a K or V row of element type T (float, bfloat16_t or float16_t).
+template <typename T>
+HWY_INLINE VF load_row(DF df, const T* HWY_RESTRICT p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return hn::LoadU(df, p);
   } else {
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    const auto* p = static_cast<const hwy::float16_t*>(src);
-    for (; i + lanes <= count; i += lanes)
-      hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, p + i)), df, dst + i);
+    const hn::Rebind<T, DF> dt;
+    return hn::PromoteTo(df, hn::LoadU(dt, p));
   }
-  for (; i < count; ++i) dst[i] = load_as_f32(src, t, static_cast<size_t>(i));
+}
+
+// Element i of a K or V row as f32 (tails past the last full vector).
+template <typename T>
+HWY_INLINE float scalar_of(const T* p, int32_t i) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p[i];
+  } else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
+    return bf16_to_f32(Bf16{std::bit_cast<uint16_t>(p[i])});
+  } else {
+    return f16_to_f32(F16{std::bit_cast<uint16_t>(p[i])});
+  }
 }
 
 #if HWY_TARGET != HWY_SCALAR
@@ -80,8 +88,8 @@ HWY_INLINE void sum_of_four(DF df, const VF* a, float* HWY_RESTRICT out) {
 #endif  // HWY_TARGET != HWY_SCALAR
 
 // s[r * s_stride + t] = q[r] · k[t] for r < kRows, t < kKeys. q, k: rows of head_dim floats.
-template <int kRows, int kKeys>
-HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const float* const* k, int32_t head_dim,
+template <typename T, int kRows, int kKeys>
+HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const T* const* k, int32_t head_dim,
                               float* HWY_RESTRICT s, int32_t s_stride) {
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   VF acc[kRows][kKeys];
@@ -91,7 +99,7 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const float* const* 
   int32_t d = 0;
   for (; d + lanes <= head_dim; d += lanes) {
     VF kv[kKeys];
-    for (int t = 0; t < kKeys; ++t) kv[t] = hn::LoadU(df, k[t] + d);
+    for (int t = 0; t < kKeys; ++t) kv[t] = load_row(df, k[t] + d);
     for (int r = 0; r < kRows; ++r) {
       const VF qv = hn::LoadU(df, q[r] + d);
       for (int t = 0; t < kKeys; ++t) acc[r][t] = hn::MulAdd(qv, kv[t], acc[r][t]);
@@ -108,14 +116,14 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const float* const* 
         s[r * s_stride + t] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
     }
     for (int t = 0; t < kKeys; ++t) {
-      for (int32_t e = d; e < head_dim; ++e) s[r * s_stride + t] += q[r][e] * k[t][e];
+      for (int32_t e = d; e < head_dim; ++e) s[r * s_stride + t] += q[r][e] * scalar_of(k[t], e);
     }
   }
 }
 
 // o[r][:] += sum_{t < num_keys} p[r][t] * v[t][:] for r < kRows.
-template <int kRows>
-HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, const float* const* v,
+template <typename T, int kRows>
+HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, const T* const* v,
                               int32_t num_keys, int32_t head_dim) {
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   int32_t d = 0;
@@ -128,7 +136,7 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
       VF pt[kRows];
       for (int r = 0; r < kRows; ++r) pt[r] = hn::Set(df, p[r][t]);
       for (int c = 0; c < 4; ++c) {
-        const VF vv = hn::LoadU(df, v[t] + d + c * lanes);
+        const VF vv = load_row(df, v[t] + d + c * lanes);
         for (int r = 0; r < kRows; ++r) acc[r][c] = hn::MulAdd(pt[r], vv, acc[r][c]);
       }
     }
@@ -140,7 +148,7 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
     VF acc[kRows];
     for (int r = 0; r < kRows; ++r) acc[r] = hn::LoadU(df, o[r] + d);
     for (int32_t t = 0; t < num_keys; ++t) {
-      const VF vv = hn::LoadU(df, v[t] + d);
+      const VF vv = load_row(df, v[t] + d);
       for (int r = 0; r < kRows; ++r) acc[r] = hn::MulAdd(hn::Set(df, p[r][t]), vv, acc[r]);
     }
     for (int r = 0; r < kRows; ++r) hn::StoreU(acc[r], df, o[r] + d);
@@ -148,7 +156,7 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
   for (; d < head_dim; ++d) {
     for (int r = 0; r < kRows; ++r) {
       float acc = o[r][d];
-      for (int32_t t = 0; t < num_keys; ++t) acc += p[r][t] * v[t][d];
+      for (int32_t t = 0; t < num_keys; ++t) acc += p[r][t] * scalar_of(v[t], d);
       o[r][d] = acc;
     }
   }
@@ -156,25 +164,27 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
 
 // Row pointers of one KV head's rows for the keys of a chunk, for K (kv_base = kv.k) or V.
 // key_elem[t]: element offset of key t's row in KV head 0; head h adds h * block_size * head_dim.
-// Widened into buf ([kChunkKeys][head_dim] f32) unless the pool is f32.
-HWY_INLINE void gather_rows(DF df, const TileTask& task, int32_t kv_head, const void* kv_base,
-                            const int64_t* key_elem, int32_t num_keys, float* HWY_RESTRICT buf,
-                            const float** rows) {
-  const PagedKv& kv = *task.kv;
-  const size_t elem_bytes = dtype_size_bytes(kv.dtype);
-  const auto* base = static_cast<const std::byte*>(kv_base);
-  const int64_t head_elem = int64_t{kv_head} * kv.block_size * task.head_dim;
-  for (int32_t t = 0; t < num_keys; ++t) {
-    const void* src = base + static_cast<size_t>(key_elem[t] + head_elem) * elem_bytes;
-    if (kv.dtype == DType::F32) {
-      rows[t] = static_cast<const float*>(src);
-    } else {
-      float* dst = buf + int64_t{t} * task.head_dim;
-      widen_row(df, src, kv.dtype, task.head_dim, dst);
-      rows[t] = dst;
-    }
-  }
+template <typename T>
+HWY_INLINE void gather_rows(const TileTask& task, int32_t kv_head, const void* kv_base,
+                            const int64_t* key_elem, int32_t num_keys, const T** rows) {
+  const T* base = static_cast<const T*>(kv_base);
+  const int64_t head_elem = int64_t{kv_head} * task.kv->block_size * task.head_dim;
+  for (int32_t t = 0; t < num_keys; ++t) rows[t] = base + key_elem[t] + head_elem;
 }
+
+// s[r * kChunkKeys + t] = q[r] · k[t] for rows [0, num_rows) (num_rows <= kRowGroup) and keys
+// [0, num_keys). q: row pointers.
+template <typename T, int kRows>
+HWY_INLINE void dot_rows(DF df, const float* const* q, const T* const* k, int32_t num_keys,
+                         int32_t head_dim, float* HWY_RESTRICT s) {
+  int32_t t = 0;
+  for (; t + 4 <= num_keys; t += 4)
+    dot_rows_keys<T, kRows, 4>(df, q, k + t, head_dim, s + t, kChunkKeys);
+  for (; t < num_keys; ++t) dot_rows_keys<T, kRows, 1>(df, q, k + t, head_dim, s + t, kChunkKeys);
+}
+
+// Rows per pass: four on 512-bit targets (32 registers hold 4 x 4 accumulators), else two.
+constexpr int kRowGroup = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
 
 // Element offsets of the rows of keys [j0, j0 + num_keys) in KV head 0 (one division per chunk,
 // not per key).
@@ -213,17 +223,80 @@ HWY_INLINE void prefetch_unit(const TileTask& task, int32_t kv_head, const int64
   }
 }
 
-void attend_tile(const TileTask& task) {
+// s[r][t] = q[r] · k[t] for rows [row_begin, row_end), in passes of kRowGroup rows.
+// q: [num_rows][head_dim]; s: [num_rows][kChunkKeys].
+template <typename T>
+HWY_INLINE void logits_for_rows(DF df, const float* q, const T* const* k_rows, int32_t row_begin,
+                                int32_t row_end, int32_t num_keys, int32_t head_dim, float* s) {
+  for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
+    const int n = std::min<int32_t>(kRowGroup, row_end - r);
+    const float* qr[kRowGroup];  // rows r.. of q; past the group's end, its last row
+    for (int i = 0; i < kRowGroup; ++i) qr[i] = q + int64_t{r + std::min(i, n - 1)} * head_dim;
+    float* s_rows = s + int64_t{r} * kChunkKeys;  // [n][kChunkKeys]
+    if (n == kRowGroup) {
+      dot_rows<T, kRowGroup>(df, qr, k_rows, num_keys, head_dim, s_rows);
+    } else if (n >= 2) {
+      dot_rows<T, 2>(df, qr, k_rows, num_keys, head_dim, s_rows);
+      if (n == 3) dot_rows<T, 1>(df, qr + 2, k_rows, num_keys, head_dim, s_rows + 2 * kChunkKeys);
+    } else {
+      dot_rows<T, 1>(df, qr, k_rows, num_keys, head_dim, s_rows);
+    }
+  }
+}
+
+// o[r] += sum_t p[r][t] v[t] for rows [row_begin, row_end), in passes of kRowGroup rows.
+// o: [num_rows][head_dim]; p: [num_rows][kChunkKeys].
+template <typename T>
+HWY_INLINE void values_for_rows(DF df, float* o, const float* p, const T* const* v_rows,
+                                int32_t row_begin, int32_t row_end, int32_t num_keys,
+                                int32_t head_dim) {
+  for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
+    const int n = std::min<int32_t>(kRowGroup, row_end - r);
+    float* orows[kRowGroup];        // rows r.. of o (clamped like qr)
+    const float* prows[kRowGroup];  // rows r.. of p
+    for (int i = 0; i < kRowGroup; ++i) {
+      orows[i] = o + int64_t{r + std::min(i, n - 1)} * head_dim;
+      prows[i] = p + int64_t{r + std::min(i, n - 1)} * kChunkKeys;
+    }
+    if (n == kRowGroup) {
+      accumulate_pv<T, kRowGroup>(df, orows, prows, v_rows, num_keys, head_dim);
+    } else if (n >= 2) {
+      accumulate_pv<T, 2>(df, orows, prows, v_rows, num_keys, head_dim);
+      if (n == 3) accumulate_pv<T, 1>(df, orows + 2, prows + 2, v_rows, num_keys, head_dim);
+    } else {
+      accumulate_pv<T, 1>(df, orows, prows, v_rows, num_keys, head_dim);
+    }
+  }
+}
+
+// buf[t] = rows[t] widened to f32 ([num_keys][head_dim]); out[t] points at buf[t].
+template <typename T>
+HWY_INLINE void widen_rows(DF df, const T* const* rows, int32_t num_keys, int32_t head_dim,
+                           float* HWY_RESTRICT buf, const float** out) {
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
+  for (int32_t t = 0; t < num_keys; ++t) {
+    float* dst = buf + int64_t{t} * head_dim;
+    int32_t d = 0;
+    for (; d + lanes <= head_dim; d += lanes) hn::StoreU(load_row(df, rows[t] + d), df, dst + d);
+    for (; d < head_dim; ++d) dst[d] = scalar_of(rows[t], d);
+    out[t] = dst;
+  }
+}
+
+template <typename T>
+void attend_tile_typed(const TileTask& task) {
   const DF df;
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   const int32_t head_dim = task.head_dim;
   const int32_t group = task.rows_per_token;
   const int32_t num_tokens = task.num_rows / group;
-  float* k_buf = task.scratch;                            // [kChunkKeys][head_dim]
-  float* v_buf = k_buf + int64_t{kChunkKeys} * head_dim;  // [kChunkKeys][head_dim]
-  float* s = v_buf + int64_t{kChunkKeys} * head_dim;      // [num_rows][kChunkKeys]
-  const float* k_rows[kChunkKeys];
-  const float* v_rows[kChunkKeys];
+  float* s = task.scratch;  // [num_rows][kChunkKeys] logits, then probabilities
+  float* k_buf = s + int64_t{task.num_rows} * kChunkKeys;  // [kChunkKeys][head_dim] widened K
+  float* v_buf = k_buf + int64_t{kChunkKeys} * head_dim;   // [kChunkKeys][head_dim] widened V
+  const float* k_rows_f32[kChunkKeys];                     // [num_keys] -> rows of k_buf
+  const float* v_rows_f32[kChunkKeys];                     // [num_keys] -> rows of v_buf
+  const T* k_rows[kChunkKeys];        // [num_keys] -> K row [head_dim] in the pool
+  const T* v_rows[kChunkKeys];        // [num_keys] -> V row [head_dim] in the pool
   int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
   int64_t next_key_elem[kChunkKeys];  // the same for the next chunk (prefetch)
   const PagedKv& kv = *task.kv;
@@ -243,6 +316,7 @@ void attend_tile(const TileTask& task) {
     if (tok_begin >= tok_end) continue;
     const int32_t row_begin = tok_begin * group;
     const int32_t row_end = tok_end * group;
+    const bool widen_once = !std::is_same_v<T, float> && row_end - row_begin > kRowGroup;
 
     key_offsets(task, j0, num_keys, key_elem);
     const int32_t next_j0 = j0 + kChunkKeys;
@@ -250,10 +324,10 @@ void attend_tile(const TileTask& task) {
     for (int32_t hh = 0; hh < task.num_heads; ++hh) {
       // The state of this head's rows.
       const int32_t kv_head = task.kv_head + hh;
-      const float* q = task.q + int64_t{hh} * task.num_rows * head_dim;
-      float* o = task.o + int64_t{hh} * task.num_rows * head_dim;
-      float* m = task.m + int64_t{hh} * task.num_rows;
-      float* l = task.l + int64_t{hh} * task.num_rows;
+      const float* q = task.q + int64_t{hh} * task.num_rows * head_dim;  // [num_rows][head_dim]
+      float* o = task.o + int64_t{hh} * task.num_rows * head_dim;        // [num_rows][head_dim]
+      float* m = task.m + int64_t{hh} * task.num_rows;                   // [num_rows]
+      float* l = task.l + int64_t{hh} * task.num_rows;                   // [num_rows]
       if (task.prefetch) {
         if (hh + 1 < task.num_heads) {
           prefetch_unit(task, kv_head + 1, key_elem, num_keys);
@@ -262,36 +336,22 @@ void attend_tile(const TileTask& task) {
           prefetch_unit(task, task.kv_head, next_key_elem, next_num_keys);
         }
       }
-      gather_rows(df, task, kv_head, kv.k, key_elem, num_keys, k_buf, k_rows);
+      gather_rows(task, kv_head, kv.k, key_elem, num_keys, k_rows);
 
-      // 2. logits
-      for (int32_t r = row_begin; r < row_end; r += 2) {
-        const bool pair = r + 1 < row_end;
-        const float* q2[2] = {q + int64_t{r} * head_dim, q + int64_t{pair ? r + 1 : r} * head_dim};
-        float* s_row = s + int64_t{r} * kChunkKeys;
-        int32_t t = 0;
-        if (pair) {
-          for (; t + 4 <= num_keys; t += 4) {
-            dot_rows_keys<2, 4>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-          }
-          for (; t < num_keys; ++t) {
-            dot_rows_keys<2, 1>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-          }
-        } else {
-          for (; t + 4 <= num_keys; t += 4) {
-            dot_rows_keys<1, 4>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-          }
-          for (; t < num_keys; ++t) {
-            dot_rows_keys<1, 1>(df, q2, k_rows + t, head_dim, s_row + t, kChunkKeys);
-          }
-        }
+      // 1. logits. A tile of more than one row group widens the chunk's K once to f32, rather
+      // than once per row group in registers.
+      if (widen_once) {
+        widen_rows(df, k_rows, num_keys, head_dim, k_buf, k_rows_f32);
+        logits_for_rows<float>(df, q, k_rows_f32, row_begin, row_end, num_keys, head_dim, s);
+      } else {
+        logits_for_rows<T>(df, q, k_rows, row_begin, row_end, num_keys, head_dim, s);
       }
 
-      // 3. cap, mask, online softmax
+      // 2. cap, mask, online softmax
       const VF cap = hn::Set(df, task.soft_cap);
       const VF inv_cap = hn::Set(df, task.soft_cap > 0.0f ? 1.0f / task.soft_cap : 0.0f);
       for (int32_t r = row_begin; r < row_end; ++r) {
-        float* s_row = s + int64_t{r} * kChunkKeys;
+        float* s_row = s + int64_t{r} * kChunkKeys;  // [kChunkKeys]
         if (task.soft_cap > 0.0f) {
           for (int32_t t = 0; t < kChunkKeys; t += lanes) {
             const VF x = hn::Load(df, s_row + t);
@@ -337,18 +397,26 @@ void attend_tile(const TileTask& task) {
         }
       }
 
-      // 4. values
-      gather_rows(df, task, kv_head, kv.v, key_elem, num_keys, v_buf, v_rows);
-      for (int32_t r = row_begin; r < row_end; r += 2) {
-        float* o2[2] = {o + int64_t{r} * head_dim, o + int64_t{r + 1} * head_dim};
-        const float* p2[2] = {s + int64_t{r} * kChunkKeys, s + int64_t{r + 1} * kChunkKeys};
-        if (r + 1 < row_end) {
-          accumulate_pv<2>(df, o2, p2, v_rows, num_keys, head_dim);
-        } else {
-          accumulate_pv<1>(df, o2, p2, v_rows, num_keys, head_dim);
-        }
+      // 3. values
+      gather_rows(task, kv_head, kv.v, key_elem, num_keys, v_rows);
+      if (widen_once) {
+        widen_rows(df, v_rows, num_keys, head_dim, v_buf, v_rows_f32);
+        values_for_rows<float>(df, o, s, v_rows_f32, row_begin, row_end, num_keys, head_dim);
+      } else {
+        values_for_rows<T>(df, o, s, v_rows, row_begin, row_end, num_keys, head_dim);
       }
     }
+  }
+}
+
+void attend_tile(const TileTask& task) {
+  switch (task.kv->dtype) {
+    case DType::F32:
+      return attend_tile_typed<float>(task);
+    case DType::BF16:
+      return attend_tile_typed<hwy::bfloat16_t>(task);
+    case DType::F16:
+      return attend_tile_typed<hwy::float16_t>(task);
   }
 }
 

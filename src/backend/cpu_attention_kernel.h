@@ -11,7 +11,7 @@
 
 namespace kvp::cpu {
 
-// Key positions folded in per step: one chunk's K and V (as f32) and logits stay in L1/L2 and
+// Key positions folded in per step: one chunk's K and V rows and its logits stay in L1/L2 and
 // serve every row of the tile.
 inline constexpr int32_t kChunkKeys = 32;
 
@@ -41,9 +41,9 @@ struct TileTask {
 };
 
 inline int64_t tile_scratch_floats(int32_t num_rows, int32_t head_dim) {
-  // K and V chunks as f32 [kChunkKeys][head_dim] each, logits [num_rows][kChunkKeys], and
-  // per-row flags, padded.
-  return 2 * int64_t{kChunkKeys} * head_dim + int64_t{num_rows} * kChunkKeys + num_rows + 64;
+  // Logits / probabilities [num_rows][kChunkKeys], then a chunk's K and V widened to f32
+  // [kChunkKeys][head_dim] each.
+  return int64_t{num_rows} * kChunkKeys + 2 * int64_t{kChunkKeys} * head_dim;
 }
 
 // Folds keys [kv_begin, kv_end) into the state of every row of the tile, honouring the causal

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
 #include <algorithm>
 #include <cmath>
@@ -226,7 +227,7 @@ TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
   spec.num_kv_heads = group == 8 ? 1 : 2;
   const DType kv_types[] = {DType::F32, DType::BF16, DType::F16};
   spec.kv_dtype = kv_types[combo % 3];
-  spec.q_dtype = combo % 7 == 0 ? DType::BF16 : DType::F32;
+  spec.q_dtype = combo % 7 == 0 ? DType::BF16 : combo % 11 == 0 ? DType::F16 : DType::F32;
   // Logit spread: from near-uniform attention to sharp.
   spec.params.scale = (combo % 2 == 0 ? 1.0f : 3.0f) / std::sqrt(float(head_dim));
   spec.params.soft_cap = combo % 5 == 1 ? 2.0f : 0.0f;
@@ -324,6 +325,32 @@ TEST(CpuAttention, LongContextsUpTo32K) {
   windowed.params.window = 4096;
   windowed.seqs = {{2, 32768}};
   expect_matches_reference(windowed, rng, /*also_scalar=*/false);
+}
+
+TEST(CpuAttention, EveryCompiledTargetMatchesReference) {
+  // The kernel is compiled per x86 target; run each one this machine supports (SSE4, AVX2,
+  // AVX-512, ...), not only the best, so an AVX2-only machine runs tested code.
+  std::mt19937_64 rng(29);
+  for (const int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(hwy::TargetName(target));
+    std::cout << "[ target   ] " << hwy::TargetName(target) << " -> kernel " << cpu::kernel_target()
+              << "\n";
+    EXPECT_STREQ(cpu::kernel_target(), hwy::TargetName(target));
+    for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16}) {
+      CaseSpec spec;
+      spec.block_size = 8;
+      spec.head_dim = kv_dtype == DType::F16 ? 72 : 128;  // 72: tails past the last vector
+      spec.group = kv_dtype == DType::BF16 ? 3 : 4;
+      spec.kv_dtype = kv_dtype;
+      spec.params.scale = 0.3f;
+      spec.params.soft_cap = kv_dtype == DType::F32 ? 4.0f : 0.0f;
+      spec.params.window = kv_dtype == DType::F16 ? 11 : 0;
+      spec.seqs = {{1, 77}, {9, 40}, {5, 5}};
+      expect_matches_reference(spec, rng, /*also_scalar=*/false);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to the real CPU
 }
 
 TEST(CpuAttention, EmptyBatchWritesNothing) {
