@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""Reference token ids for kvpool's tokenizer tests, from Hugging Face `tokenizers`.
+
+Reads the tokenizer embedded in each GGUF model (with the `gguf` package), builds the
+equivalent `tokenizers.Tokenizer` (our own conversion, written for kvpool), saves it as
+<out>/<name>/tokenizer.json and encodes every test case with it:
+
+  <out>/<name>/tokenizer.json   the HF tokenizer kvpool's C++ loader reads
+  <out>/<name>/expected.jsonl   one JSON object per case:
+      text          the input
+      ids           encode(text) with the tokenizer's own special tokens (BOS if it adds one)
+      ids_plain     encode(text, add_special_tokens=False)
+      decoded       decode(ids_plain, skip_special_tokens=False)
+  <out>/<name>/scores.json      (SentencePiece vocabularies only) the GGUF per-token scores, so
+                                the C++ test can also check score-based merging without merges
+
+Cases: every line of the corpus (without its newline), then the whole corpus as one text (which
+holds the runs of newlines, tabs and indentation a single line cannot).
+
+Usage (from the repo root): .venv/bin/python tests/tokenizer/hf_reference.py --out DIR
+  [--corpus tests/tokenizer/corpus.txt] [--models models]
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import gguf
+from tokenizers import Regex, Tokenizer, AddedToken, decoders, models, normalizers
+from tokenizers import pre_tokenizers, processors
+
+# GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
+def read_gguf_vocab(path):
+    reader = gguf.GGUFReader(path)
+    fields = reader.fields
+
+    def get(key, default=None):
+        return fields[key].contents() if key in fields else default
+
+    return {
+        "model": get("tokenizer.ggml.model"),
+        "pre": get("tokenizer.ggml.pre"),
+        "tokens": get("tokenizer.ggml.tokens"),
+        "types": get("tokenizer.ggml.token_type"),
+        "scores": get("tokenizer.ggml.scores"),
+        "merges": get("tokenizer.ggml.merges"),
+        "bos": get("tokenizer.ggml.bos_token_id"),
+        "eos": get("tokenizer.ggml.eos_token_id"),
+        "unk": get("tokenizer.ggml.unknown_token_id"),
+        "add_bos": bool(get("tokenizer.ggml.add_bos_token", False)),
+        "add_eos": bool(get("tokenizer.ggml.add_eos_token", False)),
+        "add_space_prefix": bool(get("tokenizer.ggml.add_space_prefix", False)),
+    }
+
+
+def add_special_tokens_and_post_processor(tok, v, tokens):
+    added = []
+    for i, (t, ty) in enumerate(zip(tokens, v["types"])):
+        if ty == CONTROL:
+            added.append((i, AddedToken(t, special=True, normalized=False)))
+        elif ty == USER_DEFINED:
+            # Matched on the normalized text, where a space is already "▁".
+            added.append((i, AddedToken(t, special=False, normalized=True)))
+    # add_tokens keeps the vocabulary's ids for tokens that are already in it.
+    for i, a in added:
+        tok.add_tokens([a]) if not a.special else tok.add_special_tokens([a])
+        assert tok.token_to_id(a.content) == i, (a.content, i, tok.token_to_id(a.content))
+    single = []
+    pair_specials = []
+    if v["add_bos"]:
+        single.append(tokens[v["bos"]])
+        pair_specials.append((tokens[v["bos"]], v["bos"]))
+    single.append("$A")
+    if v["add_eos"]:
+        single.append(tokens[v["eos"]])
+        pair_specials.append((tokens[v["eos"]], v["eos"]))
+    if pair_specials:
+        tok.post_processor = processors.TemplateProcessing(
+            single=" ".join(single), special_tokens=pair_specials)
+
+
+def build_byte_level(v):
+    """gpt2-style vocabulary (tokenizer.ggml.model == "gpt2"): byte-level BPE with merges."""
+    tokens = v["tokens"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
+                               byte_fallback=False))
+    pre = v["pre"]
+    if pre == "smollm":
+        # llama.cpp's smollm: digits one by one, then the GPT-2 regex.
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ])
+    elif pre in ("gpt2", "default"):
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif pre in ("llama3", "llama-bpe"):
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(
+                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
+                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    else:
+        sys.exit(f"hf_reference.py: no pre-tokenizer known for tokenizer.ggml.pre '{pre}'")
+    tok.decoder = decoders.ByteLevel()
+    add_special_tokens_and_post_processor(tok, v, tokens)
+    return tok
+
+
+def spm_merges(tokens, types, scores):
+    """Merges for a SentencePiece vocabulary that has only scores: every split of a mergeable
+    token into two vocabulary pieces, the better-scored result first."""
+    mergeable = {t: i for i, t in enumerate(tokens) if types[i] in (NORMAL, USER_DEFINED)}
+    out = []
+    for t, i in mergeable.items():
+        local = []
+        for cut in range(1, len(t)):
+            left, right = t[:cut], t[cut:]
+            if left in mergeable and right in mergeable:
+                local.append((left, right))
+        local.sort(key=lambda p: (scores[mergeable[p[0]]], scores[mergeable[p[1]]]), reverse=True)
+        out.extend((scores[i], i, k, p) for k, p in enumerate(local))
+    # Higher score first; for equal scores the lower token id, then the order above.
+    out.sort(key=lambda e: (-e[0], e[1], e[2]))
+    return [e[3] for e in out]
+
+
+def build_spm(v):
+    """llama-style vocabulary (tokenizer.ggml.model == "llama"): SentencePiece BPE with scores,
+    byte fallback and "▁" for spaces."""
+    tokens = list(v["tokens"])
+    types = v["types"]
+    # SentencePiece stores runs of spaces as user-defined pieces of plain spaces; in the
+    # normalized text a space is "▁", so the piece is spelled that way.
+    for i, t in enumerate(tokens):
+        if types[i] == USER_DEFINED and t and t.strip(" ") == "":
+            tokens[i] = "▁" * len(t)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    assert len(vocab) == len(tokens), "duplicate tokens"
+    merges = spm_merges(tokens, types, v["scores"])
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=tokens[v["unk"]],
+                               fuse_unk=True, byte_fallback=True))
+    norms = []
+    if v["add_space_prefix"]:
+        norms.append(normalizers.Prepend("▁"))
+    norms.append(normalizers.Replace(" ", "▁"))
+    tok.normalizer = normalizers.Sequence(norms) if len(norms) > 1 else norms[0]
+    decs = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if v["add_space_prefix"]:
+        decs.append(decoders.Strip(" ", 1, 0))
+    tok.decoder = decoders.Sequence(decs)
+    add_special_tokens_and_post_processor(tok, v, tokens)
+    return tok
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--corpus", default="tests/tokenizer/corpus.txt")
+    ap.add_argument("--models", default="models")
+    args = ap.parse_args()
+
+    with open(args.corpus, encoding="utf-8", newline="") as f:
+        corpus = f.read()
+    cases = corpus.split("\n")
+    if cases and cases[-1] == "":
+        cases.pop()
+    cases.append(corpus)
+
+    todo = [("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), ("gemma3", "gemma-3-270m-q4_k_m.gguf")]
+    for name, file in todo:
+        v = read_gguf_vocab(os.path.join(args.models, file))
+        if v["model"] == "gpt2":
+            tok = build_byte_level(v)
+        elif v["model"] == "llama":
+            tok = build_spm(v)
+        else:
+            sys.exit(f"hf_reference.py: {file}: tokenizer.ggml.model '{v['model']}' unsupported")
+        out_dir = os.path.join(args.out, name)
+        os.makedirs(out_dir, exist_ok=True)
+        tok.save(os.path.join(out_dir, "tokenizer.json"))
+        if v["model"] == "llama":
+            with open(os.path.join(out_dir, "scores.json"), "w") as f:
+                json.dump({"scores": [float(s) for s in v["scores"]],
+                           "token_types": [int(t) for t in v["types"]]}, f)
+        with open(os.path.join(out_dir, "expected.jsonl"), "w", encoding="utf-8") as f:
+            for text in cases:
+                ids = tok.encode(text).ids
+                ids_plain = tok.encode(text, add_special_tokens=False).ids
+                decoded = tok.decode(ids_plain, skip_special_tokens=False)
+                f.write(json.dumps({"text": text, "ids": ids, "ids_plain": ids_plain,
+                                    "decoded": decoded}, ensure_ascii=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
