@@ -294,13 +294,11 @@ Status parse_model(const Ctx& ctx, const json& node, TokenizerJson* out) {
       return ctx.unsupported("model BPE", "dropout");
     }
   }
-  if (!is_null_or_missing(node, "continuing_subword_prefix") &&
-      find(node, "continuing_subword_prefix")->get<std::string>() != "") {
-    return ctx.unsupported("model BPE", "continuing_subword_prefix");
-  }
-  if (!is_null_or_missing(node, "end_of_word_suffix") &&
-      find(node, "end_of_word_suffix")->get<std::string>() != "") {
-    return ctx.unsupported("model BPE", "end_of_word_suffix");
+  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const json* v = find(node, affix);
+    if (v != nullptr && !v->is_null() && !(v->is_string() && v->get<std::string>().empty())) {
+      return ctx.unsupported("model BPE", affix);
+    }
   }
   TokenizerPipeline& pipeline = out->pipeline;
   KVP_ASSIGN_OR_RETURN(pipeline.byte_fallback,
