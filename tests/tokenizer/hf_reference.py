@@ -15,7 +15,13 @@ equivalent `tokenizers.Tokenizer` (our own conversion, written for kvpool), save
                                 the C++ test can also check score-based merging without merges
 
 Cases: every line of the corpus (without its newline), then the whole corpus as one text (which
-holds the runs of newlines, tabs and indentation a single line cannot).
+holds the runs of newlines, tabs and indentation a single line cannot), then NUM_RANDOM texts
+drawn with a fixed seed from the corpus's characters, whitespace, digits, apostrophes and random
+code points (the same texts on every run).
+
+Tokenizers: smollm2 and gemma3 from the models; smollm2_llama3 and smollm2_qwen2 are SmolLM2's
+vocabulary with Llama 3's and Qwen2's pre-tokenizer regexes (to check those regexes with PCRE2
+against HF's Oniguruma; a byte-level vocabulary encodes any piece).
 
 Usage (from the repo root): .venv/bin/python tests/tokenizer/hf_reference.py --out DIR
   [--corpus tests/tokenizer/corpus.txt] [--models models]
@@ -24,6 +30,7 @@ Usage (from the repo root): .venv/bin/python tests/tokenizer/hf_reference.py --o
 import argparse
 import json
 import os
+import random
 import sys
 
 import gguf
@@ -32,6 +39,36 @@ from tokenizers import pre_tokenizers, processors
 
 # GGUF tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+NUM_RANDOM = 400
+
+
+def random_cases(corpus):
+    rng = random.Random(20261122)
+    chars = sorted(set(corpus))
+    specials = ["<|im_start|>", "<|endoftext|>", "<start_of_turn>", "<eos>", "<bos>", "\n\n",
+                "  ", "\t", "'s", "'LL", "123456", "\r\n", "\u2581", "<0x41>", "<unk>"]
+    out = []
+    for _ in range(NUM_RANDOM):
+        parts = []
+        for _ in range(rng.randint(1, 24)):
+            r = rng.random()
+            if r < 0.45:
+                parts.append(rng.choice(chars))
+            elif r < 0.6:
+                parts.append(rng.choice([" ", "  ", "\n", "\t", " \n", "\u3000", "\u00a0"]))
+            elif r < 0.7:
+                parts.append(rng.choice(specials))
+            elif r < 0.8:
+                parts.append(str(rng.randint(0, 10**rng.randint(1, 12))))
+            else:
+                cp = rng.choice([rng.randint(0x20, 0x7E), rng.randint(0xA0, 0x2FFF),
+                                 rng.randint(0x3000, 0xD7FF), rng.randint(0xE000, 0x10FFFF)])
+                if 0xFDD0 <= cp <= 0xFDEF or (cp & 0xFFFE) == 0xFFFE:
+                    cp = 0x41
+                parts.append(chr(cp))
+        out.append("".join(parts))
+    return out
 
 
 def read_gguf_vocab(path):
@@ -83,14 +120,20 @@ def add_special_tokens_and_post_processor(tok, v, tokens):
             single=" ".join(single), special_tokens=pair_specials)
 
 
-def build_byte_level(v):
+LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
+                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def build_byte_level(v, pre=None):
     """gpt2-style vocabulary (tokenizer.ggml.model == "gpt2"): byte-level BPE with merges."""
     tokens = v["tokens"]
     vocab = {t: i for i, t in enumerate(tokens)}
     merges = [tuple(m.split(" ", 1)) for m in v["merges"]]
+    pre = pre or v["pre"]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=None, fuse_unk=False,
-                               byte_fallback=False))
-    pre = v["pre"]
+                               byte_fallback=False, ignore_merges=pre in ("llama3", "llama-bpe")))
     if pre == "smollm":
         # llama.cpp's smollm: digits one by one, then the GPT-2 regex.
         tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -101,9 +144,12 @@ def build_byte_level(v):
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     elif pre in ("llama3", "llama-bpe"):
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(
-                r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
-                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"), behavior="isolated"),
+            pre_tokenizers.Split(Regex(LLAMA3_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    elif pre == "qwen2":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     else:
@@ -172,12 +218,18 @@ def main():
     if cases and cases[-1] == "":
         cases.pop()
     cases.append(corpus)
+    cases.extend(random_cases(corpus))
 
-    todo = [("smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"), ("gemma3", "gemma-3-270m-q4_k_m.gguf")]
-    for name, file in todo:
-        v = read_gguf_vocab(os.path.join(args.models, file))
+    smollm, gemma = "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"
+    todo = [("smollm2", smollm, None), ("smollm2_llama3", smollm, "llama3"),
+            ("smollm2_qwen2", smollm, "qwen2"), ("gemma3", gemma, None)]
+    vocabs = {}
+    for name, file, pre in todo:
+        if file not in vocabs:
+            vocabs[file] = read_gguf_vocab(os.path.join(args.models, file))
+        v = vocabs[file]
         if v["model"] == "gpt2":
-            tok = build_byte_level(v)
+            tok = build_byte_level(v, pre)
         elif v["model"] == "llama":
             tok = build_spm(v)
         else:
