@@ -165,6 +165,7 @@ std::string PreTokenizer::normalize(std::string_view text) const {
 
 Status PreTokenizer::split(std::string_view text, size_t original_offset,
                            std::vector<TextPiece>* out) const {
+  if (text.empty()) return Status::ok();  // HF never pre-tokenizes an empty stretch
   std::vector<TextPiece> pieces{{std::string(text), original_offset}};
   std::vector<TextPiece> next;
   for (const Step& step : steps_) {

@@ -27,8 +27,8 @@ void Regex::CodeDeleter::operator()(void* code) const {
 Result<Regex> Regex::compile(std::string_view pattern, bool literal) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  uint32_t options = PCRE2_UTF | PCRE2_UCP;
-  if (literal) options |= PCRE2_LITERAL;
+  // PCRE2_LITERAL refuses PCRE2_UCP (it has no character classes to apply it to).
+  const uint32_t options = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
   pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                                    options, &error_code, &error_offset, /*ccontext=*/nullptr);
   if (code == nullptr) {

@@ -21,7 +21,8 @@ code points (the same texts on every run).
 
 Tokenizers: smollm2 and gemma3 from the models; smollm2_llama3 and smollm2_qwen2 are SmolLM2's
 vocabulary with Llama 3's and Qwen2's pre-tokenizer regexes (to check those regexes with PCRE2
-against HF's Oniguruma; a byte-level vocabulary encodes any piece).
+against HF's Oniguruma; a byte-level vocabulary encodes any piece); gemma3_metaspace_first and
+gemma3_metaspace_always are Gemma 3's vocabulary behind a Metaspace pre-tokenizer.
 
 Usage (from the repo root): .venv/bin/python tests/tokenizer/hf_reference.py --out DIR
   [--corpus tests/tokenizer/corpus.txt] [--models models]
@@ -177,9 +178,14 @@ def spm_merges(tokens, types, scores):
     return [e[3] for e in out]
 
 
-def build_spm(v):
+_merges_cache = {}
+
+
+def build_spm(v, style=None):
     """llama-style vocabulary (tokenizer.ggml.model == "llama"): SentencePiece BPE with scores,
-    byte fallback and "▁" for spaces."""
+    byte fallback and "▁" for spaces. `style` None: Replace normalizer (as GGUF/llama.cpp);
+    "metaspace_first" / "metaspace_always": the same vocabulary behind a Metaspace
+    pre-tokenizer instead (newer HF Llama-style files), to check that step too."""
     tokens = list(v["tokens"])
     types = v["types"]
     # SentencePiece stores runs of spaces as user-defined pieces of plain spaces; in the
@@ -189,18 +195,32 @@ def build_spm(v):
             tokens[i] = "▁" * len(t)
     vocab = {t: i for i, t in enumerate(tokens)}
     assert len(vocab) == len(tokens), "duplicate tokens"
-    merges = spm_merges(tokens, types, v["scores"])
+    if id(v) not in _merges_cache:
+        _merges_cache[id(v)] = spm_merges(tokens, types, v["scores"])
+    merges = _merges_cache[id(v)]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=tokens[v["unk"]],
                                fuse_unk=True, byte_fallback=True))
-    norms = []
-    if v["add_space_prefix"]:
-        norms.append(normalizers.Prepend("▁"))
-    norms.append(normalizers.Replace(" ", "▁"))
-    tok.normalizer = normalizers.Sequence(norms) if len(norms) > 1 else norms[0]
-    decs = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-    if v["add_space_prefix"]:
-        decs.append(decoders.Strip(" ", 1, 0))
-    tok.decoder = decoders.Sequence(decs)
+    if style == "metaspace_first":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first",
+                                                     split=False)
+        tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    elif style == "metaspace_always":
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always",
+                                                     split=True)
+        tok.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁",
+                                                            prepend_scheme="always"),
+                                         decoders.ByteFallback(), decoders.Fuse()])
+    else:
+        norms = []
+        if v["add_space_prefix"]:
+            norms.append(normalizers.Prepend("▁"))
+        norms.append(normalizers.Replace(" ", "▁"))
+        tok.normalizer = normalizers.Sequence(norms) if len(norms) > 1 else norms[0]
+        decs = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        if v["add_space_prefix"]:
+            decs.append(decoders.Strip(" ", 1, 0))
+        tok.decoder = decoders.Sequence(decs)
     add_special_tokens_and_post_processor(tok, v, tokens)
     return tok
 
@@ -222,7 +242,9 @@ def main():
 
     smollm, gemma = "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"
     todo = [("smollm2", smollm, None), ("smollm2_llama3", smollm, "llama3"),
-            ("smollm2_qwen2", smollm, "qwen2"), ("gemma3", gemma, None)]
+            ("smollm2_qwen2", smollm, "qwen2"), ("gemma3", gemma, None),
+            ("gemma3_metaspace_first", gemma, "metaspace_first"),
+            ("gemma3_metaspace_always", gemma, "metaspace_always")]
     vocabs = {}
     for name, file, pre in todo:
         if file not in vocabs:
@@ -231,13 +253,13 @@ def main():
         if v["model"] == "gpt2":
             tok = build_byte_level(v, pre)
         elif v["model"] == "llama":
-            tok = build_spm(v)
+            tok = build_spm(v, pre)
         else:
             sys.exit(f"hf_reference.py: {file}: tokenizer.ggml.model '{v['model']}' unsupported")
         out_dir = os.path.join(args.out, name)
         os.makedirs(out_dir, exist_ok=True)
         tok.save(os.path.join(out_dir, "tokenizer.json"))
-        if v["model"] == "llama":
+        if v["model"] == "llama" and pre is None:
             with open(os.path.join(out_dir, "scores.json"), "w") as f:
                 json.dump({"scores": [float(s) for s in v["scores"]],
                            "token_types": [int(t) for t in v["types"]]}, f)
