@@ -61,8 +61,7 @@ Result<BpeModel> BpeModel::create(const TokenizerVocab& vocab, const TokenizerPi
 }
 
 std::optional<TokenId> BpeModel::find(std::string_view token) const {
-  // C++20 heterogeneous lookup needs a transparent hash; a temporary string is fine here.
-  auto it = token_to_id_.find(std::string(token));
+  auto it = token_to_id_.find(token);
   if (it == token_to_id_.end()) return std::nullopt;
   return it->second;
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,7 +60,12 @@ class BpeModel {
   void encode_by_rank(std::string_view piece, std::vector<TokenId>* out) const;
   void encode_by_score(std::string_view piece, std::vector<TokenId>* out) const;
 
-  std::unordered_map<std::string, TokenId> token_to_id_;
+  // Transparent hash: lookups by string_view allocate nothing.
+  struct TextHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
+  };
+  std::unordered_map<std::string, TokenId, TextHash, std::equal_to<>> token_to_id_;
   std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and result
   std::vector<float> scores_;                   // [num_tokens] when merging by score
   std::vector<bool> mergeable_;                 // [num_tokens] when merging by score
