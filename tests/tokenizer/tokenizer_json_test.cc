@@ -61,6 +61,31 @@ TEST(TokenizerJson, MergesByRankAndAddedTokens) {
   EXPECT_EQ(*skipped, "abc abab");
 }
 
+// lstrip/rstrip: the added token swallows whitespace (Unicode too) on its sides. Expected ids
+// worked out by hand and confirmed with HF tokenizers 0.23.2 on the same JSON.
+TEST(TokenizerJson, AddedTokenLstripRstripSwallowWhitespace) {
+  json j = tiny_byte_level();
+  j["model"]["vocab"]["<|s|>"] = 7;
+  j["model"]["vocab"]["<m>"] = 8;
+  j["added_tokens"].push_back(json::parse(R"({"id": 8, "content": "<m>", "special": true,
+      "normalized": false, "lstrip": true, "rstrip": true, "single_word": false})"));
+  auto tok = make(j);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  const std::vector<std::pair<std::string, std::vector<TokenId>>> cases = {
+      {"ab  <m>  ab", {4, 8, 4}},
+      {"ab<m>ab", {4, 8, 4}},
+      {" <m>\n ab", {8, 4}},
+      {"ab <|s|> <m> ab", {4, 3, 7, 8, 4}},
+      {"ab <|s|>  <m>ab", {4, 3, 7, 8, 4}},
+      {"ab\u3000<m>\u00a0ab", {4, 8, 4}},
+  };
+  for (const auto& [text, expected] : cases) {
+    auto ids = tok->encode(text);
+    ASSERT_TRUE(ids.is_ok());
+    EXPECT_EQ(*ids, expected) << text;
+  }
+}
+
 TEST(TokenizerJson, ParseSpecialFalseEncodesSpecialTextAsText) {
   auto tok = make(tiny_byte_level());
   ASSERT_TRUE(tok.is_ok());
