@@ -85,7 +85,8 @@ std::string Decoder::decode(std::vector<std::string> tokens) const {
       case DecoderStep::Kind::kByteLevel: {
         std::string bytes;
         for (const std::string& t : tokens) bytes += byte_level_bytes(t);
-        tokens.assign(1, utf8::lossy(bytes));
+        tokens.clear();
+        tokens.push_back(utf8::lossy(bytes));
         break;
       }
       case DecoderStep::Kind::kReplace:
@@ -122,7 +123,8 @@ std::string Decoder::decode(std::vector<std::string> tokens) const {
       case DecoderStep::Kind::kFuse: {
         std::string joined;
         for (const std::string& t : tokens) joined += t;
-        tokens.assign(1, std::move(joined));
+        tokens.clear();
+        tokens.push_back(std::move(joined));
         break;
       }
       case DecoderStep::Kind::kStrip:
