@@ -15,7 +15,7 @@ Result<std::string> IncrementalDetokenizer::push(TokenId id) {
     return Status::invalid_argument("detokenizer: token id {} is not in the vocab", id);
   }
   if (skip_special_ && tokenizer_->is_special(id)) return std::string();
-  pending_ += tokenizer_->decoder().token_bytes(tokenizer_->vocab().tokens[id], num_tokens_seen_);
+  pending_ += tokenizer_->decoder().token_bytes(tokenizer_->decode_text(id), num_tokens_seen_);
   ++num_tokens_seen_;
   return take_complete(/*at_end=*/false);
 }

@@ -54,8 +54,19 @@ Result<Tokenizer> Tokenizer::create(TokenizerVocab vocab, TokenizerPipeline pipe
   tok.decoder_ = Decoder(pipeline.decoder);
   tok.raw_added_ =
       AddedTokenMatcher(pipeline.added_tokens, [](const AddedToken& t) { return !t.normalized; });
+  // As HF does, a normalized added token is looked for as its normalized content (with a
+  // Prepend normalizer, "\t" is found as "▁\t", i.e. only where the prefix was added).
+  std::vector<AddedToken> normalized_tokens;
+  for (const AddedToken& added : pipeline.added_tokens) {
+    if (!added.normalized) continue;
+    normalized_tokens.push_back(added);
+    normalized_tokens.back().content = tok.pre_tokenizer_.normalize(added.content);
+  }
+  // HF also decodes such a token as its normalized content.
+  tok.decode_text_ = vocab.tokens;
+  for (const AddedToken& added : normalized_tokens) tok.decode_text_[added.id] = added.content;
   tok.normalized_added_ =
-      AddedTokenMatcher(pipeline.added_tokens, [](const AddedToken& t) { return t.normalized; });
+      AddedTokenMatcher(normalized_tokens, [](const AddedToken&) { return true; });
   tok.special_.assign(num_tokens, false);
   for (const AddedToken& added : pipeline.added_tokens) tok.special_[added.id] = added.special;
   tok.vocab_ = std::move(vocab);
@@ -128,7 +139,7 @@ Result<std::string> Tokenizer::decode(std::span<const TokenId> ids, bool skip_sp
                                       ids[i], i);
     }
     if (skip_special && special_[ids[i]]) continue;
-    tokens.push_back(vocab_.tokens[ids[i]]);
+    tokens.push_back(decode_text_[ids[i]]);
   }
   return decoder_.decode(std::move(tokens));
 }

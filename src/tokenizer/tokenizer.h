@@ -55,6 +55,9 @@ class Tokenizer {
     return id >= 0 && static_cast<size_t>(id) < vocab_.tokens.size() && !vocab_.tokens[id].empty();
   }
   const Decoder& decoder() const { return decoder_; }
+  // The text decode() gives the decoder for `id`: the vocab token, or for a normalized added
+  // token its normalized content, as HF does. requires: is_valid_id(id)
+  const std::string& decode_text(TokenId id) const { return decode_text_[id]; }
 
  private:
   Tokenizer() = default;
@@ -67,9 +70,10 @@ class Tokenizer {
   PreTokenizer pre_tokenizer_;
   BpeModel model_;
   Decoder decoder_;
-  AddedTokenMatcher raw_added_;         // added tokens with normalized == false
-  AddedTokenMatcher normalized_added_;  // added tokens with normalized == true
-  std::vector<bool> special_;           // [num_tokens] special added tokens
+  AddedTokenMatcher raw_added_;           // added tokens with normalized == false
+  AddedTokenMatcher normalized_added_;    // added tokens with normalized == true
+  std::vector<bool> special_;             // [num_tokens] special added tokens
+  std::vector<std::string> decode_text_;  // [num_tokens] see decode_text()
 };
 
 }  // namespace kvp

@@ -243,27 +243,45 @@ TEST_F(HfParity, MetaspacePreTokenizerMatchesHf) {
   }
 }
 
-// SentencePiece merging by score (llama.cpp's way for a "llama" vocab without merges) against
-// HF BPE with merges ordered by the same scores.
-TEST_F(HfParity, Gemma3ScoreMergingWithoutMergesMatchesHf) {
-  auto json = load_tokenizer_json((dir_ / "gemma3" / "tokenizer.json").string());
-  ASSERT_TRUE(json.is_ok()) << json.status().to_string();
-  std::ifstream in(dir_ / "gemma3" / "scores.json");
+// A GGUF-style SentencePiece vocab: tokenizer.json's tokens with the GGUF scores and token
+// types, no merges, and the pipeline pipeline_for_gguf() derives.
+Result<Tokenizer> gguf_style_spm(const fs::path& dir, bool add_space_prefix) {
+  KVP_ASSIGN_OR_RETURN(TokenizerJson json, load_tokenizer_json((dir / "tokenizer.json").string()));
+  std::ifstream in(dir / "scores.json");
   const auto scores = nlohmann::json::parse(in);
-  TokenizerVocab vocab = json->vocab;
+  TokenizerVocab vocab = json.vocab;
   vocab.merges.clear();
   vocab.scores = scores.at("scores").get<std::vector<float>>();
   vocab.token_types.clear();
   for (int t : scores.at("token_types").get<std::vector<int>>()) {
     vocab.token_types.push_back(static_cast<TokenType>(t));
   }
-  ASSERT_EQ(vocab.scores.size(), vocab.tokens.size());
   vocab.pre = "default";
-  auto pipeline = pipeline_for_gguf(vocab);
-  ASSERT_TRUE(pipeline.is_ok()) << pipeline.status().to_string();
-  auto tok = Tokenizer::create(vocab, *pipeline);
+  vocab.add_space_prefix = add_space_prefix;
+  KVP_ASSIGN_OR_RETURN(TokenizerPipeline pipeline, pipeline_for_gguf(vocab));
+  return Tokenizer::create(std::move(vocab), std::move(pipeline));
+}
+
+// SentencePiece merging by score (llama.cpp's way for a "llama" vocab without merges) against
+// HF BPE with merges ordered by the same scores.
+TEST_F(HfParity, Gemma3ScoreMergingWithoutMergesMatchesHf) {
+  auto tok = gguf_style_spm(dir_ / "gemma3", /*add_space_prefix=*/false);
   ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  EXPECT_EQ(tok->vocab().scores.size(), tok->num_tokens());
   expect_parity(*tok, cases("gemma3"), /*check_decode=*/true);
+}
+
+// add_space_prefix (Llama 2 style): Prepend "▁" per stretch between added tokens, and a Strip
+// decoder that removes it again; from tokenizer.json and from a GGUF-style vocab.
+TEST_F(HfParity, SpacePrefixMatchesHf) {
+  const fs::path dir = dir_ / "gemma3_space_prefix";
+  auto from_json = Tokenizer::from_tokenizer_json((dir / "tokenizer.json").string());
+  ASSERT_TRUE(from_json.is_ok()) << from_json.status().to_string();
+  const std::vector<Case> all = cases("gemma3_space_prefix");
+  expect_parity(*from_json, all, /*check_decode=*/true);
+  auto from_gguf = gguf_style_spm(dir, /*add_space_prefix=*/true);
+  ASSERT_TRUE(from_gguf.is_ok()) << from_gguf.status().to_string();
+  expect_parity(*from_gguf, all, /*check_decode=*/true);
 }
 
 }  // namespace

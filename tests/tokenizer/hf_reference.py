@@ -22,7 +22,8 @@ code points (the same texts on every run).
 Tokenizers: smollm2 and gemma3 from the models; smollm2_llama3 and smollm2_qwen2 are SmolLM2's
 vocabulary with Llama 3's and Qwen2's pre-tokenizer regexes (to check those regexes with PCRE2
 against HF's Oniguruma; a byte-level vocabulary encodes any piece); gemma3_metaspace_first and
-gemma3_metaspace_always are Gemma 3's vocabulary behind a Metaspace pre-tokenizer.
+gemma3_metaspace_always are Gemma 3's vocabulary behind a Metaspace pre-tokenizer;
+gemma3_space_prefix is Gemma 3's vocabulary with add_space_prefix set (Llama 2 style).
 
 Usage (from the repo root): .venv/bin/python tests/tokenizer/hf_reference.py --out DIR
   [--corpus tests/tokenizer/corpus.txt] [--models models]
@@ -195,9 +196,11 @@ def build_spm(v, style=None):
             tokens[i] = "▁" * len(t)
     vocab = {t: i for i, t in enumerate(tokens)}
     assert len(vocab) == len(tokens), "duplicate tokens"
-    if id(v) not in _merges_cache:
-        _merges_cache[id(v)] = spm_merges(tokens, types, v["scores"])
-    merges = _merges_cache[id(v)]
+    if id(v["tokens"]) not in _merges_cache:
+        _merges_cache[id(v["tokens"])] = spm_merges(tokens, types, v["scores"])
+    merges = _merges_cache[id(v["tokens"])]
+    if style == "space_prefix":  # as a GGUF with tokenizer.ggml.add_space_prefix = true
+        v = dict(v, add_space_prefix=True)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=tokens[v["unk"]],
                                fuse_unk=True, byte_fallback=True))
     if style == "metaspace_first":
@@ -244,7 +247,8 @@ def main():
     todo = [("smollm2", smollm, None), ("smollm2_llama3", smollm, "llama3"),
             ("smollm2_qwen2", smollm, "qwen2"), ("gemma3", gemma, None),
             ("gemma3_metaspace_first", gemma, "metaspace_first"),
-            ("gemma3_metaspace_always", gemma, "metaspace_always")]
+            ("gemma3_metaspace_always", gemma, "metaspace_always"),
+            ("gemma3_space_prefix", gemma, "space_prefix")]
     vocabs = {}
     for name, file, pre in todo:
         if file not in vocabs:
@@ -259,7 +263,7 @@ def main():
         out_dir = os.path.join(args.out, name)
         os.makedirs(out_dir, exist_ok=True)
         tok.save(os.path.join(out_dir, "tokenizer.json"))
-        if v["model"] == "llama" and pre is None:
+        if v["model"] == "llama" and pre in (None, "space_prefix"):
             with open(os.path.join(out_dir, "scores.json"), "w") as f:
                 json.dump({"scores": [float(s) for s in v["scores"]],
                            "token_types": [int(t) for t in v["types"]]}, f)
