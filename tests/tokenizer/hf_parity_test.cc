@@ -35,9 +35,10 @@ constexpr size_t kNumRandomCases = 400;  // NUM_RANDOM in hf_reference.py
 
 struct Case {
   std::string text;
-  std::vector<TokenId> ids;        // HF encode(text)
-  std::vector<TokenId> ids_plain;  // HF encode(text, add_special_tokens=False)
-  std::string decoded;             // HF decode(ids_plain, skip_special_tokens=False)
+  std::vector<TokenId> ids;          // HF encode(text)
+  std::vector<TokenId> ids_plain;    // HF encode(text, add_special_tokens=False)
+  std::string decoded;               // HF decode(ids_plain, skip_special_tokens=False)
+  std::vector<TokenId> ids_literal;  // HF encode(text) with encode_special_tokens=True
 };
 
 std::string read_file(const fs::path& path) {
@@ -93,7 +94,8 @@ std::vector<Case> read_cases(const fs::path& file) {
     const auto j = nlohmann::json::parse(line);
     cases.push_back({j.at("text").get<std::string>(), j.at("ids").get<std::vector<TokenId>>(),
                      j.at("ids_plain").get<std::vector<TokenId>>(),
-                     j.at("decoded").get<std::string>()});
+                     j.at("decoded").get<std::string>(),
+                     j.at("ids_literal").get<std::vector<TokenId>>()});
   }
   return cases;
 }
@@ -135,6 +137,9 @@ void expect_parity(const Tokenizer& tok, const std::vector<Case>& cases, bool ch
     auto plain = tok.encode(c.text, {.add_special_tokens = false});
     ASSERT_TRUE(plain.is_ok());
     EXPECT_EQ(*plain, c.ids_plain);
+    auto literal = tok.encode(c.text, {.parse_special = false});
+    ASSERT_TRUE(literal.is_ok());
+    EXPECT_EQ(*literal, c.ids_literal) << "with parse_special = false";
     if (!check_decode) continue;
 
     auto decoded = tok.decode(c.ids_plain);

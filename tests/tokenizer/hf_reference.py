@@ -11,6 +11,8 @@ equivalent `tokenizers.Tokenizer` (our own conversion, written for kvpool), save
       ids           encode(text) with the tokenizer's own special tokens (BOS if it adds one)
       ids_plain     encode(text, add_special_tokens=False)
       decoded       decode(ids_plain, skip_special_tokens=False)
+      ids_literal   encode(text) with encode_special_tokens=True (special tokens' text is
+                    tokenized as ordinary text)
   <out>/<name>/scores.json      (SentencePiece vocabularies only) the GGUF per-token scores, so
                                 the C++ test can also check score-based merging without merges
 
@@ -272,8 +274,12 @@ def main():
                 ids = tok.encode(text).ids
                 ids_plain = tok.encode(text, add_special_tokens=False).ids
                 decoded = tok.decode(ids_plain, skip_special_tokens=False)
+                tok.encode_special_tokens = True
+                ids_literal = tok.encode(text).ids
+                tok.encode_special_tokens = False
                 f.write(json.dumps({"text": text, "ids": ids, "ids_plain": ids_plain,
-                                    "decoded": decoded}, ensure_ascii=True) + "\n")
+                                    "decoded": decoded, "ids_literal": ids_literal},
+                                   ensure_ascii=True) + "\n")
 
 
 if __name__ == "__main__":
