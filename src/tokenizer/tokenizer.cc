@@ -79,6 +79,11 @@ Result<Tokenizer> Tokenizer::from_tokenizer_json(const std::string& path) {
   return create(std::move(json.vocab), std::move(json.pipeline));
 }
 
+Result<Tokenizer> Tokenizer::from_gguf_vocab(TokenizerVocab vocab) {
+  KVP_ASSIGN_OR_RETURN(TokenizerPipeline pipeline, pipeline_for_gguf(vocab));
+  return create(std::move(vocab), std::move(pipeline));
+}
+
 std::optional<TokenId> Tokenizer::token_id(std::string_view token) const {
   for (const AddedToken& added : pipeline_.added_tokens) {
     if (added.content == token) return added.id;

@@ -37,6 +37,8 @@ class Tokenizer {
   static Result<Tokenizer> create(TokenizerVocab vocab, TokenizerPipeline pipeline);
   // load_tokenizer_json() + create().
   static Result<Tokenizer> from_tokenizer_json(const std::string& path);
+  // pipeline_for_gguf() + create(): what the GGUF reader calls with the vocab it filled.
+  static Result<Tokenizer> from_gguf_vocab(TokenizerVocab vocab);
 
   // Errors: kInvalidArgument if `text` is not valid UTF-8 (naming the byte offset).
   Result<std::vector<TokenId>> encode(std::string_view text, EncodeOptions options = {}) const;

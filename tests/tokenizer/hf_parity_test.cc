@@ -263,8 +263,7 @@ Result<Tokenizer> gguf_style_spm(const fs::path& dir, bool add_space_prefix) {
   }
   vocab.pre = "default";
   vocab.add_space_prefix = add_space_prefix;
-  KVP_ASSIGN_OR_RETURN(TokenizerPipeline pipeline, pipeline_for_gguf(vocab));
-  return Tokenizer::create(std::move(vocab), std::move(pipeline));
+  return Tokenizer::from_gguf_vocab(std::move(vocab));
 }
 
 // SentencePiece merging by score (llama.cpp's way for a "llama" vocab without merges) against
