@@ -47,15 +47,19 @@ std::string read_file(const fs::path& path) {
 }
 
 // Runs the reference script once for the whole test program; "" if it could not run.
-const fs::path& reference_dir(std::string* why_not) {
+// `*missing` is true when the inputs are absent (skip); a script that fails is an error.
+const fs::path& reference_dir(std::string* why_not, bool* missing) {
   static std::string error;
+  static bool inputs_missing = false;
   static const fs::path dir = [] {
     if (!fs::exists(kPython)) {
       error = std::string(kPython) + " not found (run from the repo root after setup)";
+      inputs_missing = true;
       return fs::path();
     }
     if (!fs::exists(kSmolLm) || !fs::exists(kGemma)) {
       error = "models/ does not hold the two GGUF models (scripts/fetch_models.sh)";
+      inputs_missing = true;
       return fs::path();
     }
     // One reference run serves every test process (ctest runs each test on its own): the
@@ -83,6 +87,7 @@ const fs::path& reference_dir(std::string* why_not) {
     return cached;
   }();
   *why_not = error;
+  *missing = inputs_missing;
   return dir;
 }
 
@@ -172,8 +177,10 @@ class HfParity : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why_not;
-    dir_ = reference_dir(&why_not);
-    if (dir_.empty()) GTEST_SKIP() << why_not;
+    bool missing = false;
+    dir_ = reference_dir(&why_not, &missing);
+    if (dir_.empty() && missing) GTEST_SKIP() << why_not;
+    if (dir_.empty()) FAIL() << why_not;
   }
   std::vector<Case> cases(const char* name) const {
     auto all = read_cases(dir_ / name / "expected.jsonl");
