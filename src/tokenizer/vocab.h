@@ -50,9 +50,11 @@ struct TokenizerVocab {
   std::optional<TokenId> eos_id;
   std::optional<TokenId> pad_id;
   std::optional<TokenId> unk_id;
+  // For a GGUF file without the key, llama.cpp assumes add_bos and add_space_prefix true for a
+  // "llama" vocab and false for "gpt2": the reader should fill them that way.
   bool add_bos = false;
   bool add_eos = false;
-  bool add_space_prefix = false;  // SentencePiece: prepend "▁" to the text
+  bool add_space_prefix = false;  // SentencePiece: prepend "▁" to each stretch of text
 };
 
 // One normalizer step, applied to each piece of text between added tokens.
