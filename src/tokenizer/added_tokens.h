@@ -43,8 +43,8 @@ class AddedTokenMatcher {
   void insert(const AddedToken& token);
   int32_t child(int32_t node, uint8_t byte) const;
 
-  std::vector<Node> nodes_;  // [num_nodes], nodes_[0] is the root
-  std::vector<AddedToken> tokens_;
+  std::vector<Node> nodes_;         // [num_nodes], nodes_[0] is the root
+  std::vector<AddedToken> tokens_;  // [num_matchable] indexed by Node::token
 };
 
 }  // namespace kvp

@@ -66,7 +66,7 @@ class BpeModel {
     size_t operator()(std::string_view text) const { return std::hash<std::string_view>{}(text); }
   };
   std::unordered_map<std::string, TokenId, TextHash, std::equal_to<>> token_to_id_;
-  std::unordered_map<uint64_t, Merge> merges_;  // (left id, right id) -> rank and result
+  std::unordered_map<uint64_t, Merge> merges_;  // [num_merges] (left, right) -> rank, result
   std::vector<float> scores_;                   // [num_tokens] when merging by score
   std::vector<bool> mergeable_;                 // [num_tokens] when merging by score
   std::array<TokenId, 256> byte_ids_{};         // <0xXX> ids, -1 where absent

@@ -36,8 +36,8 @@ class Decoder {
   const std::vector<LeadingStrip>& leading_strips() const { return leading_strips_; }
 
  private:
-  std::vector<DecoderStep> steps_;
-  std::vector<LeadingStrip> leading_strips_;
+  std::vector<DecoderStep> steps_;            // [num_steps] applied in order
+  std::vector<LeadingStrip> leading_strips_;  // [num Strip steps with start > 0]
 };
 
 // True for the text of a byte-fallback token: "<0x" two upper-case hex digits ">".

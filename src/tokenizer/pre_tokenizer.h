@@ -25,8 +25,8 @@ class ByteLevelAlphabet {
 
  private:
   ByteLevelAlphabet();
-  std::array<std::string, 256> byte_to_utf8_;
-  std::array<int16_t, 324> char_to_byte_{};  // [max code point + 1]
+  std::array<std::string, 256> byte_to_utf8_;  // [256] UTF-8 of each byte's character
+  std::array<int16_t, 324> char_to_byte_{};    // [max code point + 1]
 };
 
 // One pre-tokenized piece.
@@ -52,8 +52,8 @@ class PreTokenizer {
     PreTokenizerStep spec;
     std::vector<Regex> regexes;  // kSplit: the pattern; kByteLevel with use_regex: GPT-2's
   };
-  std::vector<NormalizerStep> normalizer_;
-  std::vector<Step> steps_;
+  std::vector<NormalizerStep> normalizer_;  // [num_normalizer_steps] applied in order
+  std::vector<Step> steps_;                 // [num_pre_tokenizer_steps] applied in order
 };
 
 }  // namespace kvp
