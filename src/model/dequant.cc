@@ -1,0 +1,312 @@
+// Dequantisation of ggml blocks to f32. Each kernel follows gguf.quants' f32 arithmetic
+// operation by operation (products before sums, no fused multiply-add) so the results match it
+// bit for bit; loops are written over whole blocks so the compiler can vectorise them.
+#include "model/dequant.h"
+
+#include <array>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/dtype.h"
+
+namespace kvp {
+namespace {
+
+constexpr GgmlTypeInfo kTypes[] = {
+    {GgmlType::F32, "F32", 1, 4, true},
+    {GgmlType::F16, "F16", 1, 2, true},
+    {GgmlType::Q4_0, "Q4_0", 32, 18, true},
+    {GgmlType::Q4_1, "Q4_1", 32, 20, true},
+    {GgmlType::Q5_0, "Q5_0", 32, 22, true},
+    {GgmlType::Q5_1, "Q5_1", 32, 24, true},
+    {GgmlType::Q8_0, "Q8_0", 32, 34, true},
+    {GgmlType::Q8_1, "Q8_1", 32, 40, false},
+    {GgmlType::Q2_K, "Q2_K", 256, 84, false},
+    {GgmlType::Q3_K, "Q3_K", 256, 110, false},
+    {GgmlType::Q4_K, "Q4_K", 256, 144, true},
+    {GgmlType::Q5_K, "Q5_K", 256, 176, true},
+    {GgmlType::Q6_K, "Q6_K", 256, 210, true},
+    {GgmlType::Q8_K, "Q8_K", 256, 292, false},
+    {GgmlType::IQ2_XXS, "IQ2_XXS", 256, 66, false},
+    {GgmlType::IQ2_XS, "IQ2_XS", 256, 74, false},
+    {GgmlType::IQ3_XXS, "IQ3_XXS", 256, 98, false},
+    {GgmlType::IQ1_S, "IQ1_S", 256, 50, false},
+    {GgmlType::IQ4_NL, "IQ4_NL", 32, 18, false},
+    {GgmlType::IQ3_S, "IQ3_S", 256, 110, false},
+    {GgmlType::IQ2_S, "IQ2_S", 256, 82, false},
+    {GgmlType::IQ4_XS, "IQ4_XS", 256, 136, false},
+    {GgmlType::I8, "I8", 1, 1, false},
+    {GgmlType::I16, "I16", 1, 2, false},
+    {GgmlType::I32, "I32", 1, 4, false},
+    {GgmlType::I64, "I64", 1, 8, false},
+    {GgmlType::F64, "F64", 1, 8, false},
+    {GgmlType::IQ1_M, "IQ1_M", 256, 56, false},
+    {GgmlType::BF16, "BF16", 1, 2, true},
+    {GgmlType::TQ1_0, "TQ1_0", 256, 54, false},
+    {GgmlType::TQ2_0, "TQ2_0", 256, 66, false},
+    {GgmlType::MXFP4, "MXFP4", 32, 17, false},
+    {GgmlType::NVFP4, "NVFP4", 64, 36, false},
+    {GgmlType::Q1_0, "Q1_0", 128, 18, false},
+};
+
+// f16 -> f32 for all 65536 patterns: f16 data is converted by lookup (256 KiB, built once).
+const std::array<float, 65536>& f16_table() {
+  static const std::array<float, 65536> table = [] {
+    std::array<float, 65536> t{};
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = f16_to_f32(F16{static_cast<uint16_t>(i)});
+    return t;
+  }();
+  return table;
+}
+
+inline float f16_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  return f16_table()[bits];
+}
+
+// Q6_K's scale/offset grouping and Q4_K's 6-bit packing are described in dequant.h.
+constexpr size_t kQK = 256;
+
+void get_scale_min_k4(const uint8_t* scales, uint8_t* sc, uint8_t* mn) {
+  // scales[12]: bytes 0..3 low 6 bits = sc[0..3], bytes 4..7 low 6 bits = mn[0..3],
+  // bytes 8..11 low nibble = low 4 bits of sc[4..7], high nibble = low 4 bits of mn[4..7];
+  // the top 2 bits of bytes 0..3 / 4..7 are bits 4..5 of sc[4..7] / mn[4..7].
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = scales[j] & 0x3f;
+    mn[j] = scales[4 + j] & 0x3f;
+    sc[4 + j] = static_cast<uint8_t>((scales[8 + j] & 0x0f) | ((scales[j] >> 2) & 0x30));
+    mn[4 + j] = static_cast<uint8_t>((scales[8 + j] >> 4) | ((scales[4 + j] >> 2) & 0x30));
+  }
+}
+
+void dequant_f16(const uint8_t* src, size_t n, float* dst) {
+  const auto& table = f16_table();
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, 2);
+    dst[i] = table[bits];
+  }
+}
+
+void dequant_bf16(const uint8_t* src, size_t n, float* dst) {
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src + 2 * i, 2);
+    uint32_t u = uint32_t{bits} << 16;
+    std::memcpy(dst + i, &u, 4);
+  }
+}
+
+void dequant_q4_0(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 18, y += 32) {
+    const float d = f16_at(b);
+    const uint8_t* qs = b + 2;  // [16]
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * static_cast<float>((qs[j] & 0x0f) - 8);
+      y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+    }
+  }
+}
+
+void dequant_q4_1(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 20, y += 32) {
+    const float d = f16_at(b);
+    const float m = f16_at(b + 2);
+    const uint8_t* qs = b + 4;  // [16]
+    for (int j = 0; j < 16; ++j) {
+      const float p0 = d * static_cast<float>(qs[j] & 0x0f);
+      const float p1 = d * static_cast<float>(qs[j] >> 4);
+      y[j] = p0 + m;
+      y[j + 16] = p1 + m;
+    }
+  }
+}
+
+void dequant_q5_0(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 22, y += 32) {
+    const float d = f16_at(b);
+    uint32_t qh;
+    std::memcpy(&qh, b + 2, 4);
+    const uint8_t* qs = b + 6;  // [16]
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
+      const int q1 = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      y[j] = d * static_cast<float>(q0 - 16);
+      y[j + 16] = d * static_cast<float>(q1 - 16);
+    }
+  }
+}
+
+void dequant_q5_1(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 24, y += 32) {
+    const float d = f16_at(b);
+    const float m = f16_at(b + 2);
+    uint32_t qh;
+    std::memcpy(&qh, b + 4, 4);
+    const uint8_t* qs = b + 8;  // [16]
+    for (int j = 0; j < 16; ++j) {
+      const int q0 = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
+      const int q1 = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      const float p0 = d * static_cast<float>(q0);
+      const float p1 = d * static_cast<float>(q1);
+      y[j] = p0 + m;
+      y[j + 16] = p1 + m;
+    }
+  }
+}
+
+void dequant_q8_0(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 34, y += 32) {
+    const float d = f16_at(b);
+    const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);  // [32]
+    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+// Q4_K and Q5_K: 8 sub-blocks of 32; sub-block s has scale d*sc[s] and offset dmin*mn[s].
+// Sub-blocks 2c and 2c+1 take the low and high nibbles of qs[32c .. 32c+31].
+void dequant_q4_k(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 144, y += kQK) {
+    const float d = f16_at(b);
+    const float dmin = f16_at(b + 2);
+    uint8_t sc[8], mn[8];
+    get_scale_min_k4(b + 4, sc, mn);
+    const uint8_t* qs = b + 16;  // [128]
+    for (int c = 0; c < 4; ++c) {
+      const float d_lo = d * static_cast<float>(sc[2 * c]);
+      const float m_lo = dmin * static_cast<float>(mn[2 * c]);
+      const float d_hi = d * static_cast<float>(sc[2 * c + 1]);
+      const float m_hi = dmin * static_cast<float>(mn[2 * c + 1]);
+      float* out = y + 64 * c;  // [64]
+      for (int l = 0; l < 32; ++l) {
+        const float p_lo = d_lo * static_cast<float>(qs[32 * c + l] & 0x0f);
+        const float p_hi = d_hi * static_cast<float>(qs[32 * c + l] >> 4);
+        out[l] = p_lo - m_lo;
+        out[l + 32] = p_hi - m_hi;
+      }
+    }
+  }
+}
+
+// Q5_K: as Q4_K, plus bit s of qh[l] is the fifth bit of element l of sub-block s.
+void dequant_q5_k(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 176, y += kQK) {
+    const float d = f16_at(b);
+    const float dmin = f16_at(b + 2);
+    uint8_t sc[8], mn[8];
+    get_scale_min_k4(b + 4, sc, mn);
+    const uint8_t* qh = b + 16;  // [32]
+    const uint8_t* qs = b + 48;  // [128]
+    for (int c = 0; c < 4; ++c) {
+      const int s_lo = 2 * c;
+      const int s_hi = 2 * c + 1;
+      const float d_lo = d * static_cast<float>(sc[s_lo]);
+      const float m_lo = dmin * static_cast<float>(mn[s_lo]);
+      const float d_hi = d * static_cast<float>(sc[s_hi]);
+      const float m_hi = dmin * static_cast<float>(mn[s_hi]);
+      float* out = y + 64 * c;  // [64]
+      for (int l = 0; l < 32; ++l) {
+        const int q_lo = (qs[32 * c + l] & 0x0f) | (((qh[l] >> s_lo) & 1) << 4);
+        const int q_hi = (qs[32 * c + l] >> 4) | (((qh[l] >> s_hi) & 1) << 4);
+        const float p_lo = d_lo * static_cast<float>(q_lo);
+        const float p_hi = d_hi * static_cast<float>(q_hi);
+        out[l] = p_lo - m_lo;
+        out[l + 32] = p_hi - m_hi;
+      }
+    }
+  }
+}
+
+// Q6_K: two halves of 128 elements. In half h, element i (0..127) takes its low 4 bits from
+// nibble i/64 of ql[64h + i%64] and its high 2 bits from bits 2*(i/32) of qh[32h + i%32];
+// element e of the block has scale d*scales[e/16] and value scale*(q-32).
+void dequant_q6_k(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 210, y += kQK) {
+    const uint8_t* ql = b;                                            // [128]
+    const uint8_t* qh = b + 128;                                      // [64]
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);  // [16]
+    const float d = f16_at(b + 208);
+    float ds[16];
+    for (int s = 0; s < 16; ++s) ds[s] = d * static_cast<float>(scales[s]);
+    for (int h = 0; h < 2; ++h) {
+      for (int e = 0; e < 128; ++e) {
+        const int lo = (ql[64 * h + (e % 64)] >> (4 * (e / 64))) & 0x0f;
+        const int hi = (qh[32 * h + (e % 32)] >> (2 * (e / 32))) & 0x03;
+        const int q = (lo | (hi << 4)) - 32;
+        y[128 * h + e] = ds[(128 * h + e) / 16] * static_cast<float>(q);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const GgmlTypeInfo* ggml_type_info(uint32_t raw) {
+  for (const GgmlTypeInfo& info : kTypes) {
+    if (static_cast<uint32_t>(info.type) == raw) return &info;
+  }
+  return nullptr;
+}
+
+const GgmlTypeInfo& ggml_type_info(GgmlType type) {
+  const GgmlTypeInfo* info = ggml_type_info(static_cast<uint32_t>(type));
+  KVP_CHECK(info != nullptr, "unknown GgmlType {}", static_cast<uint32_t>(type));
+  return *info;
+}
+
+size_t ggml_row_size_bytes(GgmlType type, size_t num_elements) {
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  KVP_CHECK(num_elements % info.block_size == 0, "{} elements of {} are not whole blocks of {}",
+            num_elements, info.name, info.block_size);
+  return num_elements / info.block_size * info.type_size;
+}
+
+void dequantize(GgmlType type, const void* src, size_t num_elements, float* dst) {
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  KVP_CHECK(info.can_dequantize, "dequantize: type {} is not supported", info.name);
+  KVP_CHECK(num_elements % info.block_size == 0,
+            "dequantize: {} elements of {} are not whole blocks", num_elements, info.name);
+  const auto* b = static_cast<const uint8_t*>(src);
+  const size_t num_blocks = num_elements / info.block_size;
+  switch (type) {
+    case GgmlType::F32:
+      std::memcpy(dst, b, num_elements * 4);
+      return;
+    case GgmlType::F16:
+      dequant_f16(b, num_elements, dst);
+      return;
+    case GgmlType::BF16:
+      dequant_bf16(b, num_elements, dst);
+      return;
+    case GgmlType::Q4_0:
+      dequant_q4_0(b, num_blocks, dst);
+      return;
+    case GgmlType::Q4_1:
+      dequant_q4_1(b, num_blocks, dst);
+      return;
+    case GgmlType::Q5_0:
+      dequant_q5_0(b, num_blocks, dst);
+      return;
+    case GgmlType::Q5_1:
+      dequant_q5_1(b, num_blocks, dst);
+      return;
+    case GgmlType::Q8_0:
+      dequant_q8_0(b, num_blocks, dst);
+      return;
+    case GgmlType::Q4_K:
+      dequant_q4_k(b, num_blocks, dst);
+      return;
+    case GgmlType::Q5_K:
+      dequant_q5_k(b, num_blocks, dst);
+      return;
+    case GgmlType::Q6_K:
+      dequant_q6_k(b, num_blocks, dst);
+      return;
+    default:
+      break;
+  }
+  KVP_CHECK(false, "dequantize: no kernel for {}", info.name);
+}
+
+}  // namespace kvp
