@@ -9,6 +9,7 @@ Writes into OUT_DIR:
                   dequantises. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/BF16 data is random f32 quantised with
                   gguf.quants.quantize; Q4_K/Q5_K/Q6_K (which the package cannot quantise) are
                   random raw blocks with finite f16 scales; F16 includes all 65536 bit patterns.
+  fuzz.gguf       the same metadata with three small tensors (for corruption sweeps).
   aligned.gguf    a small file with general.alignment = 64.
   <tensor>.f32    gguf.quants.dequantize of each tensor's bytes, raw little-endian float32.
   expected.json   metadata as gguf.GGUFReader reads it back from quant.gguf, tensor infos as the
@@ -149,6 +150,17 @@ def main():
     }
     with open(os.path.join(out_dir, "expected.json"), "w") as f:
         json.dump(expected, f, indent=1)
+
+    # A small file with the same header and three small tensors, for the corruption sweep.
+    w = gguf.GGUFWriter(os.path.join(out_dir, "fuzz.gguf"), arch="kvptest")
+    add_metadata(w)
+    w.add_tensor("f.q8_0", gguf.quants.quantize(x[:2, :64], T.Q8_0), raw_dtype=T.Q8_0)
+    w.add_tensor("f.q4_k", random_k_blocks(rng, T.Q4_K, 2), raw_dtype=T.Q4_K)
+    w.add_tensor("f.f16", x[:3, :8].astype(np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
     w = gguf.GGUFWriter(os.path.join(out_dir, "aligned.gguf"), arch="kvptest")
     w.add_custom_alignment(64)
