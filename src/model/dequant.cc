@@ -123,15 +123,30 @@ void dequant_q4_1(const uint8_t* b, size_t num_blocks, float* y) {
   }
 }
 
+// kBitsToBytes[x]: byte k is (bit k of x) << 4, so 8 fifth bits expand with one lookup.
+constexpr std::array<uint64_t, 256> kBitsToBytes = [] {
+  std::array<uint64_t, 256> table{};
+  for (uint32_t x = 0; x < 256; ++x) {
+    for (uint32_t k = 0; k < 8; ++k) table[x] |= uint64_t{((x >> k) & 1u) << 4} << (8 * k);
+  }
+  return table;
+}();
+
+// The 32 fifth bits of a Q5_0/Q5_1 block (bit j of a little-endian u32) as one byte each, so
+// the element loop has no per-element variable shift and vectorises.
+inline void expand_high_bits(const uint8_t* qh, uint8_t* bits) {
+  for (int k = 0; k < 4; ++k) std::memcpy(bits + 8 * k, &kBitsToBytes[qh[k]], 8);
+}
+
 void dequant_q5_0(const uint8_t* b, size_t num_blocks, float* y) {
   for (size_t i = 0; i < num_blocks; ++i, b += 22, y += 32) {
     const float d = f16_at(b);
-    uint32_t qh;
-    std::memcpy(&qh, b + 2, 4);
+    uint8_t hb[32];  // [32] fifth bit of each element, already shifted to bit 4
+    expand_high_bits(b + 2, hb);
     const uint8_t* qs = b + 6;  // [16]
     for (int j = 0; j < 16; ++j) {
-      const int q0 = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
-      const int q1 = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      const int q0 = (qs[j] & 0x0f) | hb[j];
+      const int q1 = (qs[j] >> 4) | hb[j + 16];
       y[j] = d * static_cast<float>(q0 - 16);
       y[j + 16] = d * static_cast<float>(q1 - 16);
     }
@@ -142,12 +157,12 @@ void dequant_q5_1(const uint8_t* b, size_t num_blocks, float* y) {
   for (size_t i = 0; i < num_blocks; ++i, b += 24, y += 32) {
     const float d = f16_at(b);
     const float m = f16_at(b + 2);
-    uint32_t qh;
-    std::memcpy(&qh, b + 4, 4);
+    uint8_t hb[32];  // [32] fifth bit of each element, already shifted to bit 4
+    expand_high_bits(b + 4, hb);
     const uint8_t* qs = b + 8;  // [16]
     for (int j = 0; j < 16; ++j) {
-      const int q0 = (qs[j] & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
-      const int q1 = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
+      const int q0 = (qs[j] & 0x0f) | hb[j];
+      const int q1 = (qs[j] >> 4) | hb[j + 16];
       const float p0 = d * static_cast<float>(q0);
       const float p1 = d * static_cast<float>(q1);
       y[j] = p0 + m;
@@ -220,21 +235,30 @@ void dequant_q5_k(const uint8_t* b, size_t num_blocks, float* y) {
 
 // Q6_K: two halves of 128 elements. In half h, element i (0..127) takes its low 4 bits from
 // nibble i/64 of ql[64h + i%64] and its high 2 bits from bits 2*(i/32) of qh[32h + i%32];
-// element e of the block has scale d*scales[e/16] and value scale*(q-32).
+// element e of the block has scale d*scales[e/16] and value scale*(q-32). The loop visits the
+// four elements l, l+32, l+64, l+96 that share ql/qh bytes, so it vectorises over l.
 void dequant_q6_k(const uint8_t* b, size_t num_blocks, float* y) {
   for (size_t i = 0; i < num_blocks; ++i, b += 210, y += kQK) {
-    const uint8_t* ql = b;                                            // [128]
-    const uint8_t* qh = b + 128;                                      // [64]
     const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);  // [16]
     const float d = f16_at(b + 208);
     float ds[16];
     for (int s = 0; s < 16; ++s) ds[s] = d * static_cast<float>(scales[s]);
     for (int h = 0; h < 2; ++h) {
-      for (int e = 0; e < 128; ++e) {
-        const int lo = (ql[64 * h + (e % 64)] >> (4 * (e / 64))) & 0x0f;
-        const int hi = (qh[32 * h + (e % 32)] >> (2 * (e / 32))) & 0x03;
-        const int q = (lo | (hi << 4)) - 32;
-        y[128 * h + e] = ds[(128 * h + e) / 16] * static_cast<float>(q);
+      const uint8_t* ql = b + 64 * h;        // [64]
+      const uint8_t* qh = b + 128 + 32 * h;  // [32]
+      float* out = y + 128 * h;              // [128]
+      const float* sc = ds + 8 * h;          // [8] scales of this half, one per 16 elements
+      for (int g = 0; g < 2; ++g) {          // l in [16g, 16g + 16): one scale per quarter
+        for (int l = 16 * g; l < 16 * g + 16; ++l) {
+          const int q1 = ((ql[l] & 0x0f) | ((qh[l] & 0x03) << 4)) - 32;
+          const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 0x03) << 4)) - 32;
+          const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 0x03) << 4)) - 32;
+          const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 0x03) << 4)) - 32;
+          out[l] = sc[g] * static_cast<float>(q1);
+          out[l + 32] = sc[2 + g] * static_cast<float>(q2);
+          out[l + 64] = sc[4 + g] * static_cast<float>(q3);
+          out[l + 96] = sc[6 + g] * static_cast<float>(q4);
+        }
       }
     }
   }
