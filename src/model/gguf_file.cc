@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <type_traits>
 
 namespace kvp {
 namespace {
@@ -137,7 +138,7 @@ std::string shorten(std::string_view s, size_t max_chars) {
 // Reads the header of a mapped file into a GgufFile, bounds-checking every read.
 class GgufParser {
  public:
-  GgufParser(GgufFile& out) : out_(out), bytes_(out.file_.bytes()) {}
+  explicit GgufParser(GgufFile& out) : out_(out), bytes_(out.file_.bytes()) {}
 
   Status parse() {
     const std::string& path = out_.path();
@@ -391,6 +392,20 @@ class GgufParser {
             out_.path(), t.name, t.size_bytes, t.offset, file_size, data_offset);
       }
       t.data = bytes_.subspan(begin, t.size_bytes);
+    }
+    // Writers lay tensors out one after another; two sharing bytes means a corrupt offset.
+    std::vector<const GgufTensor*> by_offset;
+    for (const GgufTensor& t : out_.tensors_) {
+      if (t.size_bytes > 0) by_offset.push_back(&t);
+    }
+    std::sort(by_offset.begin(), by_offset.end(),
+              [](auto* a, auto* b) { return a->offset < b->offset; });
+    for (size_t i = 1; i < by_offset.size(); ++i) {
+      const GgufTensor& prev = *by_offset[i - 1];
+      if (by_offset[i]->offset < prev.offset + prev.size_bytes) {
+        return Status::corruption("gguf '{}': tensors '{}' and '{}' overlap", out_.path(),
+                                  prev.name, by_offset[i]->name);
+      }
     }
     return Status::ok();
   }

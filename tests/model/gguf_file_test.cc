@@ -471,13 +471,14 @@ struct Knobs {
   int alignment = -1;           // -1: no general.alignment
   uint32_t alignment_type = 4;  // uint32
   size_t data_bytes = 256;      // 32 x 2 f32
+  int64_t second_offset = -1;   // >= 0: a second tensor "v" (8 f32) at this offset
 };
 
 std::vector<uint8_t> build(const Knobs& k) {
   GgufBytes g;
   g.u32(k.magic);
   g.u32(k.version);
-  g.u64(k.tensor_count);
+  g.u64(k.tensor_count + (k.second_offset >= 0 ? 1 : 0));
   g.u64(k.kv_count + (k.alignment >= 0 ? 1 : 0));
   g.u64(k.key_length);
   g.raw("general", 7);
@@ -500,6 +501,13 @@ std::vector<uint8_t> build(const Knobs& k) {
   for (uint32_t d = 2; d < k.num_dims && d < 8; ++d) g.u64(1);
   g.u32(k.tensor_type);
   g.u64(k.offset);
+  if (k.second_offset >= 0) {
+    g.str("v");
+    g.u32(1);
+    g.u64(8);
+    g.u32(0);
+    g.u64(static_cast<uint64_t>(k.second_offset));
+  }
   g.pad(k.alignment > 0 ? static_cast<size_t>(k.alignment) : 32);
   for (size_t i = 0; i < k.data_bytes; ++i) g.u8(static_cast<uint8_t>(i));
   return g.bytes;
@@ -535,6 +543,10 @@ TEST_F(GgufBadFile, TheUnmodifiedFileOpens) {
   Knobs aligned;
   aligned.alignment = 128;
   EXPECT_TRUE(open(aligned).is_ok());
+  Knobs two;
+  two.second_offset = 256;
+  two.data_bytes = 256 + 32;
+  EXPECT_TRUE(open(two).is_ok());
 }
 
 TEST_F(GgufBadFile, BadMagicAndVersions) {
@@ -610,6 +622,10 @@ TEST_F(GgufBadFile, BadShapesOffsetsAndAlignment) {
   k = {};
   k.data_bytes = 255;
   expect_error(k, StatusCode::kCorruption, "lies past the end of the file");
+  k = {};
+  k.second_offset = 224;
+  k.data_bytes = 256 + 32;
+  expect_error(k, StatusCode::kCorruption, "tensors 'w' and 'v' overlap");
   k = {};
   k.alignment = 48;
   expect_error(k, StatusCode::kCorruption, "general.alignment 48 is not a power of two");
