@@ -65,9 +65,9 @@ inline float f16_at(const uint8_t* p) {
   return f16_table()[bits];
 }
 
-// Q6_K's scale/offset grouping and Q4_K's 6-bit packing are described in dequant.h.
-constexpr size_t kQK = 256;
+constexpr size_t kQK = 256;  // elements per K-quant super-block
 
+// Unpacks Q4_K/Q5_K's 8 six-bit scales and mins. scales: [12] bytes; sc, mn: [8] (written).
 void get_scale_min_k4(const uint8_t* scales, uint8_t* sc, uint8_t* mn) {
   // scales[12]: bytes 0..3 low 6 bits = sc[0..3], bytes 4..7 low 6 bits = mn[0..3],
   // bytes 8..11 low nibble = low 4 bits of sc[4..7], high nibble = low 4 bits of mn[4..7];
@@ -80,6 +80,8 @@ void get_scale_min_k4(const uint8_t* scales, uint8_t* sc, uint8_t* mn) {
   }
 }
 
+// Kernels: src / b: [n * 2] bytes or [num_blocks * type_size] bytes, any alignment;
+// dst / y: [n] or [num_blocks * block_size] floats (written).
 void dequant_f16(const uint8_t* src, size_t n, float* dst) {
   const auto& table = f16_table();
   for (size_t i = 0; i < n; ++i) {
