@@ -1,6 +1,8 @@
 // Safetensors parsing and validation, shard indexes and config.json.
 #include "model/safetensors_file.h"
 
+#include "model/dequant.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -242,26 +244,11 @@ Status SafetensorsFile::to_f32(const SafetensorsTensor& t, std::span<float> out)
         "safetensors '{}': tensor '{}' has {} elements, output holds {}", path(), t.name,
         t.num_elements, out.size());
   }
-  const uint8_t* src = t.data.data();  // [num_elements * element_size_bytes], any alignment
-  switch (*t.dtype) {
-    case DType::F32:
-      if (t.num_elements > 0) std::memcpy(out.data(), src, t.num_elements * 4);
-      break;
-    case DType::F16:
-      for (uint64_t i = 0; i < t.num_elements; ++i) {
-        F16 h;
-        std::memcpy(&h.bits, src + 2 * i, 2);
-        out[i] = f16_to_f32(h);
-      }
-      break;
-    case DType::BF16:
-      for (uint64_t i = 0; i < t.num_elements; ++i) {
-        Bf16 h;
-        std::memcpy(&h.bits, src + 2 * i, 2);
-        out[i] = bf16_to_f32(h);
-      }
-      break;
-  }
+  // The ggml F32/F16/BF16 kernels are the same element-wise conversions.
+  const GgmlType type = *t.dtype == DType::F32   ? GgmlType::F32
+                        : *t.dtype == DType::F16 ? GgmlType::F16
+                                                 : GgmlType::BF16;
+  if (t.num_elements > 0) dequantize(type, t.data.data(), t.num_elements, out.data());
   return Status::ok();
 }
 
