@@ -21,8 +21,8 @@ constexpr GgmlTypeInfo kTypes[] = {
     {GgmlType::Q5_1, "Q5_1", 32, 24, true},
     {GgmlType::Q8_0, "Q8_0", 32, 34, true},
     {GgmlType::Q8_1, "Q8_1", 32, 40, false},
-    {GgmlType::Q2_K, "Q2_K", 256, 84, false},
-    {GgmlType::Q3_K, "Q3_K", 256, 110, false},
+    {GgmlType::Q2_K, "Q2_K", 256, 84, true},
+    {GgmlType::Q3_K, "Q3_K", 256, 110, true},
     {GgmlType::Q4_K, "Q4_K", 256, 144, true},
     {GgmlType::Q5_K, "Q5_K", 256, 176, true},
     {GgmlType::Q6_K, "Q6_K", 256, 210, true},
@@ -181,6 +181,61 @@ void dequant_q8_0(const uint8_t* b, size_t num_blocks, float* y) {
   }
 }
 
+// Q2_K: 16 sub-blocks of 16; element e = 128h + 32k + l holds bits 2k..2k+1 of qs[32h + l];
+// sub-block s = e/16 has scale d*(scales[s] & 15) and offset dmin*(scales[s] >> 4).
+void dequant_q2_k(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 84, y += kQK) {
+    const uint8_t* scales = b;   // [16]
+    const uint8_t* qs = b + 16;  // [64]
+    const float d = f16_at(b + 80);
+    const float dmin = f16_at(b + 82);
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) {
+        for (int g = 0; g < 2; ++g) {  // two sub-blocks of 16 per 32 elements
+          const int s = 8 * h + 2 * k + g;
+          const float dl = d * static_cast<float>(scales[s] & 0x0f);
+          const float ml = dmin * static_cast<float>(scales[s] >> 4);
+          float* out = y + 16 * s;  // [16]
+          for (int l = 0; l < 16; ++l) {
+            const float p = dl * static_cast<float>((qs[32 * h + 16 * g + l] >> (2 * k)) & 3);
+            out[l] = p - ml;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Q3_K: 16 sub-blocks of 16 with signed 6-bit scales: the low 4 bits of scale s are nibble s/8
+// of scales[s % 8], the high 2 bits are bits 2*(s/4) of scales[8 + s % 4], minus 32. Element
+// e = 128h + 32k + l has low bits 2k..2k+1 of qs[32h + l] and loses 4 when bit e/32 of
+// hmask[l] is clear; its value is d*scale[e/16] * q.
+void dequant_q3_k(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 110, y += kQK) {
+    const uint8_t* hmask = b;        // [32]
+    const uint8_t* qs = b + 32;      // [64]
+    const uint8_t* packed = b + 96;  // [12]
+    const float d = f16_at(b + 108);
+    float dl[16];
+    for (int s = 0; s < 16; ++s) {
+      const int lo = (packed[s % 8] >> (4 * (s / 8))) & 0x0f;
+      const int hi = (packed[8 + s % 4] >> (2 * (s / 4))) & 0x03;
+      dl[s] = d * static_cast<float>((lo | (hi << 4)) - 32);
+    }
+    for (int h = 0; h < 2; ++h) {
+      for (int k = 0; k < 4; ++k) {
+        const int bit = 4 * h + k;          // hmask bit of these 32 elements
+        float* out = y + 128 * h + 32 * k;  // [32]
+        for (int l = 0; l < 32; ++l) {
+          const int low = (qs[32 * h + l] >> (2 * k)) & 3;
+          const int q = low - (((hmask[l] >> bit) & 1) ? 0 : 4);
+          out[l] = dl[8 * h + 2 * k + l / 16] * static_cast<float>(q);
+        }
+      }
+    }
+  }
+}
+
 // Q4_K and Q5_K: 8 sub-blocks of 32; sub-block s has scale d*sc[s] and offset dmin*mn[s].
 // Sub-blocks 2c and 2c+1 take the low and high nibbles of qs[32c .. 32c+31].
 void dequant_q4_k(const uint8_t* b, size_t num_blocks, float* y) {
@@ -319,6 +374,12 @@ void dequantize(GgmlType type, const void* src, size_t num_elements, float* dst)
       return;
     case GgmlType::Q8_0:
       dequant_q8_0(b, num_blocks, dst);
+      return;
+    case GgmlType::Q2_K:
+      dequant_q2_k(b, num_blocks, dst);
+      return;
+    case GgmlType::Q3_K:
+      dequant_q3_k(b, num_blocks, dst);
       return;
     case GgmlType::Q4_K:
       dequant_q4_k(b, num_blocks, dst);

@@ -3,8 +3,8 @@
 // Every ggml type stores a row of ne[0] elements as ne[0] / block_size blocks of type_size
 // bytes. kvpool knows the size of every type the gguf package 0.19.0 knows (so any GGUF file can
 // be listed and bounds-checked) and dequantises F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q4_K, Q5_K and Q6_K, bit-exactly as gguf.quants.dequantize computes them (same f32 operations
-// in the same order; see docs/weights.md).
+// Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, bit-exactly as gguf.quants.dequantize computes them (same f32
+// operations in the same order; see docs/weights.md).
 //
 // Block layouts (all little-endian; d, m, dmin are f16; "nibble" = 4 bits):
 //   Q4_0 [18 B / 32]  d | qs[16]            x[j] = d*(lo(qs[j])-8), x[j+16] = d*(hi(qs[j])-8)
@@ -12,6 +12,8 @@
 //   Q5_0 [22 B / 32]  d | qh(u32) | qs[16]  5th bit of x[j] is bit j of qh; value d*(q-16)
 //   Q5_1 [24 B / 32]  d | m | qh | qs[16]   value d*q + m
 //   Q8_0 [34 B / 32]  d | qs[32] (int8)     x[j] = qs[j]*d
+//   Q2_K [84 B / 256]  scales[16] (4-bit scale | 4-bit min) | qs[64] (2-bit) | d | dmin
+//   Q3_K [110 B / 256] hmask[32] | qs[64] (2-bit) | scales[12] (16 x 6-bit, signed) | d
 //   Q4_K [144 B / 256] d | dmin | scales[12] (8 x 6-bit scale + 6-bit min) | qs[128]
 //   Q5_K [176 B / 256] d | dmin | scales[12] | qh[32] | qs[128]
 //   Q6_K [210 B / 256] ql[128] | qh[64] | scales[16] (int8) | d
