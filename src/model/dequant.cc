@@ -31,10 +31,10 @@ constexpr GgmlTypeInfo kTypes[] = {
     {GgmlType::IQ2_XS, "IQ2_XS", 256, 74, false},
     {GgmlType::IQ3_XXS, "IQ3_XXS", 256, 98, false},
     {GgmlType::IQ1_S, "IQ1_S", 256, 50, false},
-    {GgmlType::IQ4_NL, "IQ4_NL", 32, 18, false},
+    {GgmlType::IQ4_NL, "IQ4_NL", 32, 18, true},
     {GgmlType::IQ3_S, "IQ3_S", 256, 110, false},
     {GgmlType::IQ2_S, "IQ2_S", 256, 82, false},
-    {GgmlType::IQ4_XS, "IQ4_XS", 256, 136, false},
+    {GgmlType::IQ4_XS, "IQ4_XS", 256, 136, true},
     {GgmlType::I8, "I8", 1, 1, false},
     {GgmlType::I16, "I16", 1, 2, false},
     {GgmlType::I32, "I32", 1, 4, false},
@@ -236,6 +236,45 @@ void dequant_q3_k(const uint8_t* b, size_t num_blocks, float* y) {
   }
 }
 
+// IQ4_NL / IQ4_XS: 4-bit indices into a fixed non-linear table of int8 levels.
+constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+
+// IQ4_NL [18 B / 32]: d | qs[16]; x[j] = d*level(lo(qs[j])), x[j+16] = d*level(hi(qs[j])).
+void dequant_iq4_nl(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 18, y += 32) {
+    const float d = f16_at(b);
+    const uint8_t* qs = b + 2;  // [16]
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * static_cast<float>(kIq4Levels[qs[j] & 0x0f]);
+      y[j + 16] = d * static_cast<float>(kIq4Levels[qs[j] >> 4]);
+    }
+  }
+}
+
+// IQ4_XS [136 B / 256]: d | scales_h (u16) | scales_l[4] | qs[128]. Sub-block s (32 elements)
+// has scale d*((nibble s%2 of scales_l[s/2]) | (bits 2s..2s+1 of scales_h) << 4) - 32) and
+// takes the low then high nibbles of qs[16s .. 16s+15].
+void dequant_iq4_xs(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 136, y += kQK) {
+    const float d = f16_at(b);
+    uint16_t scales_h;
+    std::memcpy(&scales_h, b + 2, 2);
+    const uint8_t* scales_l = b + 4;  // [4]
+    const uint8_t* qs = b + 8;        // [128]
+    for (int s = 0; s < 8; ++s) {
+      const int lo = (scales_l[s / 2] >> (4 * (s % 2))) & 0x0f;
+      const int hi = (scales_h >> (2 * s)) & 0x03;
+      const float dl = d * static_cast<float>((lo | (hi << 4)) - 32);
+      float* out = y + 32 * s;  // [32]
+      for (int j = 0; j < 16; ++j) {
+        out[j] = dl * static_cast<float>(kIq4Levels[qs[16 * s + j] & 0x0f]);
+        out[j + 16] = dl * static_cast<float>(kIq4Levels[qs[16 * s + j] >> 4]);
+      }
+    }
+  }
+}
+
 // Q4_K and Q5_K: 8 sub-blocks of 32; sub-block s has scale d*sc[s] and offset dmin*mn[s].
 // Sub-blocks 2c and 2c+1 take the low and high nibbles of qs[32c .. 32c+31].
 void dequant_q4_k(const uint8_t* b, size_t num_blocks, float* y) {
@@ -377,6 +416,12 @@ void dequantize(GgmlType type, const void* src, size_t num_elements, float* dst)
       return;
     case GgmlType::Q2_K:
       dequant_q2_k(b, num_blocks, dst);
+      return;
+    case GgmlType::IQ4_NL:
+      dequant_iq4_nl(b, num_blocks, dst);
+      return;
+    case GgmlType::IQ4_XS:
+      dequant_iq4_xs(b, num_blocks, dst);
       return;
     case GgmlType::Q3_K:
       dequant_q3_k(b, num_blocks, dst);

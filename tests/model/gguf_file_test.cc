@@ -301,7 +301,7 @@ TEST_F(GgufReference, EveryDequantizableTypeIsCovered) {
   for (GgmlType type :
        {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
         GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
-        GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+        GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     EXPECT_TRUE(can_dequantize(type)) << ggml_type_name(type);
     EXPECT_TRUE(covered.count(type)) << ggml_type_name(type) << " has no reference tensor";
   }

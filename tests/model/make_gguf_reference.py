@@ -7,7 +7,7 @@ Writes into OUT_DIR:
   quant.gguf      a GGUF v3 file (GGUFWriter) with metadata of every value type (scalars, strings,
                   arrays of each type, nested arrays) and one or more tensors of every type kvpool
                   dequantises. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/BF16 data is random f32 quantised with
-                  gguf.quants.quantize; Q2_K..Q6_K (which the package cannot quantise) are
+                  gguf.quants.quantize; Q2_K..Q6_K, IQ4_NL, IQ4_XS (which the package cannot quantise) are
                   random raw blocks with finite f16 scales; F16 includes all 65536 bit patterns.
   fuzz.gguf       the same metadata with three small tensors (for corruption sweeps).
   aligned.gguf    a small file with general.alignment = 64.
@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
 
 QUANTISABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.BF16]
-RAW_K = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+RAW_K = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 NESTED_INT = [[1, 2], [3], [4, 5, 6]]
 NESTED_STR = [["p", "q"], ["r"]]
 
@@ -36,7 +36,9 @@ def random_k_blocks(rng, qtype, num_blocks):
     blocks = rng.integers(0, 256, size=(num_blocks, type_size), dtype=np.uint8)
     def f16_bytes(lo, hi):
         return rng.uniform(lo, hi, size=(num_blocks, 1)).astype(np.float16).view(np.uint8)
-    if qtype in (T.Q4_K, T.Q5_K):  # d, dmin at the start
+    if qtype in (T.IQ4_NL, T.IQ4_XS):  # d at the start
+        blocks[:, 0:2] = f16_bytes(1e-4, 0.05)
+    elif qtype in (T.Q4_K, T.Q5_K):  # d, dmin at the start
         blocks[:, 0:2] = f16_bytes(1e-4, 0.05)
         blocks[:, 2:4] = f16_bytes(1e-4, 0.05)
     elif qtype in (T.Q3_K, T.Q6_K):  # d at the end
