@@ -2,7 +2,7 @@
 
 #include <filesystem>
 
-#include "model/safetensors_file.h"
+#include "model/safetensors_weights.h"
 
 namespace kvp {
 
@@ -16,8 +16,8 @@ Result<std::unique_ptr<ModelRunner>> load_model(const std::string& path, ThreadP
         "model '{}': expected a Hugging Face model directory (config.json + *.safetensors)", path);
   }
   KVP_ASSIGN_OR_RETURN(ModelSpec spec, load_hf_config((fs::path(path) / "config.json").string()));
-  KVP_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsModel> weights_file,
-                       SafetensorsModel::open(path));
+  KVP_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWeights> weights_file,
+                       SafetensorsWeights::open(path));
   KVP_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(spec, *weights_file));
   return std::make_unique<ModelRunner>(std::move(spec), std::move(weights), pool);
 }

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "model/model_loader.h"
-#include "model/safetensors_file.h"
+#include "model/safetensors_weights.h"
 
 namespace kvp {
 namespace {
@@ -26,10 +26,9 @@ std::unique_ptr<ModelRunner> load(const std::string& name) {
 std::vector<int32_t> golden_ids(const std::string& name, const std::string& tensor) {
   auto file = SafetensorsModel::open("tests/model/fixtures/tiny/" + name + "/golden.safetensors");
   KVP_CHECK(file.is_ok(), "{}", file.status().to_string());
-  const SafetensorsTensor& t = (*file)->tensors().at(tensor);
-  std::vector<int32_t> ids(t.size_bytes / 4);
-  std::memcpy(ids.data(), t.data, t.size_bytes);
-  return ids;
+  auto ids = read_int_tensor(*file, tensor);
+  KVP_CHECK(ids.is_ok(), "{}", ids.status().to_string());
+  return std::move(ids).value();
 }
 
 Request greedy_request(std::vector<int32_t> prompt, int32_t max_tokens) {

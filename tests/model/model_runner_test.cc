@@ -12,7 +12,7 @@
 #include <numeric>
 #include <random>
 
-#include "model/safetensors_file.h"
+#include "model/safetensors_weights.h"
 
 namespace kvp {
 namespace {
@@ -25,11 +25,10 @@ struct Golden {
   std::vector<std::vector<int32_t>> greedy;
 };
 
-std::vector<int32_t> read_ids(const SafetensorsModel& file, const std::string& name) {
-  const SafetensorsTensor& t = file.tensors().at(name);
-  std::vector<int32_t> ids(t.size_bytes / 4);
-  std::memcpy(ids.data(), t.data, t.size_bytes);
-  return ids;
+std::vector<int32_t> read_ids(const SafetensorsWeights& file, const std::string& name) {
+  auto ids = read_int_tensor(file.model(), name);
+  KVP_CHECK(ids.is_ok(), "{}", ids.status().to_string());
+  return std::move(ids).value();
 }
 
 struct TinyModel {
@@ -41,20 +40,21 @@ TinyModel load_tiny(const std::string& name) {
   const std::string dir = kFixtures + name;
   auto spec = load_hf_config(dir + "/config.json");
   KVP_CHECK(spec.is_ok(), "{}", spec.status().to_string());
-  auto weights_file = SafetensorsModel::open(dir + "/model.safetensors");
+  auto weights_file = SafetensorsWeights::open(dir + "/model.safetensors");
   KVP_CHECK(weights_file.is_ok(), "{}", weights_file.status().to_string());
   auto weights = load_model_weights(*spec, **weights_file);
   KVP_CHECK(weights.is_ok(), "{}", weights.status().to_string());
   TinyModel model;
   model.runner = std::make_unique<ModelRunner>(*spec, std::move(weights).value());
-  auto golden_file = SafetensorsModel::open(dir + "/golden.safetensors");
+  auto golden_file = SafetensorsWeights::open(dir + "/golden.safetensors");
   KVP_CHECK(golden_file.is_ok(), "{}", golden_file.status().to_string());
   for (int i = 0; golden_file.value()->contains("prompt_" + std::to_string(i)); ++i) {
     const std::string s = std::to_string(i);
     model.golden.prompts.push_back(read_ids(**golden_file, "prompt_" + s));
     model.golden.greedy.push_back(read_ids(**golden_file, "greedy_" + s));
-    const auto& logits = golden_file.value()->tensors().at("logits_" + s);
-    auto values = golden_file.value()->read_f32("logits_" + s, logits.shape);
+    const SafetensorsTensor* logits = *golden_file.value()->model().tensor("logits_" + s);
+    const std::vector<int64_t> shape(logits->shape.begin(), logits->shape.end());
+    auto values = golden_file.value()->read_f32("logits_" + s, shape);
     KVP_CHECK(values.is_ok(), "{}", values.status().to_string());
     model.golden.logits.push_back(std::move(values).value());
   }

@@ -1,0 +1,175 @@
+// ModelConfig from GGUF metadata or a Hugging Face config.json, with the formats' defaults.
+#include "model/model_config.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+namespace kvp {
+namespace {
+
+// A u32-valued key given as any integer type. `fallback` (if set) is used when absent.
+Result<uint32_t> gguf_u32(const GgufFile& file, const std::string& key,
+                          std::optional<uint32_t> fallback = std::nullopt) {
+  const GgufValue* v = file.find(key);
+  if (v == nullptr && fallback.has_value()) return *fallback;
+  if (v != nullptr && v->type == GgufType::Array) {
+    return Status::unsupported("gguf '{}': '{}' is a per-layer array; kvpool needs one value",
+                               file.path(), key);
+  }
+  KVP_ASSIGN_OR_RETURN(int64_t x, file.get_integer(key));
+  if (x < 0 || x > std::numeric_limits<uint32_t>::max()) {
+    return Status::invalid_argument("gguf '{}': '{}' = {} is out of range", file.path(), key, x);
+  }
+  return static_cast<uint32_t>(x);
+}
+
+Result<float> gguf_f32(const GgufFile& file, const std::string& key, float fallback) {
+  if (file.find(key) == nullptr) return fallback;
+  return file.get_f32(key);
+}
+
+Status check_consistent(const ModelConfig& c, std::string_view source) {
+  if (c.num_layers == 0 || c.hidden_size == 0 || c.num_heads == 0 || c.num_kv_heads == 0 ||
+      c.head_dim == 0 || c.vocab_size == 0) {
+    return Status::invalid_argument("{}: a zero in layers/hidden/heads/kv heads/head_dim/vocab: {}",
+                                    source, c.describe());
+  }
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return Status::invalid_argument("{}: {} attention heads are not a multiple of {} kv heads",
+                                    source, c.num_heads, c.num_kv_heads);
+  }
+  if (c.rope_dim > c.head_dim) {
+    return Status::invalid_argument("{}: rope dimension {} exceeds head_dim {}", source, c.rope_dim,
+                                    c.head_dim);
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string ModelConfig::describe() const {
+  return fmt::format(
+      "{}: {} layers, hidden {}, ffn {}, heads {}/{} x {} (v {}), vocab {}, ctx {}, rms_eps {}, "
+      "rope base {} dim {}, sliding window {}, tied embeddings {}",
+      architecture, num_layers, hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim,
+      value_head_dim, vocab_size, context_length, rms_norm_eps, rope_freq_base, rope_dim,
+      sliding_window, tied_embeddings ? "yes" : "no");
+}
+
+Result<ModelConfig> model_config_from_gguf(const GgufFile& file) {
+  ModelConfig c;
+  KVP_ASSIGN_OR_RETURN(std::string_view arch, file.get_string("general.architecture"));
+  c.architecture = std::string(arch);
+  const std::string p = c.architecture + ".";
+  KVP_ASSIGN_OR_RETURN(c.num_layers, gguf_u32(file, p + "block_count"));
+  KVP_ASSIGN_OR_RETURN(c.hidden_size, gguf_u32(file, p + "embedding_length"));
+  KVP_ASSIGN_OR_RETURN(c.intermediate_size, gguf_u32(file, p + "feed_forward_length", 0u));
+  KVP_ASSIGN_OR_RETURN(c.num_heads, gguf_u32(file, p + "attention.head_count"));
+  KVP_ASSIGN_OR_RETURN(c.num_kv_heads, gguf_u32(file, p + "attention.head_count_kv", c.num_heads));
+  const uint32_t default_head_dim = c.num_heads == 0 ? 0 : c.hidden_size / c.num_heads;
+  KVP_ASSIGN_OR_RETURN(c.head_dim, gguf_u32(file, p + "attention.key_length", default_head_dim));
+  KVP_ASSIGN_OR_RETURN(c.value_head_dim, gguf_u32(file, p + "attention.value_length", c.head_dim));
+  KVP_ASSIGN_OR_RETURN(c.context_length, gguf_u32(file, p + "context_length", 0u));
+  KVP_ASSIGN_OR_RETURN(c.rms_norm_eps,
+                       gguf_f32(file, p + "attention.layer_norm_rms_epsilon", 1e-5f));
+  KVP_ASSIGN_OR_RETURN(c.rope_freq_base, gguf_f32(file, p + "rope.freq_base", 10000.0f));
+  KVP_ASSIGN_OR_RETURN(c.rope_dim, gguf_u32(file, p + "rope.dimension_count", c.head_dim));
+  KVP_ASSIGN_OR_RETURN(c.sliding_window, gguf_u32(file, p + "attention.sliding_window", 0u));
+  uint32_t num_tokens = 0;
+  if (const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
+      tokens != nullptr && tokens->type == GgufType::Array &&
+      tokens->count <= std::numeric_limits<uint32_t>::max()) {
+    num_tokens = static_cast<uint32_t>(tokens->count);
+  }
+  KVP_ASSIGN_OR_RETURN(c.vocab_size, gguf_u32(file, p + "vocab_size", num_tokens));
+  c.tied_embeddings = !file.tensor("output.weight").is_ok();
+  KVP_RETURN_IF_ERROR(check_consistent(c, fmt::format("gguf '{}'", file.path())));
+  return c;
+}
+
+namespace {
+
+// A non-negative integer field of config.json; `fallback` when absent or null.
+Result<uint32_t> hf_u32(const nlohmann::json& j, std::string_view source, const char* key,
+                        std::optional<uint32_t> fallback = std::nullopt) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    if (fallback.has_value()) return *fallback;
+    return Status::not_found("{}: '{}' not found", source, key);
+  }
+  // Parsed JSON holds non-negative integers as unsigned; built JSON may hold them as signed.
+  if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
+      it->get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+    return Status::mismatch("{}: '{}' is {}, expected a non-negative integer", source, key,
+                            it->dump());
+  }
+  return it->get<uint32_t>();
+}
+
+Result<float> hf_f32(const nlohmann::json& j, std::string_view source, const char* key,
+                     float fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  if (!it->is_number()) {
+    return Status::mismatch("{}: '{}' is {}, expected a number", source, key, it->dump());
+  }
+  return it->get<float>();
+}
+
+}  // namespace
+
+Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_view source) {
+  if (!j.is_object()) return Status::invalid_argument("{}: config is not a JSON object", source);
+  ModelConfig c;
+  auto type = j.find("model_type");
+  if (type == j.end() || !type->is_string()) {
+    return Status::not_found("{}: 'model_type' not found (or not a string)", source);
+  }
+  c.architecture = type->get<std::string>();
+  KVP_ASSIGN_OR_RETURN(c.num_layers, hf_u32(j, source, "num_hidden_layers"));
+  KVP_ASSIGN_OR_RETURN(c.hidden_size, hf_u32(j, source, "hidden_size"));
+  KVP_ASSIGN_OR_RETURN(c.intermediate_size, hf_u32(j, source, "intermediate_size", 0u));
+  KVP_ASSIGN_OR_RETURN(c.num_heads, hf_u32(j, source, "num_attention_heads"));
+  KVP_ASSIGN_OR_RETURN(c.num_kv_heads, hf_u32(j, source, "num_key_value_heads", c.num_heads));
+  const uint32_t default_head_dim = c.num_heads == 0 ? 0 : c.hidden_size / c.num_heads;
+  KVP_ASSIGN_OR_RETURN(c.head_dim, hf_u32(j, source, "head_dim", default_head_dim));
+  c.value_head_dim = c.head_dim;
+  KVP_ASSIGN_OR_RETURN(c.vocab_size, hf_u32(j, source, "vocab_size"));
+  KVP_ASSIGN_OR_RETURN(c.context_length, hf_u32(j, source, "max_position_embeddings", 0u));
+  KVP_ASSIGN_OR_RETURN(c.rms_norm_eps, hf_f32(j, source, "rms_norm_eps", 1e-5f));
+  KVP_ASSIGN_OR_RETURN(c.rope_freq_base, hf_f32(j, source, "rope_theta", 10000.0f));
+  c.rope_dim = c.head_dim;
+  KVP_ASSIGN_OR_RETURN(c.sliding_window, hf_u32(j, source, "sliding_window", 0u));
+  auto tie = j.find("tie_word_embeddings");
+  c.tied_embeddings = tie != j.end() && tie->is_boolean() && tie->get<bool>();
+  KVP_RETURN_IF_ERROR(check_consistent(c, source));
+  return c;
+}
+
+Result<std::string> inspect_model_file(const std::string& path, size_t max_tensors) {
+  char magic[4] = {};
+  bool is_gguf = false;
+  if (std::filesystem::is_regular_file(path)) {
+    std::ifstream in(path, std::ios::binary);
+    is_gguf = in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+  }
+  if (is_gguf) {
+    KVP_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
+    auto config = model_config_from_gguf(file);
+    return fmt::format("{}config: {}\n", file.describe(max_tensors),
+                       config.is_ok() ? config->describe() : config.status().to_string());
+  }
+  KVP_ASSIGN_OR_RETURN(SafetensorsModel model, SafetensorsModel::open(path));
+  std::string config_line = "no config.json";
+  if (model.config() != nullptr) {
+    auto config = model_config_from_hf(*model.config(), model.directory() + "/config.json");
+    config_line = config.is_ok() ? config->describe() : config.status().to_string();
+  }
+  return fmt::format("{}config: {}\n", model.describe(max_tensors), config_line);
+}
+
+}  // namespace kvp
