@@ -134,7 +134,12 @@ def main():
         f.write("kind,batch,ctx,q_len,graph_us,eager_us,bytes,flops,gbps,frac_copy,tflops,"
                 "frac_matmul,sets,copy_gbps,matmul_tflops\n")
         for kind, b, c, q_len in shapes:
-            g, e, nbytes, flops, sets = run(kind, b, c, q_len, repeats)
+            try:
+                g, e, nbytes, flops, sets = run(kind, b, c, q_len, repeats)
+            except torch.OutOfMemoryError as err:
+                print(f"sdpa {kind} batch={b} ctx={c}: out of memory ({err})", flush=True)
+                torch.cuda.empty_cache()
+                continue
             gbps = nbytes / (g * 1e-6) / 1e9
             tf = flops / (g * 1e-6) / 1e12
             print(f"sdpa {kind:8s} batch={b:<3d} ctx={c:<5d} graph_us={g:9.2f} eager_us={e:9.2f} "

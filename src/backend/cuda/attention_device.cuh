@@ -18,6 +18,15 @@ __device__ __forceinline__ float scaled_logit(float dot, const AttentionKernelAr
   return a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(dot * a.qk_mul) : dot * a.qk_mul;
 }
 
+// Block-table index and offset in the block of key position j; a shift and a mask for the usual
+// power-of-two block sizes, a division otherwise.
+__device__ __forceinline__ int block_index(int j, const AttentionKernelArgs& a) {
+  return a.block_shift >= 0 ? j >> a.block_shift : j / a.block_size;
+}
+__device__ __forceinline__ int index_in_block(int j, const AttentionKernelArgs& a) {
+  return a.block_shift >= 0 ? j & (a.block_size - 1) : j % a.block_size;
+}
+
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {

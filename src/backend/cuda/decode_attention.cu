@@ -9,7 +9,10 @@
 //
 //   keys of the slice:  | s0 s0 s0 s0 | s1 s1 s1 s1 | ... | s7 s7 s7 s7 | s0 s0 ... (kUnroll = 4)
 //
-// merge_splits_kernel: grid (num_seqs, num_q_heads), head_dim threads; combines the partial
+// K/V rows reach the registers through a per-thread cp.async ring (kDecodeStages deep) in shared
+// memory, so two steps of loads are in flight while one is computed.
+//
+// merge_splits_kernel: grid (num_seqs, num_q_heads), 4 x head_dim threads; combines the partial
 // (max, sum, accumulator) triples of the splits with weights exp2(max_i - max).
 #include <cmath>
 
@@ -19,13 +22,35 @@ namespace kvp::cuda::detail {
 namespace {
 
 constexpr int kDecodeThreads = 128;
+constexpr int kDecodeStages = 3;
+constexpr int kDecodeUnroll = 4;  // tokens per stream per step
+
+// The cp.async ring: [kDecodeStages][2][kDecodeUnroll][kDecodeThreads] x 16 bytes = 48 KB, the
+// most a CTA gets without opting in; the stream merge reuses it.
+__host__ __device__ constexpr int decode_smem_bytes() {
+  return kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
 
 template <typename T, int D, int G>
 __global__ void __launch_bounds__(kDecodeThreads)
     decode_attention_kernel(const AttentionKernelArgs a) {
   constexpr int kLanes = D / 8;                      // lanes per K/V row, 16 bytes each
   constexpr int kStreams = kDecodeThreads / kLanes;  // independent token streams per CTA
-  constexpr int kUnroll = 4;                         // tokens per stream per step (loads in flight)
+  constexpr int kUnroll = kDecodeUnroll;
   constexpr int kStep = kStreams * kUnroll;
 
   const int split = blockIdx.x;
@@ -33,8 +58,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int head0 = kv_head * a.group + (blockIdx.y % a.head_chunks) * G;
   const int seq = blockIdx.z;
   const int q_row = a.query_start[seq];
+  const int kv_len = a.kv_lens[seq];  // loaded before the branch: both loads in flight at once
   if (a.query_start[seq + 1] - q_row != 1) return;  // prefill rows belong to the other kernel
-  const int kv_len = a.kv_lens[seq];
   const int first = a.window > 0 ? max(0, kv_len - a.window) : 0;
   const int per_split = (kv_len - first + a.num_splits - 1) / a.num_splits;
   const int begin = first + split * per_split;
@@ -77,23 +102,55 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int64_t head_offset = int64_t{kv_head} * a.block_size * D + lane * 8;
   const T* k_base = static_cast<const T*>(a.k) + head_offset;
   const T* v_base = static_cast<const T*>(a.v) + head_offset;
+  const int num_steps = (end - begin + kStep - 1) / kStep;
+
+  // Each thread streams its own K/V chunks through a kDecodeStages-deep cp.async ring in shared
+  // memory and reads back only what it copied itself, so the ring needs no barrier.
+  //   ring: [kDecodeStages][2 (K, V)][kUnroll][kDecodeThreads] x 16 bytes
+  extern __shared__ uint4 smem[];
+  auto token_of = [&](int step, int u) { return begin + step * kStep + stream * kUnroll + u; };
+  auto block_of = [&](int step, int u) -> int32_t {
+    const int j = token_of(step, u);
+    return j < end ? __ldg(table + block_index(j, a)) : 0;
+  };
+  auto issue = [&](int step, const int32_t(&block)[kUnroll]) {
+    uint4* slot = smem + (step % kDecodeStages) * 2 * kUnroll * kDecodeThreads + threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = token_of(step, u);
+      const bool valid = j < end;  // also false past the last step
+      const int64_t off = valid ? int64_t{block[u]} * a.block_pitch + index_in_block(j, a) * D : 0;
+      cp_async16(slot + u * kDecodeThreads, k_base + off, valid ? 16 : 0);
+      cp_async16(slot + (kUnroll + u) * kDecodeThreads, v_base + off, valid ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  // Block-table entries are loaded one step before their copies are issued, so the dependent
+  // table -> K/V chain never stalls the thread.
+  int32_t block[kUnroll];
+#pragma unroll
+  for (int st = 0; st < kDecodeStages - 1; ++st) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) block[u] = block_of(st, u);
+    issue(st, block);
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) block[u] = block_of(kDecodeStages - 1, u);
 
   // The loop bound is uniform over the CTA so every lane reaches every shuffle.
-  for (int step = begin; step < end; step += kStep) {
+  for (int i = 0; i < num_steps; ++i) {
+    cp_async_wait<kDecodeStages - 2>();
+    const uint4* slot = smem + (i % kDecodeStages) * 2 * kUnroll * kDecodeThreads + threadIdx.x;
     uint4 k_raw[kUnroll], v_raw[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = step + stream * kUnroll + u;
-      if (j < end) {
-        const int64_t off =
-            int64_t{__ldg(table + j / a.block_size)} * a.block_pitch + (j % a.block_size) * D;
-        k_raw[u] = __ldg(reinterpret_cast<const uint4*>(k_base + off));
-        v_raw[u] = __ldg(reinterpret_cast<const uint4*>(v_base + off));
-      } else {
-        k_raw[u] = make_uint4(0, 0, 0, 0);
-        v_raw[u] = make_uint4(0, 0, 0, 0);
-      }
+      k_raw[u] = slot[u * kDecodeThreads];
+      v_raw[u] = slot[(kUnroll + u) * kDecodeThreads];
     }
+    issue(i + kDecodeStages - 1, block);  // overwrites the slot read in iteration i - 1
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) block[u] = block_of(i + kDecodeStages, u);
+
     float s[kUnroll][G];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -103,7 +160,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       for (int g = 0; g < G; ++g) {
         float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot = fmaf(q[g][i], kf[i], dot);
+        for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], kf[e], dot);
         s[u][g] = dot;
       }
     }
@@ -120,9 +177,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
       float step_max = -INFINITY;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int j = step + stream * kUnroll + u;
         float x = soft_cap ? a.cap_log2 * tanhf(s[u][g]) : s[u][g];
-        if (j >= end) x = -INFINITY;
+        if (token_of(i, u) >= end) x = -INFINITY;
         s[u][g] = x;
         step_max = fmaxf(step_max, x);
       }
@@ -132,7 +188,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
       m[g] = m_new;
       l[g] *= correction;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[g][i] *= correction;
+      for (int e = 0; e < 8; ++e) acc[g][e] *= correction;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const float p = exp2f(s[u][g] - m_new);
@@ -140,15 +196,20 @@ __global__ void __launch_bounds__(kDecodeThreads)
         float vf[8];
         unpack8<T>(v_raw[u], vf);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
       }
     }
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is reused below
 
   // Merge the streams.
-  __shared__ float s_m[kStreams][G];
-  __shared__ float s_l[kStreams][G];
-  __shared__ float s_acc[kStreams][G][D];
+  static_assert(kStreams * G * (D + 2) * 4 <= decode_smem_bytes(), "merge area fits the ring");
+  auto& s_acc = *reinterpret_cast<float(*)[kStreams][G][D]>(smem);
+  auto& s_m =
+      *reinterpret_cast<float(*)[kStreams][G]>(reinterpret_cast<float*>(smem) + kStreams * G * D);
+  auto& s_l = *reinterpret_cast<float(*)[kStreams][G]>(reinterpret_cast<float*>(smem) +
+                                                       kStreams * G * (D + 1));
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     if (lane == 0) {
@@ -186,25 +247,48 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
+constexpr int kMergeParts = 4;  // thread groups that share one row's splits
+
 template <typename T, int D>
-__global__ void __launch_bounds__(D) merge_splits_kernel(const AttentionKernelArgs a) {
+__global__ void __launch_bounds__(kMergeParts* D) merge_splits_kernel(const AttentionKernelArgs a) {
+  __shared__ float s_m[kMaxDecodeSplits];  // split maxima
+  __shared__ float s_l[kMaxDecodeSplits];  // split sums
+  __shared__ float s_w[kMaxDecodeSplits];  // split weights exp2(m_i - m_all)
+  __shared__ float s_part[kMergeParts][D];
   const int seq = blockIdx.x;
   const int head = blockIdx.y;
   const int q_row = a.query_start[seq];
   if (a.query_start[seq + 1] - q_row != 1) return;
   const int64_t row0 = (int64_t{seq} * a.num_q_heads + head) * a.num_splits;
-  float m_all = -INFINITY;
-  for (int i = 0; i < a.num_splits; ++i) m_all = fmaxf(m_all, a.partial_ml[2 * (row0 + i)]);
-  float l_all = 0.0f, acc_all = 0.0f;
-  for (int i = 0; i < a.num_splits; ++i) {
-    const float m_i = a.partial_ml[2 * (row0 + i)];
-    if (m_i == -INFINITY) continue;  // empty split: its accumulator was never written
-    const float w = exp2f(m_i - m_all);
-    l_all = fmaf(w, a.partial_ml[2 * (row0 + i) + 1], l_all);
-    acc_all = fmaf(w, a.partial_acc[(row0 + i) * D + threadIdx.x], acc_all);
+  const int tid = threadIdx.x;
+  // All split states are read at once (one per thread), not one after another.
+  if (tid < a.num_splits) {
+    s_m[tid] = a.partial_ml[2 * (row0 + tid)];
+    s_l[tid] = a.partial_ml[2 * (row0 + tid) + 1];
   }
-  static_cast<T*>(a.out)[(int64_t{q_row} * a.num_q_heads + head) * D + threadIdx.x] =
-      from_float<T>(acc_all / l_all);
+  __syncthreads();
+  float m_all = -INFINITY;
+  for (int i = 0; i < a.num_splits; ++i) m_all = fmaxf(m_all, s_m[i]);
+  if (tid < a.num_splits) s_w[tid] = s_m[tid] == -INFINITY ? 0.0f : exp2f(s_m[tid] - m_all);
+  __syncthreads();
+  const int d = tid % D;
+  const int part = tid / D;
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int i = part; i < a.num_splits; i += kMergeParts) {
+    // an empty split's accumulator was never written: skip it, never multiply it by 0
+    if (s_w[i] > 0.0f) acc = fmaf(s_w[i], a.partial_acc[(row0 + i) * D + d], acc);
+  }
+  s_part[part][d] = acc;
+  __syncthreads();
+  if (part == 0) {
+    float l_all = 0.0f;
+    for (int i = 0; i < a.num_splits; ++i) l_all = fmaf(s_w[i], s_l[i], l_all);
+#pragma unroll
+    for (int p = 1; p < kMergeParts; ++p) acc += s_part[p][d];
+    static_cast<T*>(a.out)[(int64_t{q_row} * a.num_q_heads + head) * D + d] =
+        from_float<T>(acc / l_all);
+  }
 }
 
 template <typename T, int D>
@@ -213,16 +297,16 @@ cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_p
   const dim3 grid(args.num_splits, args.num_kv_heads * args.head_chunks, args.num_seqs);
   switch (heads_per_cta) {
     case 1:
-      decode_attention_kernel<T, D, 1><<<grid, kDecodeThreads, 0, stream>>>(args);
+      decode_attention_kernel<T, D, 1><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
       break;
     case 2:
-      decode_attention_kernel<T, D, 2><<<grid, kDecodeThreads, 0, stream>>>(args);
+      decode_attention_kernel<T, D, 2><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
       break;
     case 4:
-      decode_attention_kernel<T, D, 4><<<grid, kDecodeThreads, 0, stream>>>(args);
+      decode_attention_kernel<T, D, 4><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
       break;
     case 8:
-      decode_attention_kernel<T, D, 8><<<grid, kDecodeThreads, 0, stream>>>(args);
+      decode_attention_kernel<T, D, 8><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -251,13 +335,13 @@ cudaError_t launch_merge_dim(const AttentionKernelArgs& args, int32_t head_dim,
   const dim3 grid(args.num_seqs, args.num_q_heads);
   switch (head_dim) {
     case 64:
-      merge_splits_kernel<T, 64><<<grid, 64, 0, stream>>>(args);
+      merge_splits_kernel<T, 64><<<grid, kMergeParts * 64, 0, stream>>>(args);
       break;
     case 128:
-      merge_splits_kernel<T, 128><<<grid, 128, 0, stream>>>(args);
+      merge_splits_kernel<T, 128><<<grid, kMergeParts * 128, 0, stream>>>(args);
       break;
     case 256:
-      merge_splits_kernel<T, 256><<<grid, 256, 0, stream>>>(args);
+      merge_splits_kernel<T, 256><<<grid, kMergeParts * 256, 0, stream>>>(args);
       break;
     default:
       return cudaErrorInvalidValue;

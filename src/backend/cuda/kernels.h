@@ -11,6 +11,9 @@
 
 namespace kvp::cuda::detail {
 
+// Most KV splits of one decode sequence (the merge kernel stages their states in shared memory).
+constexpr int32_t kMaxDecodeSplits = 128;
+
 struct AttentionKernelArgs {
   const void* q;                // [num_tokens][num_q_heads][head_dim]
   void* out;                    // [num_tokens][num_q_heads][head_dim]
@@ -22,6 +25,7 @@ struct AttentionKernelArgs {
   const void* v;        // layer V, same addressing
   int64_t block_pitch;  // elements
   int32_t block_size;
+  int32_t block_shift;  // log2(block_size) if a power of two, else -1
   int32_t num_kv_heads;
   int32_t num_q_heads;
   int32_t group;   // num_q_heads / num_kv_heads

@@ -11,8 +11,7 @@
 namespace kvp::cuda {
 namespace {
 
-constexpr int32_t kMinKeysPerSplit = 64;
-constexpr int32_t kMaxSplits = 128;
+constexpr int32_t kMinKeysPerSplit = 128;
 
 // Heads of one KV group handled by one decode CTA: the largest of 8, 4, 2, 1 dividing the group.
 int32_t decode_heads_per_cta(int32_t group) {
@@ -30,20 +29,21 @@ Result<int32_t> sm_count() {
   return count;
 }
 
-// Splits per sequence for decode: enough CTAs to fill the GPU about four times over, never fewer
-// than kMinKeysPerSplit keys per split.
+// Splits per sequence for decode: as many as keep all CTAs in one wave (about as many CTAs as
+// can be resident at once: 4 per SM, 2 with 8 heads per CTA, whose registers allow no more),
+// never fewer than kMinKeysPerSplit keys per split.
 int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch, const PagedKv& kv,
                       int32_t num_sms) {
   const int32_t group = params.num_q_heads / kv.num_kv_heads;
-  const int64_t ctas =
-      int64_t{batch.num_seqs} * kv.num_kv_heads * (group / decode_heads_per_cta(group));
+  const int32_t heads_per_cta = decode_heads_per_cta(group);
+  const int64_t ctas = int64_t{batch.num_seqs} * kv.num_kv_heads * (group / heads_per_cta);
   const int32_t span =
       params.window > 0 ? std::min(batch.max_kv_len, params.window) : batch.max_kv_len;
-  const int64_t target = 4 * int64_t{num_sms};
-  const int64_t by_occupancy = (target + ctas - 1) / ctas;
-  const int64_t by_length = std::max<int64_t>(1, span / kMinKeysPerSplit);
+  const int64_t resident = int64_t{heads_per_cta == 8 ? 2 : 4} * num_sms;
+  const int64_t by_occupancy = resident / std::max<int64_t>(ctas, 1);
+  const int64_t by_length = span / kMinKeysPerSplit;
   return static_cast<int32_t>(
-      std::clamp<int64_t>(std::min(by_occupancy, by_length), 1, kMaxSplits));
+      std::clamp<int64_t>(std::min(by_occupancy, by_length), 1, detail::kMaxDecodeSplits));
 }
 
 Status check_launchable(const AttentionParams& params, const AttentionBatch& batch,
@@ -107,6 +107,11 @@ detail::AttentionKernelArgs make_args(const AttentionParams& params, const Atten
   a.v = kv.v;
   a.block_pitch = kv.block_pitch;
   a.block_size = kv.block_size;
+  a.block_shift = -1;
+  if ((kv.block_size & (kv.block_size - 1)) == 0) {
+    a.block_shift = 0;
+    while ((1 << a.block_shift) < kv.block_size) ++a.block_shift;
+  }
   a.num_kv_heads = kv.num_kv_heads;
   a.num_q_heads = params.num_q_heads;
   a.group = params.num_q_heads / kv.num_kv_heads;

@@ -7,7 +7,7 @@
 // share a KV head share every K/V tile:
 //
 //   row r = token * G + g      (query head kv_head * G + g, position kv_len - q_len + token)
-//   CTA tile = 64 rows, warp w owns rows 16w .. 16w+15
+//   CTA tile = 128 rows (64 at head dim 256), warp w owns rows 32w .. 32w+31 (two m16 tiles)
 //
 // Keys run from the first one the tile's earliest row sees (window) to the last one its latest
 // row sees (causal); masking is applied only on the tiles where some row needs it.
@@ -24,7 +24,6 @@ namespace {
 
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
-constexpr int kRowsPerCta = kPrefillWarps * 16;
 
 template <int D>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
@@ -78,21 +77,33 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 
 template <int D>
 __host__ __device__ constexpr int keys_per_tile() {
-  return D >= 256 ? 32 : 64;
+  return D >= 128 ? 32 : 64;
+}
+// m16 tiles per warp: two where the accumulators fit the registers, so every K/V fragment read
+// from shared memory feeds two mma instead of one.
+template <int D>
+__host__ __device__ constexpr int mtiles_per_warp() {
+  return D >= 256 ? 1 : 2;
+}
+template <int D>
+__host__ __device__ constexpr int rows_per_cta() {
+  return kPrefillWarps * 16 * mtiles_per_warp<D>();
 }
 template <int D>
 __host__ __device__ constexpr int prefill_smem_bytes() {
-  return (kRowsPerCta * D + 4 * keys_per_tile<D>() * D) * 2;
+  return (rows_per_cta<D>() * D + 4 * keys_per_tile<D>() * D) * 2;
 }
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefill_attention_kernel(const AttentionKernelArgs a) {
   constexpr int kBN = keys_per_tile<D>();
+  constexpr int kMT = mtiles_per_warp<D>();
+  constexpr int kRows = rows_per_cta<D>();
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   extern __shared__ uint4 smem_raw[];
-  T* s_q = reinterpret_cast<T*>(smem_raw);  // [kRowsPerCta][D]
-  T* s_k = s_q + kRowsPerCta * D;           // [2][kBN][D]
+  T* s_q = reinterpret_cast<T*>(smem_raw);  // [kRows][D]
+  T* s_k = s_q + kRows * D;                 // [2][kBN][D]
   T* s_v = s_k + 2 * kBN * D;               // [2][kBN][D]
 
   const int seq = blockIdx.y;
@@ -103,12 +114,12 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int G = a.group;
   const int num_rows = q_len * G;
   // Latest rows first: they see the most keys, so the longest CTAs start earliest.
-  const int row0 = (gridDim.x - 1 - blockIdx.x) * kRowsPerCta;
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kRows;
   if (row0 >= num_rows) return;
   const int kv_len = a.kv_lens[seq];
   const int first_pos = kv_len - q_len;  // position of token 0
   const int pos_lo = first_pos + row0 / G;
-  const int pos_hi = first_pos + min(num_rows - 1, row0 + kRowsPerCta - 1) / G;
+  const int pos_hi = first_pos + min(num_rows - 1, row0 + kRows - 1) / G;
   const int key_begin = a.window > 0 ? max(0, pos_lo - a.window + 1) : 0;
   const int key_end = pos_hi + 1;
   const int tile_first = key_begin / kBN;
@@ -124,7 +135,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int64_t head_offset = int64_t{kv_head} * a.block_size * D;
 
   // Q tile (rows past the sequence are zero-filled; they are computed but never stored).
-  for (int i = tid; i < kRowsPerCta * kChunks; i += kPrefillThreads) {
+  for (int i = tid; i < kRows * kChunks; i += kPrefillThreads) {
     const int r = i / kChunks;
     const int c = i % kChunks;
     const int row = row0 + r;
@@ -147,8 +158,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
       // their blocks (table entry -1), so they are zero-filled instead of read.
       const bool valid = j >= key_begin && j < kv_len;
       if (valid) {
-        off = int64_t{table[j / a.block_size]} * a.block_pitch + head_offset +
-              (j % a.block_size) * D + c * 8;
+        off = int64_t{table[block_index(j, a)]} * a.block_pitch + head_offset +
+              index_in_block(j, a) * D + c * 8;
       }
       // zero-filled keys are masked: p = 0 times a zero V row stays 0 (never 0 * NaN)
       cp_async16(dk + swizzle<D>(r, c), k + off, valid ? 16 : 0);
@@ -158,17 +169,27 @@ __global__ void __launch_bounds__(kPrefillThreads)
   load_kv(0, 0);
   cp_async_commit();
 
-  // This thread's two rows of the warp's 16 (C fragment rows lane/4 and lane/4 + 8).
-  int pos[2];
-  for (int h = 0; h < 2; ++h) {
-    const int row = row0 + warp * 16 + lane / 4 + h * 8;
-    pos[h] = row < num_rows ? first_pos + row / G : pos_hi;
-  }
-  float o[D / 8][4];
+  // This thread's rows: m-tile mt, C fragment rows lane/4 (h = 0) and lane/4 + 8 (h = 1) of the
+  // warp's rows warp*16*kMT + mt*16 ...
+  const int warp_row0 = warp * 16 * kMT;
+  int pos[kMT][2];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.0f, 0.0f};
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + warp_row0 + mt * 16 + lane / 4 + h * 8;
+      pos[mt][h] = row < num_rows ? first_pos + row / G : pos_hi;
+    }
+  }
+  float o[kMT][D / 8][4];
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
   const bool soft_cap = a.cap_log2 > 0.0f;
 
   for (int t = 0; t < num_tiles; ++t) {
@@ -183,80 +204,99 @@ __global__ void __launch_bounds__(kPrefillThreads)
     const T* tk = s_k + (t & 1) * kBN * D;
     const T* tv = s_v + (t & 1) * kBN * D;
 
-    float s[kBN / 8][4];
+    float s[kMT][kBN / 8][4];
 #pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0;
+    }
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
-      uint32_t qa[4];
-      ldmatrix_x4(qa, s_q + swizzle<D>(warp * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        ldmatrix_x4(qa[mt],
+                    s_q + swizzle<D>(warp_row0 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+      }
 #pragma unroll
       for (int np = 0; np < kBN / 16; ++np) {
         uint32_t kb[4];
         ldmatrix_x4(kb, tk + swizzle<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
                                         kk * 2 + ((lane >> 3) & 1)));
-        mma16816<T>(s[2 * np], qa, kb[0], kb[1]);
-        mma16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          mma16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
       }
     }
 
     const int n0 = (tile_first + t) * kBN;
     const bool need_mask = n0 + kBN - 1 > pos_lo || (a.window > 0 && pos_hi - n0 >= a.window);
-    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) {
+    for (int mt = 0; mt < kMT; ++mt) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = soft_cap ? a.cap_log2 * tanhf(s[n][e] * a.qk_mul) : s[n][e] * a.qk_mul;
-        if (need_mask) {
-          const int j = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
-          const int p = pos[e >> 1];
-          if (j > p || (a.window > 0 && p - j >= a.window)) x = -INFINITY;
+      for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = soft_cap ? a.cap_log2 * tanhf(s[mt][n][e] * a.qk_mul) : s[mt][n][e] * a.qk_mul;
+          if (need_mask) {
+            const int j = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
+            const int p = pos[mt][e >> 1];
+            if (j > p || (a.window > 0 && p - j >= a.window)) x = -INFINITY;
+          }
+          s[mt][n][e] = x;
+          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
         }
-        s[n][e] = x;
-        tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
       }
-    }
-    float base[2];
+      float base[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float m_new = fmaxf(m[h], tile_max[h]);
-      base[h] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no visible key yet
-      const float correction = exp2f(m[h] - base[h]);
-      m[h] = m_new;
-      l[h] *= correction;
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float m_new = fmaxf(m[mt][h], tile_max[h]);
+        base[h] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no visible key yet
+        const float correction = exp2f(m[mt][h] - base[h]);
+        m[mt][h] = m_new;
+        l[mt][h] *= correction;
 #pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[n][2 * h] *= correction;
-        o[n][2 * h + 1] *= correction;
+        for (int n = 0; n < D / 8; ++n) {
+          o[mt][n][2 * h] *= correction;
+          o[mt][n][2 * h + 1] *= correction;
+        }
       }
-    }
 #pragma unroll
-    for (int n = 0; n < kBN / 8; ++n) {
+      for (int n = 0; n < kBN / 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = exp2f(s[n][e] - base[e >> 1]);
-        l[e >> 1] += s[n][e];
+        for (int e = 0; e < 4; ++e) {
+          s[mt][n][e] = exp2f(s[mt][n][e] - base[e >> 1]);
+          l[mt][e >> 1] += s[mt][n][e];
+        }
       }
     }
 
     // O += P V, P straight from the score registers (C layout == A layout pairwise).
 #pragma unroll
     for (int kk = 0; kk < kBN / 16; ++kk) {
-      uint32_t pa[4];
-      pa[0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
-      pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
-      pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      uint32_t pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, tv + swizzle<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
                                               dp * 2 + (lane >> 4)));
-        mma16816<T>(o[2 * dp], pa, vb[0], vb[1]);
-        mma16816<T>(o[2 * dp + 1], pa, vb[2], vb[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          mma16816<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
       }
     }
     __syncthreads();  // the next iteration's loads overwrite this stage
@@ -264,18 +304,22 @@ __global__ void __launch_bounds__(kPrefillThreads)
 
   T* out = static_cast<T*>(a.out);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    const int row = row0 + warp * 16 + lane / 4 + h * 8;
-    if (row >= num_rows) continue;
-    const float inv = 1.0f / l[h];
-    T* dst = out + (int64_t{q_begin + row / G} * a.num_q_heads + kv_head * G + row % G) * D +
-             (lane % 4) * 2;
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      *reinterpret_cast<uint32_t*>(dst + n * 8) =
-          pack2<T>(o[n][2 * h] * inv, o[n][2 * h + 1] * inv);
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[mt][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = row0 + warp_row0 + mt * 16 + lane / 4 + h * 8;
+      if (row >= num_rows) continue;
+      const float inv = 1.0f / sum;
+      T* dst = out + (int64_t{q_begin + row / G} * a.num_q_heads + kv_head * G + row % G) * D +
+               (lane % 4) * 2;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dst + n * 8) =
+            pack2<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+      }
     }
   }
 }
@@ -292,8 +336,8 @@ cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_
   });
   if (attribute_err != cudaSuccess) return attribute_err;
   const int64_t rows = int64_t{max_q_len} * args.group;
-  const dim3 grid(static_cast<unsigned>((rows + kRowsPerCta - 1) / kRowsPerCta), args.num_seqs,
-                  args.num_kv_heads);
+  const dim3 grid(static_cast<unsigned>((rows + rows_per_cta<D>() - 1) / rows_per_cta<D>()),
+                  args.num_seqs, args.num_kv_heads);
   prefill_attention_kernel<T, D><<<grid, kPrefillThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }

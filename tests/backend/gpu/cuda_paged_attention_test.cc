@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <numeric>
 #include <random>
 #include <string>
@@ -134,6 +135,7 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   const std::vector<uint8_t> out = to_host<uint8_t>(d_out.data(), q_elems * elem);
   const kvp::testing::TensorDiff diff =
       kvp::testing::compare(out.data(), c.dtype, ref.data(), c.dtype, q_elems);
+  std::printf("%s: %s\n", describe(c).c_str(), diff.describe().c_str());
   const double tolerance = c.dtype == DType::BF16 ? 1e-2 : 5e-3;
   EXPECT_EQ(diff.non_finite, 0u) << diff.describe();
   EXPECT_LE(diff.relative_error, tolerance) << diff.describe();
