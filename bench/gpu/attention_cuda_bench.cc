@@ -156,6 +156,7 @@ struct Shape {
   int32_t ctx;    // kv_len of every sequence
   int32_t q_len;  // 1 (decode) or ctx (prefill)
   int32_t block_size;
+  int32_t min_keys_per_split = 0;  // 0: the library's default
 };
 
 struct CaseResult {
@@ -254,7 +255,7 @@ int bench_main(int argc, char** argv) {
     return 1;
   }
   std::fprintf(csv,
-               "kind,batch,ctx,q_len,block,graph_us,eager_us,bytes,flops,gbps,frac_copy,"
+               "kind,batch,ctx,q_len,block,min_keys,graph_us,eager_us,bytes,flops,gbps,frac_copy,"
                "tflops,sets,copy_gbps\n");
   std::vector<Shape> shapes;
   for (int32_t b : {1, 16, 64, 256}) {
@@ -265,8 +266,17 @@ int bench_main(int argc, char** argv) {
     shapes.push_back({"decode_block", 1, 16384, 1, bs});
   }
   for (int32_t len : {2048, 8192, 32768}) shapes.push_back({"prefill", 1, len, len, 16});
+  // decode split policy (variants of the fewest keys per split; the default is 64)
+  for (int32_t min_keys : {32, 128, 256}) {
+    for (int32_t b : {1, 16}) {
+      for (int32_t ctx : {512, 4096, 16384}) {
+        shapes.push_back({"decode_split", b, ctx, 1, 16, min_keys});
+      }
+    }
+  }
   uint64_t seed = 12345;
   for (const Shape& s : shapes) {
+    set_decode_min_keys_per_split(s.min_keys_per_split);
     const CaseResult r = run_shape(s, stream, quick, seed += 101);
     const double gbps = r.bytes / (r.timing.graph_us * 1e-6) / 1e9;
     const double tflops = r.flops / (r.timing.graph_us * 1e-6) / 1e12;
@@ -275,9 +285,10 @@ int bench_main(int argc, char** argv) {
         "GBps=%6.0f frac_copy=%.3f TFLOPs=%6.1f sets=%d\n",
         s.kind, s.batch, s.ctx, s.q_len, s.block_size, r.timing.graph_us, r.timing.eager_us, gbps,
         gbps / copy_gbps, tflops, r.num_sets);
-    std::fprintf(csv, "%s,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.0f,%.1f,%.4f,%.2f,%d,%.0f\n", s.kind,
-                 s.batch, s.ctx, s.q_len, s.block_size, r.timing.graph_us, r.timing.eager_us,
-                 r.bytes, r.flops, gbps, gbps / copy_gbps, tflops, r.num_sets, copy_gbps);
+    std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.0f,%.1f,%.4f,%.2f,%d,%.0f\n", s.kind,
+                 s.batch, s.ctx, s.q_len, s.block_size, s.min_keys_per_split, r.timing.graph_us,
+                 r.timing.eager_us, r.bytes, r.flops, gbps, gbps / copy_gbps, tflops, r.num_sets,
+                 copy_gbps);
     std::fflush(stdout);
     std::fflush(csv);
   }

@@ -60,5 +60,20 @@ def main():
                   f"{float(r['eager_us']):.2f} | {float(r['frac_copy']):.3f} |")
 
 
+
+
+def print_splits(ours):
+    rows = [r for r in ours if r["kind"] in ("decode_split",)]
+    if not rows:
+        return
+    print()
+    print("| min keys per split | batch | ctx | graph us | eager us | frac copy |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['min_keys']} | {r['batch']} | {r['ctx']} | {float(r['graph_us']):.2f} | "
+              f"{float(r['eager_us']):.2f} | {float(r['frac_copy']):.3f} |")
+
+
 if __name__ == "__main__":
     main()
+    print_splits(load(sys.argv[1]))

@@ -46,7 +46,8 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 template <typename T, int D, int G>
-__global__ void __launch_bounds__(kDecodeThreads)
+// Register budget: 4 CTAs per SM up to 4 heads per CTA (<= 128 registers), 2 with 8.
+__global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     decode_attention_kernel(const AttentionKernelArgs a) {
   constexpr int kLanes = D / 8;                      // lanes per K/V row, 16 bytes each
   constexpr int kStreams = kDecodeThreads / kLanes;  // independent token streams per CTA
@@ -291,6 +292,36 @@ __global__ void __launch_bounds__(kMergeParts* D) merge_splits_kernel(const Atte
   }
 }
 
+// CTAs of one decode instantiation resident per SM (queried once, for the current device).
+template <typename T, int D, int G>
+int decode_occupancy() {
+  static const int ctas = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_attention_kernel<T, D, G>,
+                                                      kDecodeThreads,
+                                                      decode_smem_bytes()) != cudaSuccess) {
+      cudaGetLastError();
+      n = 1;
+    }
+    return n > 0 ? n : 1;
+  }();
+  return ctas;
+}
+
+template <typename T, int D>
+int decode_occupancy_typed(int32_t heads_per_cta) {
+  switch (heads_per_cta) {
+    case 1:
+      return decode_occupancy<T, D, 1>();
+    case 2:
+      return decode_occupancy<T, D, 2>();
+    case 4:
+      return decode_occupancy<T, D, 4>();
+    default:
+      return decode_occupancy<T, D, 8>();
+  }
+}
+
 template <typename T, int D>
 cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_per_cta,
                                 cudaStream_t stream) {
@@ -355,6 +386,20 @@ cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, 
                                     int32_t heads_per_cta, cudaStream_t stream) {
   return bf16 ? launch_decode_dim<__nv_bfloat16>(args, head_dim, heads_per_cta, stream)
               : launch_decode_dim<__half>(args, head_dim, heads_per_cta, stream);
+}
+
+int decode_ctas_per_sm(bool bf16, int32_t head_dim, int32_t heads_per_cta) {
+  switch (head_dim) {
+    case 64:
+      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 64>(heads_per_cta)
+                  : decode_occupancy_typed<__half, 64>(heads_per_cta);
+    case 128:
+      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 128>(heads_per_cta)
+                  : decode_occupancy_typed<__half, 128>(heads_per_cta);
+    default:
+      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 256>(heads_per_cta)
+                  : decode_occupancy_typed<__half, 256>(heads_per_cta);
+  }
 }
 
 cudaError_t launch_merge_splits(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,

@@ -42,6 +42,8 @@ struct AttentionKernelArgs {
 
 cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
                                     int32_t heads_per_cta, cudaStream_t stream);
+// CTAs of the decode kernel for (dtype, head_dim, heads per CTA) resident on one SM.
+int decode_ctas_per_sm(bool bf16, int32_t head_dim, int32_t heads_per_cta);
 cudaError_t launch_merge_splits(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
                                 cudaStream_t stream);
 cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,

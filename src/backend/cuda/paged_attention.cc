@@ -3,6 +3,7 @@
 #include "backend/cuda/paged_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "backend/cuda/cuda_status.h"
@@ -11,7 +12,8 @@
 namespace kvp::cuda {
 namespace {
 
-constexpr int32_t kMinKeysPerSplit = 128;
+constexpr int32_t kDefaultMinKeysPerSplit = 64;
+std::atomic<int32_t> g_min_keys_per_split{kDefaultMinKeysPerSplit};
 
 // Heads of one KV group handled by one decode CTA: the largest of 8, 4, 2, 1 dividing the group.
 int32_t decode_heads_per_cta(int32_t group) {
@@ -29,9 +31,9 @@ Result<int32_t> sm_count() {
   return count;
 }
 
-// Splits per sequence for decode: as many as keep all CTAs in one wave (about as many CTAs as
-// can be resident at once: 4 per SM, 2 with 8 heads per CTA, whose registers allow no more),
-// never fewer than kMinKeysPerSplit keys per split.
+// Splits per sequence for decode: as many as keep all CTAs in one wave (as many CTAs as are
+// resident at once, from the occupancy of the kernel that will run), never fewer than
+// min_keys_per_split keys per split.
 int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch, const PagedKv& kv,
                       int32_t num_sms) {
   const int32_t group = params.num_q_heads / kv.num_kv_heads;
@@ -39,9 +41,11 @@ int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch
   const int64_t ctas = int64_t{batch.num_seqs} * kv.num_kv_heads * (group / heads_per_cta);
   const int32_t span =
       params.window > 0 ? std::min(batch.max_kv_len, params.window) : batch.max_kv_len;
-  const int64_t resident = int64_t{heads_per_cta == 8 ? 2 : 4} * num_sms;
+  const int64_t resident =
+      int64_t{detail::decode_ctas_per_sm(kv.dtype == DType::BF16, kv.head_dim, heads_per_cta)} *
+      num_sms;
   const int64_t by_occupancy = resident / std::max<int64_t>(ctas, 1);
-  const int64_t by_length = span / kMinKeysPerSplit;
+  const int64_t by_length = span / g_min_keys_per_split.load(std::memory_order_relaxed);
   return static_cast<int32_t>(
       std::clamp<int64_t>(std::min(by_occupancy, by_length), 1, detail::kMaxDecodeSplits));
 }
@@ -128,6 +132,11 @@ detail::AttentionKernelArgs make_args(const AttentionParams& params, const Atten
 }
 
 }  // namespace
+
+void set_decode_min_keys_per_split(int32_t min_keys) {
+  g_min_keys_per_split.store(min_keys > 0 ? min_keys : kDefaultMinKeysPerSplit,
+                             std::memory_order_relaxed);
+}
 
 Status AttentionWorkspace::reserve(size_t size_bytes) {
   if (buffer_.size_bytes() >= size_bytes) return Status::ok();

@@ -37,6 +37,10 @@ class AttentionWorkspace {
   DeviceBuffer buffer_;
 };
 
+// Tuning knob for benchmarks: the fewest keys a decode split may get (default 64; <= 0 restores
+// the default). Process-wide; changes the results only by rounding.
+void set_decode_min_keys_per_split(int32_t min_keys);
+
 // Bytes of workspace a call with these arguments needs (0 when no split is used).
 size_t attention_workspace_bytes(const AttentionParams& params, const AttentionBatch& batch,
                                  const PagedKv& kv);

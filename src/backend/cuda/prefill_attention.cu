@@ -233,6 +233,26 @@ __global__ void __launch_bounds__(kPrefillThreads)
 
     const int n0 = (tile_first + t) * kBN;
     const bool need_mask = n0 + kBN - 1 > pos_lo || (a.window > 0 && pos_hi - n0 >= a.window);
+    // The soft cap's tanh stays out of the common path: a uniform branch around whole loops.
+    if (soft_cap) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = a.cap_log2 * tanhf(s[mt][n][e] * a.qk_mul);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] *= a.qk_mul;
+        }
+      }
+    }
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
       float tile_max[2] = {-INFINITY, -INFINITY};
@@ -240,7 +260,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
       for (int n = 0; n < kBN / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float x = soft_cap ? a.cap_log2 * tanhf(s[mt][n][e] * a.qk_mul) : s[mt][n][e] * a.qk_mul;
+          float x = s[mt][n][e];
           if (need_mask) {
             const int j = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
             const int p = pos[mt][e >> 1];
