@@ -266,8 +266,8 @@ int bench_main(int argc, char** argv) {
     shapes.push_back({"decode_block", 1, 16384, 1, bs});
   }
   for (int32_t len : {2048, 8192, 32768}) shapes.push_back({"prefill", 1, len, len, 16});
-  // decode split policy (variants of the fewest keys per split; the default is 64)
-  for (int32_t min_keys : {32, 128, 256}) {
+  // decode split policy (variants of the fewest keys per split; the default is 32)
+  for (int32_t min_keys : {64, 128, 256}) {
     for (int32_t b : {1, 16}) {
       for (int32_t ctx : {512, 4096, 16384}) {
         shapes.push_back({"decode_split", b, ctx, 1, 16, min_keys});

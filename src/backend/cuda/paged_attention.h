@@ -37,7 +37,7 @@ class AttentionWorkspace {
   DeviceBuffer buffer_;
 };
 
-// Tuning knob for benchmarks: the fewest keys a decode split may get (default 64; <= 0 restores
+// Tuning knob for benchmarks: the fewest keys a decode split may get (default 32; <= 0 restores
 // the default). Process-wide; changes the results only by rounding.
 void set_decode_min_keys_per_split(int32_t min_keys);
 

@@ -233,23 +233,17 @@ __global__ void __launch_bounds__(kPrefillThreads)
 
     const int n0 = (tile_first + t) * kBN;
     const bool need_mask = n0 + kBN - 1 > pos_lo || (a.window > 0 && pos_hi - n0 >= a.window);
-    // The soft cap's tanh stays out of the common path: a uniform branch around whole loops.
+    // Without a soft cap the scores stay raw: the scale is folded into the exp2's FMA (mul > 0,
+    // so maxima commute with it). The soft cap's tanh runs under a uniform branch.
+    float mul = a.qk_mul;
     if (soft_cap) {
+      mul = 1.0f;
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int n = 0; n < kBN / 8; ++n) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mt][n][e] = a.cap_log2 * tanhf(s[mt][n][e] * a.qk_mul);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int n = 0; n < kBN / 8; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][n][e] *= a.qk_mul;
         }
       }
     }
@@ -270,27 +264,32 @@ __global__ void __launch_bounds__(kPrefillThreads)
           tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
         }
       }
-      float base[2];
+      float base[2], correction[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
         tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        const float m_new = fmaxf(m[mt][h], tile_max[h]);
+        const float m_new = fmaxf(m[mt][h], tile_max[h] * mul);
         base[h] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no visible key yet
-        const float correction = exp2f(m[mt][h] - base[h]);
+        correction[h] = exp2f(m[mt][h] - base[h]);
         m[mt][h] = m_new;
-        l[mt][h] *= correction;
+        l[mt][h] *= correction[h];
+      }
+      // Most tiles leave every row maximum of the warp unchanged: skip the accumulator rescale.
+      if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
 #pragma unroll
         for (int n = 0; n < D / 8; ++n) {
-          o[mt][n][2 * h] *= correction;
-          o[mt][n][2 * h + 1] *= correction;
+          o[mt][n][0] *= correction[0];
+          o[mt][n][1] *= correction[0];
+          o[mt][n][2] *= correction[1];
+          o[mt][n][3] *= correction[1];
         }
       }
 #pragma unroll
       for (int n = 0; n < kBN / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          s[mt][n][e] = exp2f(s[mt][n][e] - base[e >> 1]);
+          s[mt][n][e] = exp2f(fmaf(s[mt][n][e], mul, -base[e >> 1]));
           l[mt][e >> 1] += s[mt][n][e];
         }
       }
