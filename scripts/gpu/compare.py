@@ -17,6 +17,8 @@ def load(path):
 
 def main():
     ours = load(sys.argv[1])
+    if not ours:
+        sys.exit("compare: no benchmark rows in " + sys.argv[1])
     peer = {(r["kind"], r["batch"], r["ctx"]): r for r in load(sys.argv[2])}
     mm = float(next(iter(peer.values()))["matmul_tflops"])
     print(f"matmul ceiling (torch, same check) {mm:.0f} TFLOP/s; "

@@ -121,24 +121,28 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   DeviceBuffer d_start = to_device(query_start);
   DeviceBuffer d_kv_lens = to_device(kv_lens);
   DeviceBuffer d_tables = to_device(tables);
-  KVP_ASSERT_CUDA(cudaMemset(d_out.data(), 0xff, q_elems * elem));  // NaN in bf16 and f16
   AttentionBatch batch = host_batch;
   batch.query_start = d_start.as<int32_t>();
   batch.kv_lens = d_kv_lens.as<int32_t>();
   batch.block_tables = d_tables.as<int32_t>();
   const PagedKv kv = paged_kv_for_layer(layout, d_slab.data(), 0);
   AttentionWorkspace workspace;
-  const Status status = paged_attention_checked(params, batch, host_batch, kv, d_q.data(), c.dtype,
-                                                d_out.data(), workspace, nullptr);
-  ASSERT_TRUE(status.is_ok()) << status.to_string();
-  KVP_ASSERT_CUDA(cudaDeviceSynchronize());
-  const std::vector<uint8_t> out = to_host<uint8_t>(d_out.data(), q_elems * elem);
-  const kvp::testing::TensorDiff diff =
-      kvp::testing::compare(out.data(), c.dtype, ref.data(), c.dtype, q_elems);
-  std::printf("%s: %s\n", describe(c).c_str(), diff.describe().c_str());
-  const double tolerance = c.dtype == DType::BF16 ? 1e-2 : 5e-3;
-  EXPECT_EQ(diff.non_finite, 0u) << diff.describe();
-  EXPECT_LE(diff.relative_error, tolerance) << diff.describe();
+  // Twice with one workspace: a reused workspace (split states of the first call) must not leak
+  // into the second.
+  for (int call = 0; call < 2; ++call) {
+    KVP_ASSERT_CUDA(cudaMemset(d_out.data(), 0xff, q_elems * elem));  // NaN in bf16 and f16
+    const Status status = paged_attention_checked(params, batch, host_batch, kv, d_q.data(),
+                                                  c.dtype, d_out.data(), workspace, nullptr);
+    ASSERT_TRUE(status.is_ok()) << status.to_string();
+    KVP_ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<uint8_t> out = to_host<uint8_t>(d_out.data(), q_elems * elem);
+    const kvp::testing::TensorDiff diff =
+        kvp::testing::compare(out.data(), c.dtype, ref.data(), c.dtype, q_elems);
+    std::printf("%s call %d: %s\n", describe(c).c_str(), call, diff.describe().c_str());
+    const double tolerance = c.dtype == DType::BF16 ? 1e-2 : 5e-3;
+    EXPECT_EQ(diff.non_finite, 0u) << "call " << call << ": " << diff.describe();
+    EXPECT_LE(diff.relative_error, tolerance) << "call " << call << ": " << diff.describe();
+  }
 }
 
 // ---- the matrix: block size x head dim x GQA ratio x query length ----
