@@ -8,6 +8,7 @@
 //
 //   row r = token * G + g      (query head kv_head * G + g, position kv_len - q_len + token)
 //   CTA tile = 128 rows (64 at head dim 256), warp w owns rows 32w .. 32w+31 (two m16 tiles)
+//   key tile = 32 keys (64 at head dim 64), double-buffered
 //
 // Keys run from the first one the tile's earliest row sees (window) to the last one its latest
 // row sees (causal); masking is applied only on the tiles where some row needs it.
