@@ -1,0 +1,71 @@
+// Internal to the CUDA attention kernels (.cu only): bf16/f16 conversions shared by the decode
+// and prefill kernels.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "backend/cuda/kernels.h"
+
+namespace kvp::cuda::detail {
+
+// Logit in log2 units from a raw dot product q.k (soft cap folded in).
+__device__ __forceinline__ float scaled_logit(float dot, const AttentionKernelArgs& a) {
+  return a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(dot * a.qk_mul) : dot * a.qk_mul;
+}
+
+// Block-table index and offset in the block of key position j; a shift and a mask for the usual
+// power-of-two block sizes, a division otherwise.
+__device__ __forceinline__ int block_index(int j, const AttentionKernelArgs& a) {
+  return a.block_shift >= 0 ? j >> a.block_shift : j / a.block_size;
+}
+__device__ __forceinline__ int index_in_block(int j, const AttentionKernelArgs& a) {
+  return a.block_shift >= 0 ? j & (a.block_size - 1) : j % a.block_size;
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const auto* p = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __bfloat1622float2(p[i]);
+      f[2 * i] = x.x;
+      f[2 * i + 1] = x.y;
+    }
+  } else {
+    const auto* p = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __half22float2(p[i]);
+      f[2 * i] = x.x;
+      f[2 * i + 1] = x.y;
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 x = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&x);
+  } else {
+    const __half2 x = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&x);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return __float2half_rn(x);
+  }
+}
+
+}  // namespace kvp::cuda::detail

@@ -1,0 +1,411 @@
+// Decode attention (q_len == 1) and the exact merge of split-KV partial states.
+//
+// decode_attention_kernel: grid (num_splits, num_kv_heads * head_chunks, num_seqs), 128 threads.
+// A CTA owns one sequence's query heads head0 .. head0+G-1 (all reading one KV head) and one
+// contiguous slice of the visible keys. The CTA is cut into kStreams token streams of kLanes
+// lanes; a stream reads whole K and V rows (kLanes x 16 bytes), so each K/V byte is loaded once
+// for all G heads, and runs its own online softmax over its tokens with no barrier. The streams
+// are merged through shared memory at the end:
+//
+//   keys of the slice:  | s0 s0 s0 s0 | s1 s1 s1 s1 | ... | s7 s7 s7 s7 | s0 s0 ... (kUnroll = 4)
+//
+// K/V rows reach the registers through a per-thread cp.async ring (kDecodeStages deep) in shared
+// memory, so two steps of loads are in flight while one is computed.
+//
+// merge_splits_kernel: grid (num_seqs, num_q_heads), 4 x head_dim threads; combines the partial
+// (max, sum, accumulator) triples of the splits with weights exp2(max_i - max).
+#include <cmath>
+
+#include "backend/cuda/attention_device.cuh"
+
+namespace kvp::cuda::detail {
+namespace {
+
+constexpr int kDecodeThreads = 128;
+constexpr int kDecodeStages = 3;
+constexpr int kDecodeUnroll = 4;  // tokens per stream per step
+
+// The cp.async ring: [kDecodeStages][2][kDecodeUnroll][kDecodeThreads] x 16 bytes = 48 KB, the
+// most a CTA gets without opting in; the stream merge reuses it.
+__host__ __device__ constexpr int decode_smem_bytes() {
+  return kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+template <typename T, int D, int G>
+// Register budget: 4 CTAs per SM up to 4 heads per CTA (<= 128 registers), 2 with 8.
+__global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
+    decode_attention_kernel(const AttentionKernelArgs a) {
+  constexpr int kLanes = D / 8;                      // lanes per K/V row, 16 bytes each
+  constexpr int kStreams = kDecodeThreads / kLanes;  // independent token streams per CTA
+  constexpr int kUnroll = kDecodeUnroll;
+  constexpr int kStep = kStreams * kUnroll;
+
+  const int split = blockIdx.x;
+  const int kv_head = blockIdx.y / a.head_chunks;
+  const int head0 = kv_head * a.group + (blockIdx.y % a.head_chunks) * G;
+  const int seq = blockIdx.z;
+  const int q_row = a.query_start[seq];
+  const int kv_len = a.kv_lens[seq];  // loaded before the branch: both loads in flight at once
+  if (a.query_start[seq + 1] - q_row != 1) return;  // prefill rows belong to the other kernel
+  const int first = a.window > 0 ? max(0, kv_len - a.window) : 0;
+  const int per_split = (kv_len - first + a.num_splits - 1) / a.num_splits;
+  const int begin = first + split * per_split;
+  const int end = min(kv_len, begin + per_split);
+  const int64_t partial_row = (int64_t{seq} * a.num_q_heads + head0) * a.num_splits + split;
+
+  if (begin >= end) {  // an empty split (short sequence in a batch split for a long one)
+    if (threadIdx.x < G) {
+      a.partial_ml[2 * (partial_row + int64_t{threadIdx.x} * a.num_splits)] = -INFINITY;
+      a.partial_ml[2 * (partial_row + int64_t{threadIdx.x} * a.num_splits) + 1] = 0.0f;
+    }
+    return;
+  }
+
+  const int lane = threadIdx.x % kLanes;
+  const int stream = threadIdx.x / kLanes;
+
+  float q[G][8];  // this lane's 8 dims of each head, pre-multiplied by qk_mul
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    const uint4 raw =
+        __ldg(reinterpret_cast<const uint4*>(static_cast<const T*>(a.q) +
+                                             (int64_t{q_row} * a.num_q_heads + head0 + g) * D) +
+              lane);
+    unpack8<T>(raw, q[g]);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[g][i] *= a.qk_mul;
+  }
+  const bool soft_cap = a.cap_log2 > 0.0f;
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[g][i] = 0.0f;
+  }
+
+  const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
+  const int64_t head_offset = int64_t{kv_head} * a.block_size * D + lane * 8;
+  const T* k_base = static_cast<const T*>(a.k) + head_offset;
+  const T* v_base = static_cast<const T*>(a.v) + head_offset;
+  const int num_steps = (end - begin + kStep - 1) / kStep;
+
+  // Each thread streams its own K/V chunks through a kDecodeStages-deep cp.async ring in shared
+  // memory and reads back only what it copied itself, so the ring needs no barrier.
+  //   ring: [kDecodeStages][2 (K, V)][kUnroll][kDecodeThreads] x 16 bytes
+  extern __shared__ uint4 smem[];
+  auto token_of = [&](int step, int u) { return begin + step * kStep + stream * kUnroll + u; };
+  auto block_of = [&](int step, int u) -> int32_t {
+    const int j = token_of(step, u);
+    return j < end ? __ldg(table + block_index(j, a)) : 0;
+  };
+  auto issue = [&](int step, const int32_t(&block)[kUnroll]) {
+    uint4* slot = smem + (step % kDecodeStages) * 2 * kUnroll * kDecodeThreads + threadIdx.x;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int j = token_of(step, u);
+      const bool valid = j < end;  // also false past the last step
+      const int64_t off = valid ? int64_t{block[u]} * a.block_pitch + index_in_block(j, a) * D : 0;
+      cp_async16(slot + u * kDecodeThreads, k_base + off, valid ? 16 : 0);
+      cp_async16(slot + (kUnroll + u) * kDecodeThreads, v_base + off, valid ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  // Block-table entries are loaded one step before their copies are issued, so the dependent
+  // table -> K/V chain never stalls the thread.
+  int32_t block[kUnroll];
+#pragma unroll
+  for (int st = 0; st < kDecodeStages - 1; ++st) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) block[u] = block_of(st, u);
+    issue(st, block);
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) block[u] = block_of(kDecodeStages - 1, u);
+
+  // The loop bound is uniform over the CTA so every lane reaches every shuffle.
+  for (int i = 0; i < num_steps; ++i) {
+    cp_async_wait<kDecodeStages - 2>();
+    const uint4* slot = smem + (i % kDecodeStages) * 2 * kUnroll * kDecodeThreads + threadIdx.x;
+    uint4 k_raw[kUnroll], v_raw[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      k_raw[u] = slot[u * kDecodeThreads];
+      v_raw[u] = slot[(kUnroll + u) * kDecodeThreads];
+    }
+    issue(i + kDecodeStages - 1, block);  // overwrites the slot read in iteration i - 1
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) block[u] = block_of(i + kDecodeStages, u);
+
+    float s[kUnroll][G];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      float kf[8];
+      unpack8<T>(k_raw[u], kf);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], kf[e], dot);
+        s[u][g] = dot;
+      }
+    }
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], offset);
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float step_max = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        float x = soft_cap ? a.cap_log2 * tanhf(s[u][g]) : s[u][g];
+        if (token_of(i, u) >= end) x = -INFINITY;
+        s[u][g] = x;
+        step_max = fmaxf(step_max, x);
+      }
+      const float m_new = fmaxf(m[g], step_max);
+      if (m_new == -INFINITY) continue;  // this stream has seen no key yet
+      const float correction = exp2f(m[g] - m_new);
+      m[g] = m_new;
+      l[g] *= correction;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= correction;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const float p = exp2f(s[u][g] - m_new);
+        l[g] += p;
+        float vf[8];
+        unpack8<T>(v_raw[u], vf);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is reused below
+
+  // Merge the streams.
+  static_assert(kStreams * G * (D + 2) * 4 <= decode_smem_bytes(), "merge area fits the ring");
+  auto& s_acc = *reinterpret_cast<float(*)[kStreams][G][D]>(smem);
+  auto& s_m =
+      *reinterpret_cast<float(*)[kStreams][G]>(reinterpret_cast<float*>(smem) + kStreams * G * D);
+  auto& s_l = *reinterpret_cast<float(*)[kStreams][G]>(reinterpret_cast<float*>(smem) +
+                                                       kStreams * G * (D + 1));
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      s_m[stream][g] = m[g];
+      s_l[stream][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s_acc[stream][g][lane * 8 + i] = acc[g][i];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += kDecodeThreads) {
+    const int g = idx / D;
+    const int d = idx % D;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int st = 0; st < kStreams; ++st) m_all = fmaxf(m_all, s_m[st][g]);
+    float l_all = 0.0f, acc_all = 0.0f;
+#pragma unroll
+    for (int st = 0; st < kStreams; ++st) {
+      const float w = s_m[st][g] == -INFINITY ? 0.0f : exp2f(s_m[st][g] - m_all);
+      l_all = fmaf(w, s_l[st][g], l_all);
+      acc_all = fmaf(w, s_acc[st][g][d], acc_all);
+    }
+    if (a.num_splits == 1) {
+      static_cast<T*>(a.out)[(int64_t{q_row} * a.num_q_heads + head0 + g) * D + d] =
+          from_float<T>(acc_all / l_all);
+    } else {
+      const int64_t row = partial_row + int64_t{g} * a.num_splits;
+      a.partial_acc[row * D + d] = acc_all;
+      if (d == 0) {
+        a.partial_ml[2 * row] = m_all;
+        a.partial_ml[2 * row + 1] = l_all;
+      }
+    }
+  }
+}
+
+constexpr int kMergeParts = 4;  // thread groups that share one row's splits
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kMergeParts* D) merge_splits_kernel(const AttentionKernelArgs a) {
+  __shared__ float s_m[kMaxDecodeSplits];  // split maxima
+  __shared__ float s_l[kMaxDecodeSplits];  // split sums
+  __shared__ float s_w[kMaxDecodeSplits];  // split weights exp2(m_i - m_all)
+  __shared__ float s_part[kMergeParts][D];
+  const int seq = blockIdx.x;
+  const int head = blockIdx.y;
+  const int q_row = a.query_start[seq];
+  if (a.query_start[seq + 1] - q_row != 1) return;
+  const int64_t row0 = (int64_t{seq} * a.num_q_heads + head) * a.num_splits;
+  const int tid = threadIdx.x;
+  // All split states are read at once (one per thread), not one after another.
+  if (tid < a.num_splits) {
+    s_m[tid] = a.partial_ml[2 * (row0 + tid)];
+    s_l[tid] = a.partial_ml[2 * (row0 + tid) + 1];
+  }
+  __syncthreads();
+  float m_all = -INFINITY;
+  for (int i = 0; i < a.num_splits; ++i) m_all = fmaxf(m_all, s_m[i]);
+  if (tid < a.num_splits) s_w[tid] = s_m[tid] == -INFINITY ? 0.0f : exp2f(s_m[tid] - m_all);
+  __syncthreads();
+  const int d = tid % D;
+  const int part = tid / D;
+  float acc = 0.0f;
+#pragma unroll 4
+  for (int i = part; i < a.num_splits; i += kMergeParts) {
+    // an empty split's accumulator was never written: skip it, never multiply it by 0
+    if (s_w[i] > 0.0f) acc = fmaf(s_w[i], a.partial_acc[(row0 + i) * D + d], acc);
+  }
+  s_part[part][d] = acc;
+  __syncthreads();
+  if (part == 0) {
+    float l_all = 0.0f;
+    for (int i = 0; i < a.num_splits; ++i) l_all = fmaf(s_w[i], s_l[i], l_all);
+#pragma unroll
+    for (int p = 1; p < kMergeParts; ++p) acc += s_part[p][d];
+    static_cast<T*>(a.out)[(int64_t{q_row} * a.num_q_heads + head) * D + d] =
+        from_float<T>(acc / l_all);
+  }
+}
+
+// CTAs of one decode instantiation resident per SM (queried once, for the current device).
+template <typename T, int D, int G>
+int decode_occupancy() {
+  static const int ctas = [] {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_attention_kernel<T, D, G>,
+                                                      kDecodeThreads,
+                                                      decode_smem_bytes()) != cudaSuccess) {
+      cudaGetLastError();
+      n = 1;
+    }
+    return n > 0 ? n : 1;
+  }();
+  return ctas;
+}
+
+template <typename T, int D>
+int decode_occupancy_typed(int32_t heads_per_cta) {
+  switch (heads_per_cta) {
+    case 1:
+      return decode_occupancy<T, D, 1>();
+    case 2:
+      return decode_occupancy<T, D, 2>();
+    case 4:
+      return decode_occupancy<T, D, 4>();
+    default:
+      return decode_occupancy<T, D, 8>();
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_per_cta,
+                                cudaStream_t stream) {
+  const dim3 grid(args.num_splits, args.num_kv_heads * args.head_chunks, args.num_seqs);
+  switch (heads_per_cta) {
+    case 1:
+      decode_attention_kernel<T, D, 1><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
+      break;
+    case 2:
+      decode_attention_kernel<T, D, 2><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
+      break;
+    case 4:
+      decode_attention_kernel<T, D, 4><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
+      break;
+    case 8:
+      decode_attention_kernel<T, D, 8><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_decode_dim(const AttentionKernelArgs& args, int32_t head_dim,
+                              int32_t heads_per_cta, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return launch_decode_typed<T, 64>(args, heads_per_cta, stream);
+    case 128:
+      return launch_decode_typed<T, 128>(args, heads_per_cta, stream);
+    case 256:
+      return launch_decode_typed<T, 256>(args, heads_per_cta, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+template <typename T>
+cudaError_t launch_merge_dim(const AttentionKernelArgs& args, int32_t head_dim,
+                             cudaStream_t stream) {
+  const dim3 grid(args.num_seqs, args.num_q_heads);
+  switch (head_dim) {
+    case 64:
+      merge_splits_kernel<T, 64><<<grid, kMergeParts * 64, 0, stream>>>(args);
+      break;
+    case 128:
+      merge_splits_kernel<T, 128><<<grid, kMergeParts * 128, 0, stream>>>(args);
+      break;
+    case 256:
+      merge_splits_kernel<T, 256><<<grid, kMergeParts * 256, 0, stream>>>(args);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                                    int32_t heads_per_cta, cudaStream_t stream) {
+  return bf16 ? launch_decode_dim<__nv_bfloat16>(args, head_dim, heads_per_cta, stream)
+              : launch_decode_dim<__half>(args, head_dim, heads_per_cta, stream);
+}
+
+int decode_ctas_per_sm(bool bf16, int32_t head_dim, int32_t heads_per_cta) {
+  switch (head_dim) {
+    case 64:
+      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 64>(heads_per_cta)
+                  : decode_occupancy_typed<__half, 64>(heads_per_cta);
+    case 128:
+      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 128>(heads_per_cta)
+                  : decode_occupancy_typed<__half, 128>(heads_per_cta);
+    default:
+      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 256>(heads_per_cta)
+                  : decode_occupancy_typed<__half, 256>(heads_per_cta);
+  }
+}
+
+cudaError_t launch_merge_splits(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                                cudaStream_t stream) {
+  return bf16 ? launch_merge_dim<__nv_bfloat16>(args, head_dim, stream)
+              : launch_merge_dim<__half>(args, head_dim, stream);
+}
+
+}  // namespace kvp::cuda::detail

@@ -1,0 +1,68 @@
+// Internal launchers of the CUDA backend's kernels, callable from plain C++ (.cc) code: the
+// argument block of the attention kernels and one launch_* per kernel family. Each launcher
+// returns cudaGetLastError() after its launches (a bad configuration or an earlier fault); the
+// public entry points (kv_pool.h, paged_attention.h) turn that into a Status naming the kernel.
+// The .cu files stay free of fmt: nvcc's front end rejects its consteval format strings.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvp::cuda::detail {
+
+// Most KV splits of one decode sequence (the merge kernel stages their states in shared memory).
+constexpr int32_t kMaxDecodeSplits = 128;
+
+struct AttentionKernelArgs {
+  const void* q;                // [num_tokens][num_q_heads][head_dim]
+  void* out;                    // [num_tokens][num_q_heads][head_dim]
+  const int32_t* query_start;   // [num_seqs + 1] device
+  const int32_t* kv_lens;       // [num_seqs] device
+  const int32_t* block_tables;  // [num_seqs][max_blocks_per_seq] device
+  int32_t max_blocks_per_seq;
+  const void* k;        // layer K: block b, head h, token t at b*block_pitch + (h*bs+t)*D
+  const void* v;        // layer V, same addressing
+  int64_t block_pitch;  // elements
+  int32_t block_size;
+  int32_t block_shift;  // log2(block_size) if a power of two, else -1
+  int32_t num_kv_heads;
+  int32_t num_q_heads;
+  int32_t group;   // num_q_heads / num_kv_heads
+  float qk_mul;    // soft cap off: scale*log2(e); on: scale/soft_cap
+  float cap_log2;  // soft cap on: soft_cap*log2(e); off: 0
+  int32_t window;  // 0: off
+  int32_t num_seqs;
+  // decode only
+  int32_t head_chunks;  // group / heads per CTA
+  int32_t num_splits;   // KV splits per sequence; 1: write out directly
+  float* partial_acc;   // [num_seqs][num_q_heads][num_splits][head_dim] unnormalised
+  float* partial_ml;    // [num_seqs][num_q_heads][num_splits][2] (max, sum), log2 units
+};
+
+cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                                    int32_t heads_per_cta, cudaStream_t stream);
+// CTAs of the decode kernel for (dtype, head_dim, heads per CTA) resident on one SM.
+int decode_ctas_per_sm(bool bf16, int32_t head_dim, int32_t heads_per_cta);
+cudaError_t launch_merge_splits(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                                cudaStream_t stream);
+cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                                     int32_t max_q_len, cudaStream_t stream);
+
+// KV write: rows of k_new/v_new ([num_tokens][num_kv_heads][head_dim], 16-byte multiples) into
+// the slots of slot_mapping ([num_tokens], negative = skip) of one layer's K and V.
+cudaError_t launch_kv_write(const void* k_new, const void* v_new, const int64_t* slot_mapping,
+                            int32_t num_tokens, void* k, void* v, int32_t num_kv_heads,
+                            int32_t block_size, int32_t row_bytes, int64_t block_pitch_bytes,
+                            int64_t num_slots, cudaStream_t stream);
+// Block copy: ops [num_ops][2] (src, dst) in device memory; copies block_pitch_bytes from
+// src to dst in each of num_layers layers, layer_stride_bytes apart.
+cudaError_t launch_block_copy(void* slab, const int32_t* ops, int32_t num_ops, int32_t num_layers,
+                              int64_t block_pitch_bytes, int64_t layer_stride_bytes,
+                              cudaStream_t stream);
+
+// Fills data ([count] of bf16 or f16) with values uniform in [lo, hi), a function of (seed, i).
+cudaError_t launch_fill_uniform(void* data, bool bf16, int64_t count, uint64_t seed, float lo,
+                                float hi, cudaStream_t stream);
+
+}  // namespace kvp::cuda::detail

@@ -1,0 +1,216 @@
+// cuda::paged_attention: argument checks, the split-KV decision and the launches (see
+// paged_attention.h). The kernels live in decode_attention.cu and prefill_attention.cu.
+#include "backend/cuda/paged_attention.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+
+#include "backend/cuda/cuda_status.h"
+#include "backend/cuda/kernels.h"
+
+namespace kvp::cuda {
+namespace {
+
+constexpr int32_t kDefaultMinKeysPerSplit = 32;
+std::atomic<int32_t> g_min_keys_per_split{kDefaultMinKeysPerSplit};
+
+// Heads of one KV group handled by one decode CTA: the largest of 8, 4, 2, 1 dividing the group.
+int32_t decode_heads_per_cta(int32_t group) {
+  for (int32_t h : {8, 4, 2}) {
+    if (group % h == 0) return h;
+  }
+  return 1;
+}
+
+Result<int32_t> sm_count() {
+  int device = 0;
+  KVP_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  int count = 0;
+  KVP_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+// Splits per sequence for decode: as many as keep all CTAs in one wave (as many CTAs as are
+// resident at once, from the occupancy of the kernel that will run), never fewer than
+// min_keys_per_split keys per split, and about 32 at most for contexts up to 8K.
+int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch, const PagedKv& kv,
+                      int32_t num_sms) {
+  const int32_t group = params.num_q_heads / kv.num_kv_heads;
+  const int32_t heads_per_cta = decode_heads_per_cta(group);
+  const int64_t ctas = int64_t{batch.num_seqs} * kv.num_kv_heads * (group / heads_per_cta);
+  const int32_t span =
+      params.window > 0 ? std::min(batch.max_kv_len, params.window) : batch.max_kv_len;
+  const int64_t resident =
+      int64_t{detail::decode_ctas_per_sm(kv.dtype == DType::BF16, kv.head_dim, heads_per_cta)} *
+      num_sms;
+  const int64_t by_occupancy = resident / std::max<int64_t>(ctas, 1);
+  const int64_t by_length = span / g_min_keys_per_split.load(std::memory_order_relaxed);
+  // Short contexts: past ~32 splits the merge costs more than the shorter splits save (batch 1,
+  // context 4K on the H100: 32 splits 16.0 us, 64 splits 17.2 us).
+  const int64_t by_merge = std::max<int64_t>(32, span / 256);
+  return static_cast<int32_t>(std::clamp<int64_t>(std::min({by_occupancy, by_length, by_merge}), 1,
+                                                  detail::kMaxDecodeSplits));
+}
+
+Status check_launchable(const AttentionParams& params, const AttentionBatch& batch,
+                        const PagedKv& kv, const void* q, DType q_dtype, const void* out) {
+  if (kv.dtype != DType::BF16 && kv.dtype != DType::F16) {
+    return Status::unsupported("cuda attention: KV dtype {} (bf16 and f16 are supported)",
+                               dtype_name(kv.dtype));
+  }
+  if (q_dtype != kv.dtype) {
+    return Status::unsupported("cuda attention: q dtype {} differs from the KV dtype {}",
+                               dtype_name(q_dtype), dtype_name(kv.dtype));
+  }
+  if (kv.head_dim != 64 && kv.head_dim != 128 && kv.head_dim != 256) {
+    return Status::unsupported("cuda attention: head dim {} (64, 128 and 256 are supported)",
+                               kv.head_dim);
+  }
+  if (kv.num_kv_heads <= 0 || kv.block_size <= 0 || kv.num_blocks <= 0) {
+    return Status::invalid_argument(
+        "cuda attention: KV geometry must be positive (kv heads {}, block size {}, blocks {})",
+        kv.num_kv_heads, kv.block_size, kv.num_blocks);
+  }
+  if (params.num_q_heads <= 0 || params.num_q_heads % kv.num_kv_heads != 0) {
+    return Status::invalid_argument(
+        "cuda attention: {} query heads is not a positive multiple of {} KV heads",
+        params.num_q_heads, kv.num_kv_heads);
+  }
+  if (params.window < 0 || params.soft_cap < 0.0f || !std::isfinite(params.scale)) {
+    return Status::invalid_argument("cuda attention: window {}, soft cap {}, scale {}",
+                                    params.window, params.soft_cap, params.scale);
+  }
+  if (batch.num_seqs < 0 || batch.num_tokens < 0 || batch.max_q_len < 0 || batch.max_kv_len < 0 ||
+      batch.max_blocks_per_seq < 0) {
+    return Status::invalid_argument("cuda attention: negative batch size field");
+  }
+  if (batch.num_seqs > 65535) {
+    return Status::unsupported("cuda attention: {} sequences in one batch (at most 65535)",
+                               batch.num_seqs);
+  }
+  if (batch.num_seqs > 0 &&
+      (batch.query_start == nullptr || batch.kv_lens == nullptr || batch.block_tables == nullptr)) {
+    return Status::invalid_argument("cuda attention: batch metadata pointer is null");
+  }
+  if (batch.num_tokens > 0 &&
+      (q == nullptr || out == nullptr || kv.k == nullptr || kv.v == nullptr)) {
+    return Status::invalid_argument("cuda attention: q, out, K or V pointer is null");
+  }
+  return Status::ok();
+}
+
+detail::AttentionKernelArgs make_args(const AttentionParams& params, const AttentionBatch& batch,
+                                      const PagedKv& kv, const void* q, void* out) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  detail::AttentionKernelArgs a{};
+  a.q = q;
+  a.out = out;
+  a.query_start = batch.query_start;
+  a.kv_lens = batch.kv_lens;
+  a.block_tables = batch.block_tables;
+  a.max_blocks_per_seq = batch.max_blocks_per_seq;
+  a.k = kv.k;
+  a.v = kv.v;
+  a.block_pitch = kv.block_pitch;
+  a.block_size = kv.block_size;
+  a.block_shift = -1;
+  if ((kv.block_size & (kv.block_size - 1)) == 0) {
+    a.block_shift = 0;
+    while ((1 << a.block_shift) < kv.block_size) ++a.block_shift;
+  }
+  a.num_kv_heads = kv.num_kv_heads;
+  a.num_q_heads = params.num_q_heads;
+  a.group = params.num_q_heads / kv.num_kv_heads;
+  if (params.soft_cap > 0.0f) {
+    a.qk_mul = params.scale / params.soft_cap;
+    a.cap_log2 = params.soft_cap * kLog2e;
+  } else {
+    a.qk_mul = params.scale * kLog2e;
+    a.cap_log2 = 0.0f;
+  }
+  a.window = params.window;
+  a.num_seqs = batch.num_seqs;
+  return a;
+}
+
+}  // namespace
+
+void set_decode_min_keys_per_split(int32_t min_keys) {
+  g_min_keys_per_split.store(min_keys > 0 ? min_keys : kDefaultMinKeysPerSplit,
+                             std::memory_order_relaxed);
+}
+
+Status AttentionWorkspace::reserve(size_t size_bytes) {
+  if (buffer_.size_bytes() >= size_bytes) return Status::ok();
+  buffer_ = DeviceBuffer();
+  KVP_ASSIGN_OR_RETURN(buffer_, DeviceBuffer::allocate(size_bytes + size_bytes / 2));
+  return Status::ok();
+}
+
+size_t attention_workspace_bytes(const AttentionParams& params, const AttentionBatch& batch,
+                                 const PagedKv& kv) {
+  if (batch.num_seqs == 0 || kv.num_kv_heads <= 0 || params.num_q_heads <= 0) return 0;
+  Result<int32_t> sms = sm_count();
+  if (!sms.is_ok()) return 0;
+  const int32_t splits = decode_splits(params, batch, kv, *sms);
+  if (splits <= 1) return 0;
+  return static_cast<size_t>(batch.num_seqs) * params.num_q_heads * splits *
+         (static_cast<size_t>(kv.head_dim) + 2) * sizeof(float);
+}
+
+Status paged_attention(const AttentionParams& params, const AttentionBatch& batch,
+                       const PagedKv& kv, const void* q, DType q_dtype, void* out,
+                       AttentionWorkspace& workspace, cudaStream_t stream) {
+  KVP_RETURN_IF_ERROR(check_launchable(params, batch, kv, q, q_dtype, out));
+  if (batch.num_seqs == 0 || batch.num_tokens == 0) return Status::ok();
+  detail::AttentionKernelArgs args = make_args(params, batch, kv, q, out);
+  const bool bf16 = kv.dtype == DType::BF16;
+  const int32_t heads_per_cta = decode_heads_per_cta(args.group);
+  args.head_chunks = args.group / heads_per_cta;
+  KVP_ASSIGN_OR_RETURN(const int32_t num_sms, sm_count());
+  args.num_splits = decode_splits(params, batch, kv, num_sms);
+  if (args.num_splits > 1) {
+    const size_t rows = static_cast<size_t>(batch.num_seqs) * params.num_q_heads * args.num_splits;
+    const size_t acc_bytes = rows * kv.head_dim * sizeof(float);
+    KVP_RETURN_IF_ERROR(workspace.reserve(acc_bytes + rows * 2 * sizeof(float)));
+    args.partial_acc = static_cast<float*>(workspace.data());
+    args.partial_ml = reinterpret_cast<float*>(static_cast<char*>(workspace.data()) + acc_bytes);
+  }
+  KVP_RETURN_IF_ERROR(
+      cuda_status(detail::launch_decode_attention(args, bf16, kv.head_dim, heads_per_cta, stream),
+                  "decode_attention_kernel"));
+  if (args.num_splits > 1) {
+    KVP_RETURN_IF_ERROR(cuda_status(detail::launch_merge_splits(args, bf16, kv.head_dim, stream),
+                                    "merge_splits_kernel"));
+  }
+  if (batch.max_q_len >= 2) {
+    KVP_RETURN_IF_ERROR(cuda_status(
+        detail::launch_prefill_attention(args, bf16, kv.head_dim, batch.max_q_len, stream),
+        "prefill_attention_kernel"));
+  }
+  return Status::ok();
+}
+
+Status paged_attention(const AttentionParams& params, const AttentionBatch& batch,
+                       const PagedKv& kv, const void* q, DType q_dtype, void* out,
+                       cudaStream_t stream) {
+  thread_local AttentionWorkspace workspace;
+  return paged_attention(params, batch, kv, q, q_dtype, out, workspace, stream);
+}
+
+Status paged_attention_checked(const AttentionParams& params, const AttentionBatch& batch,
+                               const AttentionBatch& host_batch, const PagedKv& kv, const void* q,
+                               DType q_dtype, void* out, AttentionWorkspace& workspace,
+                               cudaStream_t stream) {
+  if (host_batch.num_seqs != batch.num_seqs || host_batch.num_tokens != batch.num_tokens ||
+      host_batch.max_q_len != batch.max_q_len || host_batch.max_kv_len != batch.max_kv_len ||
+      host_batch.max_blocks_per_seq != batch.max_blocks_per_seq) {
+    return Status::invalid_argument(
+        "cuda attention: the host copy of the batch metadata has other sizes than the batch");
+  }
+  KVP_RETURN_IF_ERROR(check_attention_args(params, host_batch, kv));
+  return paged_attention(params, batch, kv, q, q_dtype, out, workspace, stream);
+}
+
+}  // namespace kvp::cuda

@@ -1,0 +1,388 @@
+// Prefill / append attention (q_len >= 2) on tensor cores: flash attention with mma.sync
+// m16n8k16 (bf16 or f16 operands, fp32 accumulators), paged K/V gathered through the block
+// table with cp.async into a two-stage shared-memory ring.
+//
+// grid (row tiles, num_seqs, num_kv_heads), 128 threads = 4 warps. The rows of a sequence and
+// KV head are its (token, query head of the group) pairs, token-major, so the G query heads that
+// share a KV head share every K/V tile:
+//
+//   row r = token * G + g      (query head kv_head * G + g, position kv_len - q_len + token)
+//   CTA tile = 128 rows (64 at head dim 256), warp w owns rows 32w .. 32w+31 (two m16 tiles)
+//   key tile = 32 keys (64 at head dim 64), double-buffered
+//
+// Keys run from the first one the tile's earliest row sees (window) to the last one its latest
+// row sees (causal); masking is applied only on the tiles where some row needs it.
+//
+// Shared memory tiles are [rows][head_dim] with the 16-byte chunk index XOR-swizzled by
+// (row & 7), so the 8 row addresses of every ldmatrix fall in distinct banks.
+#include <cmath>
+#include <mutex>
+
+#include "backend/cuda/attention_device.cuh"
+
+namespace kvp::cuda::detail {
+namespace {
+
+constexpr int kPrefillWarps = 4;
+constexpr int kPrefillThreads = kPrefillWarps * 32;
+
+template <int D>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a (16x16, row) * b (16x8, col)
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+template <int D>
+__host__ __device__ constexpr int keys_per_tile() {
+  return D >= 128 ? 32 : 64;
+}
+// m16 tiles per warp: two where the accumulators fit the registers, so every K/V fragment read
+// from shared memory feeds two mma instead of one.
+template <int D>
+__host__ __device__ constexpr int mtiles_per_warp() {
+  return D >= 256 ? 1 : 2;
+}
+template <int D>
+__host__ __device__ constexpr int rows_per_cta() {
+  return kPrefillWarps * 16 * mtiles_per_warp<D>();
+}
+template <int D>
+__host__ __device__ constexpr int prefill_smem_bytes() {
+  return (rows_per_cta<D>() * D + 4 * keys_per_tile<D>() * D) * 2;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kPrefillThreads)
+    prefill_attention_kernel(const AttentionKernelArgs a) {
+  constexpr int kBN = keys_per_tile<D>();
+  constexpr int kMT = mtiles_per_warp<D>();
+  constexpr int kRows = rows_per_cta<D>();
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  extern __shared__ uint4 smem_raw[];
+  T* s_q = reinterpret_cast<T*>(smem_raw);  // [kRows][D]
+  T* s_k = s_q + kRows * D;                 // [2][kBN][D]
+  T* s_v = s_k + 2 * kBN * D;               // [2][kBN][D]
+
+  const int seq = blockIdx.y;
+  const int kv_head = blockIdx.z;
+  const int q_begin = a.query_start[seq];
+  const int q_len = a.query_start[seq + 1] - q_begin;
+  if (q_len < 2) return;  // decode rows belong to the decode kernel
+  const int G = a.group;
+  const int num_rows = q_len * G;
+  // Latest rows first: they see the most keys, so the longest CTAs start earliest.
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kRows;
+  if (row0 >= num_rows) return;
+  const int kv_len = a.kv_lens[seq];
+  const int first_pos = kv_len - q_len;  // position of token 0
+  const int pos_lo = first_pos + row0 / G;
+  const int pos_hi = first_pos + min(num_rows - 1, row0 + kRows - 1) / G;
+  const int key_begin = a.window > 0 ? max(0, pos_lo - a.window + 1) : 0;
+  const int key_end = pos_hi + 1;
+  const int tile_first = key_begin / kBN;
+  const int num_tiles = (key_end + kBN - 1) / kBN - tile_first;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
+  const int64_t head_offset = int64_t{kv_head} * a.block_size * D;
+
+  // Q tile (rows past the sequence are zero-filled; they are computed but never stored).
+  for (int i = tid; i < kRows * kChunks; i += kPrefillThreads) {
+    const int r = i / kChunks;
+    const int c = i % kChunks;
+    const int row = row0 + r;
+    const bool valid = row < num_rows;
+    const int token = valid ? row / G : 0;
+    const int head = kv_head * G + (valid ? row % G : 0);
+    const T* src = q + (int64_t{q_begin + token} * a.num_q_heads + head) * D + c * 8;
+    cp_async16(s_q + swizzle<D>(r, c), src, valid ? 16 : 0);
+  }
+  auto load_kv = [&](int tile, int stage) {
+    const int n0 = (tile_first + tile) * kBN;
+    T* dk = s_k + stage * kBN * D;
+    T* dv = s_v + stage * kBN * D;
+    for (int i = tid; i < kBN * kChunks; i += kPrefillThreads) {
+      const int r = i / kChunks;
+      const int c = i % kChunks;
+      const int j = n0 + r;
+      int64_t off = 0;
+      // Keys before key_begin are masked for every row; a windowed group may have released
+      // their blocks (table entry -1), so they are zero-filled instead of read.
+      const bool valid = j >= key_begin && j < kv_len;
+      if (valid) {
+        off = int64_t{table[block_index(j, a)]} * a.block_pitch + head_offset +
+              index_in_block(j, a) * D + c * 8;
+      }
+      // zero-filled keys are masked: p = 0 times a zero V row stays 0 (never 0 * NaN)
+      cp_async16(dk + swizzle<D>(r, c), k + off, valid ? 16 : 0);
+      cp_async16(dv + swizzle<D>(r, c), v + off, valid ? 16 : 0);
+    }
+  };
+  load_kv(0, 0);
+  cp_async_commit();
+
+  // This thread's rows: m-tile mt, C fragment rows lane/4 (h = 0) and lane/4 + 8 (h = 1) of the
+  // warp's rows warp*16*kMT + mt*16 ...
+  const int warp_row0 = warp * 16 * kMT;
+  int pos[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + warp_row0 + mt * 16 + lane / 4 + h * 8;
+      pos[mt][h] = row < num_rows ? first_pos + row / G : pos_hi;
+    }
+  }
+  float o[kMT][D / 8][4];
+  float m[kMT][2], l[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
+  const bool soft_cap = a.cap_log2 > 0.0f;
+
+  for (int t = 0; t < num_tiles; ++t) {
+    if (t + 1 < num_tiles) {
+      load_kv(t + 1, (t + 1) & 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const T* tk = s_k + (t & 1) * kBN * D;
+    const T* tv = s_v + (t & 1) * kBN * D;
+
+    float s[kMT][kBN / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0;
+    }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        ldmatrix_x4(qa[mt],
+                    s_q + swizzle<D>(warp_row0 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+      }
+#pragma unroll
+      for (int np = 0; np < kBN / 16; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, tk + swizzle<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                        kk * 2 + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+          mma16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+        }
+      }
+    }
+
+    const int n0 = (tile_first + t) * kBN;
+    const bool need_mask = n0 + kBN - 1 > pos_lo || (a.window > 0 && pos_hi - n0 >= a.window);
+    // Without a soft cap the scores stay raw: the scale is folded into the exp2's FMA (mul > 0,
+    // so maxima commute with it). The soft cap's tanh runs under a uniform branch.
+    float mul = a.qk_mul;
+    if (soft_cap) {
+      mul = 1.0f;
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = a.cap_log2 * tanhf(s[mt][n][e] * a.qk_mul);
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[mt][n][e];
+          if (need_mask) {
+            const int j = n0 + n * 8 + (lane % 4) * 2 + (e & 1);
+            const int p = pos[mt][e >> 1];
+            if (j > p || (a.window > 0 && p - j >= a.window)) x = -INFINITY;
+          }
+          s[mt][n][e] = x;
+          tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+        }
+      }
+      float base[2], correction[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float m_new = fmaxf(m[mt][h], tile_max[h] * mul);
+        base[h] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no visible key yet
+        correction[h] = exp2f(m[mt][h] - base[h]);
+        m[mt][h] = m_new;
+        l[mt][h] *= correction[h];
+      }
+      // Most tiles leave every row maximum of the warp unchanged: skip the accumulator rescale.
+      if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[mt][n][0] *= correction[0];
+          o[mt][n][1] *= correction[0];
+          o[mt][n][2] *= correction[1];
+          o[mt][n][3] *= correction[1];
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[mt][n][e] = exp2f(fmaf(s[mt][n][e], mul, -base[e >> 1]));
+          l[mt][e >> 1] += s[mt][n][e];
+        }
+      }
+    }
+
+    // O += P V, P straight from the score registers (C layout == A layout pairwise).
+#pragma unroll
+    for (int kk = 0; kk < kBN / 16; ++kk) {
+      uint32_t pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, tv + swizzle<D>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                              dp * 2 + (lane >> 4)));
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma16816<T>(o[mt][2 * dp], pa[mt], vb[0], vb[1]);
+          mma16816<T>(o[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite this stage
+  }
+
+  T* out = static_cast<T*>(a.out);
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float sum = l[mt][h];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = row0 + warp_row0 + mt * 16 + lane / 4 + h * 8;
+      if (row >= num_rows) continue;
+      const float inv = 1.0f / sum;
+      T* dst = out + (int64_t{q_begin + row / G} * a.num_q_heads + kv_head * G + row % G) * D +
+               (lane % 4) * 2;
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(dst + n * 8) =
+            pack2<T>(o[mt][n][2 * h] * inv, o[mt][n][2 * h + 1] * inv);
+      }
+    }
+  }
+}
+
+template <typename T, int D>
+cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_len,
+                                 cudaStream_t stream) {
+  constexpr int kSmem = prefill_smem_bytes<D>();
+  static std::once_flag attribute_once;
+  static cudaError_t attribute_err = cudaSuccess;
+  std::call_once(attribute_once, [] {
+    attribute_err = cudaFuncSetAttribute(prefill_attention_kernel<T, D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+  });
+  if (attribute_err != cudaSuccess) return attribute_err;
+  const int64_t rows = int64_t{max_q_len} * args.group;
+  const dim3 grid(static_cast<unsigned>((rows + rows_per_cta<D>() - 1) / rows_per_cta<D>()),
+                  args.num_seqs, args.num_kv_heads);
+  prefill_attention_kernel<T, D><<<grid, kPrefillThreads, kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_prefill_dim(const AttentionKernelArgs& args, int32_t head_dim, int32_t max_q_len,
+                               cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return launch_prefill_typed<T, 64>(args, max_q_len, stream);
+    case 128:
+      return launch_prefill_typed<T, 128>(args, max_q_len, stream);
+    case 256:
+      return launch_prefill_typed<T, 256>(args, max_q_len, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                                     int32_t max_q_len, cudaStream_t stream) {
+  return bf16 ? launch_prefill_dim<__nv_bfloat16>(args, head_dim, max_q_len, stream)
+              : launch_prefill_dim<__half>(args, head_dim, max_q_len, stream);
+}
+
+}  // namespace kvp::cuda::detail

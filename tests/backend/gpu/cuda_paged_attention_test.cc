@@ -1,0 +1,327 @@
+// cuda::paged_attention against reference_paged_attention (double precision, backend/attention.h)
+// on fresh random inputs: block sizes, head dims, GQA ratios, query lengths, kv_len at block
+// multiples +-1, windows, soft cap, mixed batches, long contexts (split-KV), shuffled block
+// tables. The output is poisoned with NaN first, so an unwritten element fails the check.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/attention.h"
+#include "backend/cuda/paged_attention.h"
+#include "backend/gpu/gpu_test_support.h"
+#include "support/tensor_check.h"
+
+namespace kvp::cuda {
+namespace {
+
+using testing::GpuTest;
+using testing::to_device;
+using testing::to_host;
+
+struct SeqSpec {
+  int32_t q_len;
+  int32_t kv_len;
+};
+
+struct Case {
+  int32_t num_q_heads = 8;
+  int32_t num_kv_heads = 2;
+  int32_t head_dim = 128;
+  int32_t block_size = 16;
+  DType dtype = DType::BF16;
+  float soft_cap = 0.0f;
+  int32_t window = 0;
+  std::vector<SeqSpec> seqs;
+  // With a window, leave the block-table entries before the first visible block at -1: the
+  // kernels must never read them.
+  bool release_blocks_behind_window = false;
+};
+
+std::string describe(const Case& c) {
+  std::string s = fmt::format("q_heads {} kv_heads {} D {} block {} {} cap {} window {} seqs",
+                              c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size,
+                              dtype_name(c.dtype), c.soft_cap, c.window);
+  for (const SeqSpec& q : c.seqs) s += fmt::format(" ({},{})", q.q_len, q.kv_len);
+  return s;
+}
+
+// Builds random inputs, runs the reference and the GPU, and checks the GPU output.
+void run_case(const Case& c, std::mt19937_64& rng) {
+  SCOPED_TRACE(describe(c));
+  const int32_t num_seqs = static_cast<int32_t>(c.seqs.size());
+  std::vector<int32_t> query_start(num_seqs + 1, 0), kv_lens(num_seqs);
+  int32_t max_q = 0, max_kv = 0, max_blocks = 1;
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    query_start[i + 1] = query_start[i] + c.seqs[i].q_len;
+    kv_lens[i] = c.seqs[i].kv_len;
+    max_q = std::max(max_q, c.seqs[i].q_len);
+    max_kv = std::max(max_kv, c.seqs[i].kv_len);
+    max_blocks = std::max(max_blocks, (c.seqs[i].kv_len + c.block_size - 1) / c.block_size);
+  }
+  const int32_t num_tokens = query_start[num_seqs];
+  // A pool with spare blocks, handed out in shuffled order.
+  int32_t used_blocks = 0;
+  for (const SeqSpec& s : c.seqs) used_blocks += (s.kv_len + c.block_size - 1) / c.block_size;
+  const int32_t num_blocks = used_blocks + 3;
+  std::vector<int32_t> order(num_blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::vector<int32_t> tables(static_cast<size_t>(num_seqs) * max_blocks, -1);
+  int32_t next = 0;
+  AttentionParams params;
+  params.num_q_heads = c.num_q_heads;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  params.soft_cap = c.soft_cap;
+  params.window = c.window;
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const int32_t blocks = (c.seqs[i].kv_len + c.block_size - 1) / c.block_size;
+    const int32_t first_block =
+        c.release_blocks_behind_window
+            ? first_visible_key(params, c.seqs[i].kv_len, c.seqs[i].q_len) / c.block_size
+            : 0;
+    for (int32_t b = 0; b < blocks; ++b) {
+      const int32_t id = order[next++];
+      if (b >= first_block) tables[static_cast<size_t>(i) * max_blocks + b] = id;
+    }
+  }
+
+  KvLayout layout{1, num_blocks, c.num_kv_heads, c.block_size, c.head_dim, c.dtype};
+  const size_t elem = dtype_size_bytes(c.dtype);
+  std::vector<uint8_t> slab(layout.size_bytes());
+  kvp::testing::fill_random(slab.data(), c.dtype, static_cast<size_t>(layout.size_elems()), rng);
+  const size_t q_elems = static_cast<size_t>(num_tokens) * c.num_q_heads * c.head_dim;
+  std::vector<uint8_t> q(q_elems * elem), ref(q_elems * elem);
+  kvp::testing::fill_random(q.data(), c.dtype, q_elems, rng, -2.0f, 2.0f);
+
+  AttentionBatch host_batch;
+  host_batch.num_seqs = num_seqs;
+  host_batch.num_tokens = num_tokens;
+  host_batch.query_start = query_start.data();
+  host_batch.kv_lens = kv_lens.data();
+  host_batch.block_tables = tables.data();
+  host_batch.max_blocks_per_seq = max_blocks;
+  host_batch.max_q_len = max_q;
+  host_batch.max_kv_len = max_kv;
+  const PagedKv host_kv = paged_kv_for_layer(layout, slab.data(), 0);
+  ASSERT_TRUE(check_attention_args(params, host_batch, host_kv).is_ok());
+  reference_paged_attention(params, host_batch, host_kv, q.data(), c.dtype, ref.data());
+
+  DeviceBuffer d_slab = to_device(slab);
+  DeviceBuffer d_q = to_device(q);
+  DeviceBuffer d_out = DeviceBuffer::allocate(q_elems * elem + 16).value();
+  DeviceBuffer d_start = to_device(query_start);
+  DeviceBuffer d_kv_lens = to_device(kv_lens);
+  DeviceBuffer d_tables = to_device(tables);
+  AttentionBatch batch = host_batch;
+  batch.query_start = d_start.as<int32_t>();
+  batch.kv_lens = d_kv_lens.as<int32_t>();
+  batch.block_tables = d_tables.as<int32_t>();
+  const PagedKv kv = paged_kv_for_layer(layout, d_slab.data(), 0);
+  AttentionWorkspace workspace;
+  // Twice with one workspace: a reused workspace (split states of the first call) must not leak
+  // into the second.
+  for (int call = 0; call < 2; ++call) {
+    KVP_ASSERT_CUDA(cudaMemset(d_out.data(), 0xff, q_elems * elem));  // NaN in bf16 and f16
+    const Status status = paged_attention_checked(params, batch, host_batch, kv, d_q.data(),
+                                                  c.dtype, d_out.data(), workspace, nullptr);
+    ASSERT_TRUE(status.is_ok()) << status.to_string();
+    KVP_ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<uint8_t> out = to_host<uint8_t>(d_out.data(), q_elems * elem);
+    const kvp::testing::TensorDiff diff =
+        kvp::testing::compare(out.data(), c.dtype, ref.data(), c.dtype, q_elems);
+    std::printf("%s call %d: %s\n", describe(c).c_str(), call, diff.describe().c_str());
+    const double tolerance = c.dtype == DType::BF16 ? 1e-2 : 5e-3;
+    EXPECT_EQ(diff.non_finite, 0u) << "call " << call << ": " << diff.describe();
+    EXPECT_LE(diff.relative_error, tolerance) << "call " << call << ": " << diff.describe();
+  }
+}
+
+// ---- the matrix: block size x head dim x GQA ratio x query length ----
+
+using MatrixParam = std::tuple<int32_t, int32_t, int32_t, int32_t>;  // block, D, group, q_len
+
+class PagedAttentionMatrix : public GpuTest, public ::testing::WithParamInterface<MatrixParam> {};
+
+TEST_P(PagedAttentionMatrix, MatchesReferenceAtBlockBoundaries) {
+  const auto [block_size, head_dim, group, q_len] = GetParam();
+  std::mt19937_64 rng(
+      std::hash<std::string>{}(::testing::UnitTest::GetInstance()->current_test_info()->name()) ^
+      std::random_device{}());
+  Case c;
+  c.num_kv_heads = 2;
+  c.num_q_heads = 2 * group;
+  c.head_dim = head_dim;
+  c.block_size = block_size;
+  // kv_len at block multiples -1, 0, +1 (at least q_len), and one with no cached prefix.
+  for (int32_t kv : {block_size - 1, block_size, block_size + 1, 2 * block_size + 1}) {
+    c.seqs.push_back({q_len, std::max(q_len, std::max(kv, 1))});
+  }
+  c.seqs.push_back({q_len, q_len});
+  if (block_size <= 8) c.seqs.push_back({q_len, 97});
+  run_case(c, rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, PagedAttentionMatrix,
+    ::testing::Combine(::testing::Values(1, 8, 16, 32, 256), ::testing::Values(64, 128, 256),
+                       ::testing::Values(1, 4, 8), ::testing::Values(1, 3, 64)),
+    [](const ::testing::TestParamInfo<MatrixParam>& info) {
+      return fmt::format("block{}_d{}_gqa{}_q{}", std::get<0>(info.param), std::get<1>(info.param),
+                         std::get<2>(info.param), std::get<3>(info.param));
+    });
+
+// ---- targeted cases ----
+
+class PagedAttention : public GpuTest {
+ protected:
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+TEST_F(PagedAttention, MixedBatchOfDecodePrefillAndEmptyQueries) {
+  Case c;
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.seqs = {{1, 700}, {64, 64}, {0, 5}, {3, 129}, {1, 1}, {37, 300}, {1, 4097}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, WindowSmallerAndLargerThanABlock) {
+  for (int32_t window : {5, 40}) {
+    for (int32_t q_len : {1, 3, 64}) {
+      Case c;
+      c.window = window;
+      c.block_size = 16;
+      c.release_blocks_behind_window = true;
+      c.seqs = {{q_len, 200}, {q_len, std::max(q_len, 17)}, {q_len, q_len}};
+      run_case(c, rng_);
+    }
+  }
+}
+
+TEST_F(PagedAttention, SoftCapWithWindowAndGqa) {
+  Case c;
+  c.num_q_heads = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = 256;
+  c.soft_cap = 5.0f;
+  c.window = 33;
+  c.block_size = 32;
+  c.seqs = {{1, 300}, {64, 400}, {3, 3}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, UnusualGqaRatiosAndBlockSizes) {
+  for (const auto& [q_heads, kv_heads, block] :
+       std::vector<std::tuple<int, int, int>>{{6, 2, 12}, {12, 1, 5}, {10, 5, 3}, {16, 1, 64}}) {
+    Case c;
+    c.num_q_heads = q_heads;
+    c.num_kv_heads = kv_heads;
+    c.block_size = block;
+    c.seqs = {{1, 500}, {17, 90}, {2, 2}};
+    run_case(c, rng_);
+  }
+}
+
+TEST_F(PagedAttention, F16KvAndQueries) {
+  Case c;
+  c.dtype = DType::F16;
+  c.seqs = {{1, 1000}, {64, 200}, {3, 40}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, LongContextDecodeSplitsKv) {
+  Case c;
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.seqs = {{1, 32768}, {1, 16385}, {1, 31}, {1, 4095}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, LongContextPrefillChunk) {
+  Case c;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 1;
+  c.seqs = {{64, 32768}, {3, 8193}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, LongContextWindowedDecode) {
+  Case c;
+  c.window = 4096;
+  c.release_blocks_behind_window = true;
+  c.seqs = {{1, 32768}, {64, 20000}};
+  run_case(c, rng_);
+}
+
+// ---- bad arguments ----
+
+class PagedAttentionArgs : public GpuTest {};
+
+TEST_F(PagedAttentionArgs, RejectsBadArgumentsBeforeLaunching) {
+  KvLayout layout{1, 4, 2, 16, 128, DType::BF16};
+  DeviceBuffer slab = DeviceBuffer::allocate(layout.size_bytes()).value();
+  const PagedKv kv = paged_kv_for_layer(layout, slab.data(), 0);
+  std::vector<int32_t> start = {0, 2}, kv_lens = {20}, tables = {0, 7};  // block 7 not in pool
+  AttentionBatch host;
+  host.num_seqs = 1;
+  host.num_tokens = 2;
+  host.query_start = start.data();
+  host.kv_lens = kv_lens.data();
+  host.block_tables = tables.data();
+  host.max_blocks_per_seq = 2;
+  host.max_q_len = 2;
+  host.max_kv_len = 20;
+  DeviceBuffer d_start = to_device(start), d_lens = to_device(kv_lens), d_tab = to_device(tables);
+  AttentionBatch dev = host;
+  dev.query_start = d_start.as<int32_t>();
+  dev.kv_lens = d_lens.as<int32_t>();
+  dev.block_tables = d_tab.as<int32_t>();
+  DeviceBuffer q = DeviceBuffer::allocate(2 * 8 * 128 * 2).value();
+  DeviceBuffer out = DeviceBuffer::allocate(2 * 8 * 128 * 2).value();
+  AttentionParams params;
+  params.num_q_heads = 8;
+  AttentionWorkspace ws;
+
+  Status s = paged_attention_checked(params, dev, host, kv, q.data(), DType::BF16, out.data(), ws,
+                                     nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("block 7"), std::string::npos) << s.message();
+
+  tables[1] = 1;
+  s = paged_attention(params, dev, kv, q.data(), DType::F16, out.data(), ws, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+
+  params.num_q_heads = 7;
+  s = paged_attention(params, dev, kv, q.data(), DType::BF16, out.data(), ws, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  params.num_q_heads = 8;
+
+  KvLayout odd = layout;
+  odd.head_dim = 96;
+  s = paged_attention(params, dev, paged_kv_for_layer(odd, slab.data(), 0), q.data(), DType::BF16,
+                      out.data(), ws, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+
+  kv_lens[0] = 1;  // kv_len < q_len
+  s = paged_attention_checked(params, dev, host, kv, q.data(), DType::BF16, out.data(), ws,
+                              nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+
+  AttentionBatch other = host;
+  other.max_q_len = 5;
+  s = paged_attention_checked(params, dev, other, kv, q.data(), DType::BF16, out.data(), ws,
+                              nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+}
+
+}  // namespace
+}  // namespace kvp::cuda
