@@ -25,7 +25,8 @@ void append(std::vector<float>* dst, const std::vector<float>& src) {
 
 }  // namespace
 
-Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source) {
+Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source,
+                                        const LoadProgress& progress) {
   const int64_t hidden = spec.hidden_size, head_dim = spec.head_dim;
   const int64_t q_dim = int64_t{spec.num_q_heads} * head_dim;
   const int64_t kv_dim = int64_t{spec.num_kv_heads} * head_dim;
@@ -40,6 +41,7 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
   w.layers.resize(spec.num_layers);
   std::vector<float> part;
   for (int32_t l = 0; l < spec.num_layers; ++l) {
+    if (progress) progress(l, spec.num_layers);
     LayerWeights& lw = w.layers[l];
     const std::string p = fmt::format("model.layers.{}.", l);
     KVP_RETURN_IF_ERROR(read_into(source, p + "input_layernorm.weight", {hidden}, &lw.attn_norm));
@@ -79,6 +81,7 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
     append(&lw.gate_up, part);
     KVP_RETURN_IF_ERROR(read_into(source, p + "mlp.down_proj.weight", {hidden, inter}, &lw.down));
   }
+  if (progress) progress(spec.num_layers, spec.num_layers);
   return w;
 }
 
@@ -99,10 +102,16 @@ ModelRunner::ModelRunner(ModelSpec spec, ModelWeights weights, ThreadPool* pool)
     group_layers_.erase(group_layers_.begin());
     for (int32_t& g : layer_group_) g = 0;
   }
-  inv_freq_global_ = cpu::rope_inverse_frequencies(spec_.head_dim, spec_.rope_global.theta,
-                                                   spec_.rope_global.scaling);
-  inv_freq_local_ = cpu::rope_inverse_frequencies(spec_.head_dim, spec_.rope_local.theta,
-                                                  spec_.rope_local.scaling);
+  const auto inverse_frequencies = [&](const RopeSpec& rope) {
+    std::vector<float> inv =
+        cpu::rope_inverse_frequencies(spec_.head_dim, rope.theta, rope.scaling);
+    for (size_t i = 0; i < rope.freq_factors.size() && i < inv.size(); ++i) {
+      inv[i] /= rope.freq_factors[i];
+    }
+    return inv;
+  };
+  inv_freq_global_ = inverse_frequencies(spec_.rope_global);
+  inv_freq_local_ = inverse_frequencies(spec_.rope_local);
 }
 
 bool ModelRunner::group_is_sliding(int32_t group) const {

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -46,8 +47,12 @@ struct ModelWeights {
   std::vector<float> lm_head;     // [vocab][hidden]; empty when tied to embed
 };
 
+// Called with (layers done, layers) as weights load.
+using LoadProgress = std::function<void(int32_t, int32_t)>;
+
 // Reads every weight of `spec` from `source` (Hugging Face tensor names), as f32.
-Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source);
+Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source,
+                                        const LoadProgress& progress = {});
 
 // The KV storage of one cache group in host memory.
 struct HostKvSlab {

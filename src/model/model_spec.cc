@@ -41,6 +41,18 @@ Status ModelSpec::validate() const {
     return Status::invalid_argument("model spec: {} layer types for {} layers",
                                     layer_is_sliding.size(), num_layers);
   }
+  for (const RopeSpec* rope : {&rope_global, &rope_local}) {
+    if (!rope->freq_factors.empty() &&
+        static_cast<int32_t>(rope->freq_factors.size()) != head_dim / 2) {
+      return Status::invalid_argument("model spec: {} rope frequency factors for head dim {}",
+                                      rope->freq_factors.size(), head_dim);
+    }
+    for (float f : rope->freq_factors) {
+      if (!(f > 0.0f)) {
+        return Status::invalid_argument("model spec: rope frequency factor {} is not positive", f);
+      }
+    }
+  }
   for (bool sliding : layer_is_sliding) {
     if (sliding && sliding_window <= 0) {
       return Status::invalid_argument("model spec: a sliding layer needs sliding_window > 0");

@@ -22,6 +22,9 @@ const char* architecture_name(Architecture arch);
 struct RopeSpec {
   double theta = 10000.0;
   cpu::RopeScaling scaling;
+  // Per-frequency divisors of the inverse frequencies (GGUF's rope_freqs.weight, how llama.cpp
+  // stores Llama 3 scaling): [head_dim / 2] or empty.
+  std::vector<float> freq_factors;
 };
 
 struct ModelSpec {

@@ -1,9 +1,9 @@
 #include "model/safetensors_weights.h"
 
-#include <algorithm>
-#include <cstring>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <algorithm>
+#include <cstring>
 #include <limits>
 
 namespace kvp {
@@ -47,7 +47,7 @@ Result<std::vector<int32_t>> read_int_tensor(const SafetensorsModel& model, std:
       std::memcpy(&v, t->data.data() + i * 8, 8);  // the data need not be aligned
       if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
         return Status::invalid_argument("{}: tensor '{}' value {} does not fit in int32",
-                                    model.directory(), name, v);
+                                        model.directory(), name, v);
       }
       out[i] = static_cast<int32_t>(v);
     } else {

@@ -81,9 +81,8 @@ TEST_F(SafetensorsWeightsTest, ReadsUnalignedIntegerTensorsAndRefusesFloatsAsIds
   const int64_t too_big[] = {int64_t{1} << 40};
   const float f[] = {1.0f};
   // one padding byte: every tensor starts at an odd offset
-  const std::string data =
-      std::string(1, '\0') + bytes_of(i64, 24) + bytes_of(i32, 8) + bytes_of(too_big, 8) +
-      bytes_of(f, 4);
+  const std::string data = std::string(1, '\0') + bytes_of(i64, 24) + bytes_of(i32, 8) +
+                           bytes_of(too_big, 8) + bytes_of(f, 4);
   const std::string header = R"({"p":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},)"
                              R"("a":{"dtype":"I64","shape":[3],"data_offsets":[1,25]},)"
                              R"("b":{"dtype":"I32","shape":[2],"data_offsets":[25,33]},)"
@@ -93,8 +92,7 @@ TEST_F(SafetensorsWeightsTest, ReadsUnalignedIntegerTensorsAndRefusesFloatsAsIds
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
   EXPECT_EQ(*read_int_tensor((*model)->model(), "a"), (std::vector<int32_t>{7, -3, 2147483647}));
   EXPECT_EQ(*read_int_tensor((*model)->model(), "b"), (std::vector<int32_t>{5, 6}));
-  EXPECT_EQ(read_int_tensor((*model)->model(), "c").status().code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(read_int_tensor((*model)->model(), "c").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(read_int_tensor((*model)->model(), "d").status().code(), StatusCode::kUnsupported);
 }
 

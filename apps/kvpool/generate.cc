@@ -1,0 +1,293 @@
+#include "generate.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <thread>
+
+#include "cache/kv_layout.h"
+#include "engine/engine.h"
+#include "model/gguf_model.h"
+#include "model/model_config.h"
+#include "model/model_loader.h"
+#include "tokenizer/detokenizer.h"
+
+namespace kvp::app {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// A one-line progress bar on stderr while a model loads (only when stderr is a terminal).
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::string label) : label_(std::move(label)), tty_(isatty(2) != 0) {}
+  void update(int32_t done, int32_t total) {
+    if (!tty_ || total <= 0) return;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(int64_t{kWidth} * done / total);
+    std::fprintf(stderr, "\r%s [%s%s] %d/%d layers", label_.c_str(),
+                 std::string(filled, '#').c_str(), std::string(kWidth - filled, '.').c_str(), done,
+                 total);
+    if (done == total) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  std::string label_;
+  bool tty_;
+};
+
+// The prompt in the model's chat format, when its vocabulary names one kvpool knows: ChatML
+// (SmolLM2, Qwen) with SmolLM2's default system message, or Gemma's turns. Otherwise as-is.
+std::string apply_chat_format(const Tokenizer& tokenizer, const std::string& prompt) {
+  if (tokenizer.token_id("<|im_start|>") && tokenizer.token_id("<|im_end|>")) {
+    return "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+           "Face<|im_end|>\n<|im_start|>user\n" +
+           prompt + "<|im_end|>\n<|im_start|>assistant\n";
+  }
+  if (tokenizer.token_id("<start_of_turn>") && tokenizer.token_id("<end_of_turn>")) {
+    return "<start_of_turn>user\n" + prompt + "<end_of_turn>\n<start_of_turn>model\n";
+  }
+  return prompt;
+}
+
+// Bytes of one block of every cache group together, with `dtype` KV.
+int64_t bytes_per_block(const ModelRunner& runner, int32_t block_size, DType dtype) {
+  const ModelSpec& spec = runner.spec();
+  int64_t bytes = 0;
+  for (int32_t g = 0; g < runner.num_cache_groups(); ++g) {
+    const auto layers = static_cast<int64_t>(runner.group_layers(g).size());
+    bytes += layers * 2 * block_size * int64_t{spec.num_kv_heads} * spec.head_dim *
+             static_cast<int64_t>(dtype_size_bytes(dtype));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+std::optional<int64_t> parse_bytes(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    return std::nullopt;
+  }
+  std::string unit = text.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), ::tolower);
+  double scale = 1;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (unit == "k" || unit == "kib" || unit == "kb") {
+    scale = 1024.0;
+  } else if (unit == "m" || unit == "mib" || unit == "mb") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "g" || unit == "gib" || unit == "gb") {
+    scale = 1024.0 * 1024 * 1024;
+  } else {
+    return std::nullopt;
+  }
+  const double bytes = value * scale;
+  if (!(bytes >= 1) || bytes > 1e15) return std::nullopt;
+  return static_cast<int64_t>(bytes);
+}
+
+CLI::App* add_generate_command(CLI::App& app, GenerateOptions* o) {
+  CLI::App* cmd = app.add_subcommand("generate", "Generate text from a model, streaming it");
+  cmd->add_option("--model,-m", o->model, "GGUF file or Hugging Face model directory")->required();
+  cmd->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
+  cmd->add_option("--max-tokens,-n", o->max_tokens, "Tokens to generate at most")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--temperature", o->temperature, "0: greedy")->check(CLI::Range(0.0, 100.0));
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass, (0, 1]");
+  cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o->seed, "Sampling seed (same seed, same text)");
+  cmd->add_option("--device", o->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--block-size", o->block_size, "Tokens per KV block (power of two)");
+  cmd->add_option("--kv-memory", o->kv_memory, "KV pool size, e.g. 512MiB, 2GiB");
+  cmd->add_option("--threads", o->threads, "Attention threads (0: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--raw", o->raw, "Send the prompt as-is (no chat format)");
+  cmd->add_flag("--no-stats", o->quiet_stats, "Do not print the stats line");
+  return cmd;
+}
+
+int run_generate(const GenerateOptions& o) {
+  if (o.device == "cuda") {
+    std::fprintf(stderr,
+                 "kvpool generate: --device cuda: the CUDA model runner is not built yet (the CUDA "
+                 "backend has the KV pool and attention kernels only); use --device cpu\n");
+    return 2;
+  }
+  const std::optional<int64_t> kv_bytes = parse_bytes(o.kv_memory);
+  if (!kv_bytes) {
+    std::fprintf(stderr, "kvpool generate: --kv-memory '%s' is not a size (e.g. 512MiB, 2GiB)\n",
+                 o.kv_memory.c_str());
+    return 2;
+  }
+  if (o.block_size < 1 || o.block_size > 1024 || (o.block_size & (o.block_size - 1)) != 0) {
+    std::fprintf(stderr, "kvpool generate: --block-size %d is not a power of two in [1, 1024]\n",
+                 o.block_size);
+    return 2;
+  }
+  auto tokenizer = load_tokenizer(o.model);
+  if (!tokenizer.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", tokenizer.status().to_string().c_str());
+    return 2;
+  }
+  const int threads = o.threads > 0
+                          ? o.threads
+                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  ThreadPool pool(threads);
+  ProgressBar bar("loading " + o.model);
+  const Clock::time_point load_start = Clock::now();
+  auto runner =
+      load_model(o.model, &pool, [&](int32_t done, int32_t total) { bar.update(done, total); });
+  if (!runner.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", runner.status().to_string().c_str());
+    return 2;
+  }
+  const double load_s = seconds_since(load_start);
+
+  const std::string text = o.raw ? o.prompt : apply_chat_format(*tokenizer, o.prompt);
+  auto prompt = tokenizer->encode(text);
+  if (!prompt.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: the prompt: %s\n", prompt.status().to_string().c_str());
+    return 2;
+  }
+  if (prompt->empty()) {
+    std::fprintf(stderr, "kvpool generate: the prompt is empty\n");
+    return 2;
+  }
+
+  EngineConfig config;
+  config.block_size = o.block_size;
+  config.kv_dtype = DType::F32;
+  const int64_t block_bytes = bytes_per_block(**runner, o.block_size, config.kv_dtype);
+  config.num_blocks = static_cast<int32_t>(std::min<int64_t>(*kv_bytes / block_bytes, 1 << 24));
+  config.max_step_tokens = 512;
+  if (Status s = config.validate(); !s.is_ok() || config.num_blocks < 1) {
+    std::fprintf(stderr, "kvpool generate: --kv-memory %s holds %d blocks of %lld bytes: %s\n",
+                 o.kv_memory.c_str(), config.num_blocks, static_cast<long long>(block_bytes),
+                 s.is_ok() ? "too small" : s.to_string().c_str());
+    return 2;
+  }
+  Engine engine(runner->get(), config);
+
+  Request request;
+  request.prompt_tokens = *prompt;
+  request.max_tokens = o.max_tokens;
+  request.sampling.temperature = o.temperature;
+  request.sampling.top_p = o.top_p;
+  request.sampling.top_k = o.top_k;
+  request.sampling.seed = o.seed;
+  auto id = engine.submit(request);
+  if (!id.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", id.status().to_string().c_str());
+    return 2;
+  }
+
+  IncrementalDetokenizer detok(*tokenizer, /*skip_special=*/true);
+  const Clock::time_point start = Clock::now();
+  double first_token_s = 0;
+  int32_t num_generated = 0;
+  int32_t peak_blocks = 0;
+  Usage usage;
+  FinishReason reason = FinishReason::kStop;
+  while (engine.has_unfinished()) {
+    for (const EngineEvent& e : engine.step()) {
+      if (e.kind == EngineEvent::Kind::kToken) {
+        if (num_generated++ == 0) first_token_s = seconds_since(start);
+        const bool is_eos = std::find(runner->get()->spec().eos_token_ids.begin(),
+                                      runner->get()->spec().eos_token_ids.end(),
+                                      e.token_id) != runner->get()->spec().eos_token_ids.end();
+        if (is_eos) continue;
+        auto piece = detok.push(e.token_id);
+        if (piece.is_ok()) {
+          std::fwrite(piece->data(), 1, piece->size(), stdout);
+          std::fflush(stdout);
+        }
+      } else if (e.request_finished) {
+        usage = e.usage;
+        reason = e.finish_reason;
+      }
+    }
+    peak_blocks = std::max(peak_blocks, engine.stats().num_blocks_used);
+  }
+  const std::string tail = detok.finish();
+  std::fwrite(tail.data(), 1, tail.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  const double total_s = seconds_since(start);
+  if (!o.quiet_stats) {
+    const double decode_s = total_s - first_token_s;
+    const int32_t decoded = std::max(0, num_generated - 1);
+    std::fprintf(stderr,
+                 "[kvpool] prompt %d tokens | prefill %.1f tok/s | decode %.1f tok/s (%d tokens, "
+                 "%s) | KV blocks %d / %d (block %d, peak) | load %.2f s\n",
+                 usage.prompt_tokens,
+                 first_token_s > 0 ? usage.prefilled_tokens / first_token_s : 0,
+                 decode_s > 0 ? decoded / decode_s : 0.0, num_generated, finish_reason_name(reason),
+                 peak_blocks, config.num_blocks, o.block_size, load_s);
+  }
+  return 0;
+}
+
+CLI::App* add_inspect_command(CLI::App& app, InspectOptions* o) {
+  CLI::App* cmd =
+      app.add_subcommand("inspect", "Print a model file's metadata, tensors and KV cache geometry");
+  cmd->add_option("path", o->path, "GGUF file, .safetensors file or model directory")->required();
+  cmd->add_option("--max-tensors", o->max_tensors, "Tensors to list")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--block-size", o->block_size, "Tokens per KV block for the geometry");
+  return cmd;
+}
+
+int run_inspect(const InspectOptions& o) {
+  auto text = inspect_model_file(o.path, static_cast<size_t>(o.max_tensors));
+  if (!text.is_ok()) {
+    std::fprintf(stderr, "kvpool inspect: %s\n", text.status().to_string().c_str());
+    return 2;
+  }
+  std::fputs(text->c_str(), stdout);
+  // The runner's view: architecture and cache geometry.
+  Result<ModelSpec> spec = Status::not_found("no spec");
+  if (is_gguf_file(o.path)) {
+    auto file = GgufFile::open(o.path);
+    spec = file.is_ok() ? model_spec_from_gguf(*file) : Result<ModelSpec>(file.status());
+  } else {
+    spec = load_hf_config(o.path + "/config.json");
+  }
+  if (!spec.is_ok()) {
+    std::printf("\nkvpool runner: cannot run this model: %s\n", spec.status().to_string().c_str());
+    return 0;
+  }
+  const ModelSpec& s = *spec;
+  int32_t sliding = 0;
+  for (bool b : s.layer_is_sliding) sliding += b ? 1 : 0;
+  std::printf("\nkvpool runner: %s, %d layers (%d global, %d sliding-window of %d tokens)\n",
+              architecture_name(s.architecture), s.num_layers, s.num_layers - sliding, sliding,
+              s.sliding_window);
+  const int64_t per_layer_token = 2LL * s.num_kv_heads * s.head_dim;  // K and V elements
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    const auto esize = static_cast<int64_t>(dtype_size_bytes(dtype));
+    std::printf(
+        "  KV %-4s: %lld bytes per token (all layers), %lld bytes per block of %d tokens"
+        " per layer\n",
+        std::string(dtype_name(dtype)).c_str(),
+        static_cast<long long>(per_layer_token * esize * s.num_layers),
+        static_cast<long long>(per_layer_token * esize * o.block_size), o.block_size);
+  }
+  return 0;
+}
+
+}  // namespace kvp::app

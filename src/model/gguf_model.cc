@@ -1,0 +1,302 @@
+#include "model/gguf_model.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <cmath>
+#include <regex>
+
+#include "model/model_config.h"
+
+namespace kvp {
+namespace {
+
+Result<Architecture> architecture_of(const GgufFile& file) {
+  KVP_ASSIGN_OR_RETURN(std::string_view arch, file.get_string("general.architecture"));
+  if (arch == "llama") return Architecture::kLlama;
+  if (arch == "qwen2") return Architecture::kQwen2;
+  if (arch == "gemma3") return Architecture::kGemma3;
+  return Status::unsupported("gguf '{}': architecture '{}' is not supported (llama, qwen2, gemma3)",
+                             file.path(), arch);
+}
+
+// `{arch}.rope.scaling.*` (linear only; llama3 comes as rope_freqs.weight).
+Result<cpu::RopeScaling> rope_scaling_of(const GgufFile& file, std::string_view arch) {
+  cpu::RopeScaling scaling;
+  const std::string type_key = fmt::format("{}.rope.scaling.type", arch);
+  if (file.find(type_key) == nullptr) return scaling;
+  KVP_ASSIGN_OR_RETURN(std::string_view type, file.get_string(type_key));
+  if (type == "none") return scaling;
+  if (type != "linear") {
+    return Status::unsupported("gguf '{}': rope scaling '{}' is not supported (linear)",
+                               file.path(), type);
+  }
+  KVP_ASSIGN_OR_RETURN(float factor, file.get_f32(fmt::format("{}.rope.scaling.factor", arch)));
+  if (!(factor > 0.0f)) {
+    return Status::invalid_argument("gguf '{}': rope scaling factor {} must be positive",
+                                    file.path(), factor);
+  }
+  scaling.kind = cpu::RopeScaling::Kind::kLinear;
+  scaling.factor = factor;
+  return scaling;
+}
+
+Result<std::optional<TokenId>> optional_id(const GgufFile& file, std::string_view key,
+                                           size_t num_tokens) {
+  if (file.find(key) == nullptr) return std::optional<TokenId>();
+  KVP_ASSIGN_OR_RETURN(int64_t id, file.get_integer(key));
+  if (id < 0 || static_cast<uint64_t>(id) >= num_tokens) {
+    return Status::invalid_argument("gguf '{}': {} = {} is outside the vocabulary of {} tokens",
+                                    file.path(), key, id, num_tokens);
+  }
+  return std::optional<TokenId>(static_cast<TokenId>(id));
+}
+
+Result<bool> optional_bool(const GgufFile& file, std::string_view key, bool fallback) {
+  if (file.find(key) == nullptr) return fallback;
+  return file.get_bool(key);
+}
+
+}  // namespace
+
+Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
+  KVP_ASSIGN_OR_RETURN(Architecture arch, architecture_of(file));
+  KVP_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_gguf(file));
+  const std::string_view arch_name = architecture_name(arch);
+  if (config.rope_dim != config.head_dim) {
+    return Status::unsupported("gguf '{}': rope over {} of {} head dimensions is not supported",
+                               file.path(), config.rope_dim, config.head_dim);
+  }
+  if (config.value_head_dim != config.head_dim) {
+    return Status::unsupported("gguf '{}': value head dim {} differs from key head dim {}",
+                               file.path(), config.value_head_dim, config.head_dim);
+  }
+  ModelSpec spec;
+  spec.architecture = arch;
+  spec.vocab_size = static_cast<int32_t>(config.vocab_size);
+  spec.hidden_size = static_cast<int32_t>(config.hidden_size);
+  spec.intermediate_size = static_cast<int32_t>(config.intermediate_size);
+  spec.num_layers = static_cast<int32_t>(config.num_layers);
+  spec.num_q_heads = static_cast<int32_t>(config.num_heads);
+  spec.num_kv_heads = static_cast<int32_t>(config.num_kv_heads);
+  spec.head_dim = static_cast<int32_t>(config.head_dim);
+  spec.rms_norm_eps = config.rms_norm_eps;
+  spec.tie_word_embeddings = config.tied_embeddings;
+  spec.attention_scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
+  spec.rope_global.theta = config.rope_freq_base;
+  KVP_ASSIGN_OR_RETURN(spec.rope_global.scaling, rope_scaling_of(file, arch_name));
+  spec.layer_is_sliding.assign(spec.num_layers, false);
+
+  switch (arch) {
+    case Architecture::kLlama:
+      spec.rope_style = cpu::RopeStyle::kInterleaved;  // q/k rows permuted by the converter
+      break;
+    case Architecture::kQwen2:
+      spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
+      break;
+    case Architecture::kGemma3: {
+      spec.activation = cpu::Activation::kGeluTanh;
+      spec.norm_style = cpu::NormStyle::kPlain;  // stored as 1 + w
+      spec.embedding_scale = std::sqrt(static_cast<float>(spec.hidden_size));
+      spec.qk_norm = true;
+      spec.sandwich_norms = true;
+      // llama.cpp: Gemma 3 27B scales by (hidden / heads)^-½, every other size by head_dim^-½
+      if (spec.num_layers == 62) {
+        spec.attention_scale = 1.0f / std::sqrt(float(spec.hidden_size) / spec.num_q_heads);
+      }
+      spec.sliding_window = static_cast<int32_t>(config.sliding_window);
+      spec.rope_local.theta = 10000.0;
+      for (int32_t l = 0; l < spec.num_layers; ++l) {
+        spec.layer_is_sliding[l] = spec.sliding_window > 0 && (l + 1) % 6 != 0;
+      }
+      break;
+    }
+  }
+  if (spec.sliding_window > 0 && arch != Architecture::kGemma3) {
+    return Status::unsupported("gguf '{}': a sliding window on {} is not supported", file.path(),
+                               arch_name);
+  }
+  if (auto freqs = file.tensor("rope_freqs.weight"); freqs.is_ok()) {
+    const uint64_t n = (*freqs)->num_elements;
+    if (n != static_cast<uint64_t>(spec.head_dim / 2)) {
+      return Status::corruption("gguf '{}': rope_freqs.weight has {} values, expected {}",
+                                file.path(), n, spec.head_dim / 2);
+    }
+    spec.rope_global.freq_factors.resize(n);
+    KVP_RETURN_IF_ERROR(file.dequantize_tensor(**freqs, spec.rope_global.freq_factors));
+  }
+
+  if (file.find("tokenizer.ggml.bos_token_id") != nullptr) {
+    KVP_ASSIGN_OR_RETURN(int64_t bos, file.get_integer("tokenizer.ggml.bos_token_id"));
+    spec.bos_token_id = static_cast<int32_t>(bos);
+  }
+  if (file.find("tokenizer.ggml.eos_token_id") != nullptr) {
+    KVP_ASSIGN_OR_RETURN(int64_t eos, file.get_integer("tokenizer.ggml.eos_token_id"));
+    spec.eos_token_ids.push_back(static_cast<int32_t>(eos));
+  }
+  // chat models end a turn with their own token (transformers' generation_config lists it too)
+  if (auto tokens = file.get_string_array("tokenizer.ggml.tokens"); tokens.is_ok()) {
+    for (size_t i = 0; i < tokens->size(); ++i) {
+      const std::string_view t = (*tokens)[i];
+      if (t == "<end_of_turn>" || t == "<|im_end|>" || t == "<|eot_id|>" || t == "<|endoftext|>") {
+        const auto id = static_cast<int32_t>(i);
+        if (std::find(spec.eos_token_ids.begin(), spec.eos_token_ids.end(), id) ==
+            spec.eos_token_ids.end()) {
+          spec.eos_token_ids.push_back(id);
+        }
+      }
+    }
+  }
+  KVP_RETURN_IF_ERROR(spec.validate());
+  return spec;
+}
+
+Result<TokenizerVocab> tokenizer_vocab_from_gguf(const GgufFile& file) {
+  TokenizerVocab vocab;
+  KVP_ASSIGN_OR_RETURN(std::string_view model, file.get_string("tokenizer.ggml.model"));
+  if (model == "gpt2") {
+    vocab.model = TokenizerModel::kByteLevelBpe;
+  } else if (model == "llama") {
+    vocab.model = TokenizerModel::kSentencePieceBpe;
+  } else {
+    return Status::unsupported(
+        "gguf '{}': tokenizer.ggml.model '{}' is not supported (gpt2, llama)", file.path(), model);
+  }
+  const bool spm = vocab.model == TokenizerModel::kSentencePieceBpe;
+  if (file.find("tokenizer.ggml.pre") != nullptr) {
+    KVP_ASSIGN_OR_RETURN(std::string_view pre, file.get_string("tokenizer.ggml.pre"));
+    vocab.pre = std::string(pre);
+  } else {
+    vocab.pre = "default";
+  }
+  KVP_ASSIGN_OR_RETURN(std::vector<std::string_view> tokens,
+                       file.get_string_array("tokenizer.ggml.tokens"));
+  vocab.tokens.assign(tokens.begin(), tokens.end());
+  const size_t n = vocab.tokens.size();
+  if (file.find("tokenizer.ggml.scores") != nullptr) {
+    KVP_ASSIGN_OR_RETURN(vocab.scores, file.get_f32_array("tokenizer.ggml.scores"));
+    if (vocab.scores.size() != n) {
+      return Status::corruption("gguf '{}': {} tokenizer scores for {} tokens", file.path(),
+                                vocab.scores.size(), n);
+    }
+  }
+  if (file.find("tokenizer.ggml.token_type") != nullptr) {
+    KVP_ASSIGN_OR_RETURN(std::vector<int32_t> types,
+                         file.get_i32_array("tokenizer.ggml.token_type"));
+    if (types.size() != n) {
+      return Status::corruption("gguf '{}': {} token types for {} tokens", file.path(),
+                                types.size(), n);
+    }
+    vocab.token_types.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (types[i] < 0 || types[i] > 6) {
+        return Status::corruption("gguf '{}': token {} has unknown type {}", file.path(), i,
+                                  types[i]);
+      }
+      vocab.token_types.push_back(static_cast<TokenType>(types[i]));
+    }
+  }
+  if (file.find("tokenizer.ggml.merges") != nullptr) {
+    KVP_ASSIGN_OR_RETURN(std::vector<std::string_view> merges,
+                         file.get_string_array("tokenizer.ggml.merges"));
+    vocab.merges.reserve(merges.size());
+    for (size_t i = 0; i < merges.size(); ++i) {
+      const std::string_view m = merges[i];
+      // split at the first space after the first byte (llama.cpp does the same)
+      const size_t space = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
+      if (space == std::string_view::npos) {
+        return Status::corruption("gguf '{}': merge {} '{}' has no separating space", file.path(),
+                                  i, m);
+      }
+      vocab.merges.emplace_back(std::string(m.substr(0, space)), std::string(m.substr(space + 1)));
+    }
+  }
+  KVP_ASSIGN_OR_RETURN(vocab.bos_id, optional_id(file, "tokenizer.ggml.bos_token_id", n));
+  KVP_ASSIGN_OR_RETURN(vocab.eos_id, optional_id(file, "tokenizer.ggml.eos_token_id", n));
+  KVP_ASSIGN_OR_RETURN(vocab.pad_id, optional_id(file, "tokenizer.ggml.padding_token_id", n));
+  KVP_ASSIGN_OR_RETURN(vocab.unk_id, optional_id(file, "tokenizer.ggml.unknown_token_id", n));
+  // Byte-level BPE covers every byte; where a vocab lacks one, HF drops it rather than emit an
+  // unknown token (the files still name one).
+  if (!spm) vocab.unk_id.reset();
+  KVP_ASSIGN_OR_RETURN(vocab.add_bos, optional_bool(file, "tokenizer.ggml.add_bos_token", spm));
+  KVP_ASSIGN_OR_RETURN(vocab.add_eos, optional_bool(file, "tokenizer.ggml.add_eos_token", false));
+  KVP_ASSIGN_OR_RETURN(vocab.add_space_prefix,
+                       optional_bool(file, "tokenizer.ggml.add_space_prefix", spm));
+  return vocab;
+}
+
+GgufWeights::GgufWeights(std::shared_ptr<const GgufFile> file, Architecture architecture)
+    : file_(std::move(file)), architecture_(architecture) {}
+
+std::string GgufWeights::gguf_name(const std::string& hf_name) const {
+  if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
+  if (hf_name == "model.norm.weight") return "output_norm.weight";
+  if (hf_name == "lm_head.weight") return "output.weight";
+  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
+  std::smatch m;
+  if (!std::regex_match(hf_name, m, layer)) return "";
+  const std::string rest = m[2].str();
+  const bool gemma = architecture_ == Architecture::kGemma3;
+  struct Pair {
+    const char* hf;
+    const char* gguf;
+  };
+  static constexpr Pair kCommon[] = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+  };
+  const char* mapped = nullptr;
+  for (const Pair& p : kCommon) {
+    if (rest == p.hf) mapped = p.gguf;
+  }
+  if (rest == "post_attention_layernorm.weight") {
+    // Gemma: the norm after attention; Llama / Qwen2: the norm before the MLP
+    mapped = gemma ? "post_attention_norm.weight" : "ffn_norm.weight";
+  }
+  if (mapped == nullptr) return "";
+  return fmt::format("blk.{}.{}", m[1].str(), mapped);
+}
+
+bool GgufWeights::contains(const std::string& name) const {
+  const std::string g = gguf_name(name);
+  return !g.empty() && file_->tensor(g).is_ok();
+}
+
+Result<std::vector<float>> GgufWeights::read_f32(const std::string& name,
+                                                 std::span<const int64_t> shape) const {
+  const std::string g = gguf_name(name);
+  if (g.empty()) {
+    return Status::not_found("gguf '{}': no GGUF name for tensor '{}'", file_->path(), name);
+  }
+  auto tensor = file_->tensor(g);
+  if (!tensor.is_ok()) {
+    return Status::not_found("gguf '{}': tensor '{}' ('{}') is missing", file_->path(), g, name);
+  }
+  const GgufTensor& t = **tensor;
+  // ggml lists dimensions innermost first; shape is outermost first
+  const bool same = t.dims.size() == shape.size() &&
+                    std::equal(t.dims.rbegin(), t.dims.rend(), shape.begin(), shape.end(),
+                               [](uint64_t a, int64_t b) { return b >= 0 && a == uint64_t(b); });
+  if (!same) {
+    std::vector<uint64_t> outer_first(t.dims.rbegin(), t.dims.rend());
+    return Status::mismatch("gguf '{}': tensor '{}' has shape [{}], expected [{}]", file_->path(),
+                            g, fmt::join(outer_first, ", "), fmt::join(shape, ", "));
+  }
+  std::vector<float> out(t.num_elements);
+  KVP_RETURN_IF_ERROR(file_->dequantize_tensor(t, out));
+  return out;
+}
+
+}  // namespace kvp
