@@ -1,9 +1,11 @@
-// The kvpool command: one subcommand per job (`plan` for now). Exit codes: 0 success, 2 bad
+// The kvpool command: one subcommand per job (`plan`, `bench`). Exit codes: 0 success, 2 bad
 // usage or bad input (unknown option, unreadable file), anything else a failure of the run.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <utility>
 
+#include "bench_cmd.h"
 #include "plan.h"
 
 int main(int argc, char** argv) {
@@ -11,11 +13,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   kvp::app::PlanOptions plan_options;
   CLI::App* plan = kvp::app::add_plan_command(app, &plan_options);
+  kvp::app::BenchOptions bench_options;
+  CLI::App* bench = kvp::app::add_bench_command(app, &bench_options);
   auto is_command = [&](const char* name) {
     return !app.get_subcommands([&](CLI::App* sub) { return sub->check_name(name); }).empty();
   };
   if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
-    std::fprintf(stderr, "kvpool: unknown command '%s' (commands: plan; see kvpool --help)\n",
+    std::fprintf(stderr,
+                 "kvpool: unknown command '%s' (commands: plan, bench; see kvpool --help)\n",
                  argv[1]);
     return 2;
   }
@@ -26,5 +31,6 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   if (plan->parsed()) return kvp::app::run_plan(plan_options);
+  if (bench->parsed()) return kvp::app::run_bench_command(std::move(bench_options));
   return 2;
 }
