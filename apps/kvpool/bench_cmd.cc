@@ -152,13 +152,15 @@ void print_side_by_side(const std::vector<Run>& runs) {
   const BenchReport& with = *runs[0].report;
   for (size_t i = 1; i < runs.size(); ++i) {
     const BenchReport& other = *runs[i].report;
-    const int64_t saved = other.prefilled_tokens - with.prefilled_tokens;
-    fmt::print("  sessions vs {}: {} fewer prefilled tokens ({:.1f}% of {}), wall time {:.2f}x\n",
-               runs[i].label, saved,
-               other.prefilled_tokens > 0 ? 100.0 * static_cast<double>(saved) /
-                                                static_cast<double>(other.prefilled_tokens)
-                                          : 0.0,
-               other.prefilled_tokens, with.wall_s > 0 ? other.wall_s / with.wall_s : 0.0);
+    fmt::print(
+        "  sessions vs {}: {} vs {} prefilled tokens ({:+.1f}%); {} took {:.2f}x the sessions' "
+        "wall time\n",
+        runs[i].label, with.prefilled_tokens, other.prefilled_tokens,
+        other.prefilled_tokens > 0
+            ? 100.0 * static_cast<double>(with.prefilled_tokens - other.prefilled_tokens) /
+                  static_cast<double>(other.prefilled_tokens)
+            : 0.0,
+        runs[i].label, with.wall_s > 0 ? other.wall_s / with.wall_s : 0.0);
   }
 }
 
