@@ -230,12 +230,14 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
       ->check(CLI::Range(0.0, 3600.0))
       ->capture_default_str();
   bench->add_flag("--sessions,!--no-sessions", b.sessions,
-                  "agents: keep each agent's history in a session (--no-sessions: re-send and "
-                  "re-prefill the whole history every turn; default: sessions)");
+                  "agents: keep each agent's history in a session (--no-sessions: re-send the "
+                  "whole history every turn; default: sessions)");
   bench->add_option("--seed", b.seed, "seed of the synthetic prompts and lengths")
       ->capture_default_str();
-  bench->add_flag("--compare-sessions", o->compare_sessions,
-                  "agents: run with sessions and with re-prefill every turn, print side by side");
+  bench->add_flag(
+      "--compare-sessions", o->compare_sessions,
+      "agents: run with sessions, with the history re-sent every turn (prefix cache on), "
+      "and re-sent with no prefix cache (re-prefill); print them side by side");
   // Engine (EngineConfig).
   bench->add_option("--block-size", e.block_size, "engine: tokens per KV block (power of two)")
       ->check(CLI::Range(1, 1024))

@@ -457,7 +457,8 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* options) {
                    "simulation: generated tokens per turn (mean; lengths vary +-50%)")
       ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
-  plan->add_option("--seed", options->sim_seed, "simulation: seed of the token lengths")
+  plan->add_option("--seed", options->sim_seed,
+                   "simulation: seed of the turn lengths and token ids")
       ->capture_default_str();
   plan->add_option("--sim-block-size", options->sim_block_sizes,
                    "simulation: block sizes to simulate (powers of two, 1..1024)")
