@@ -1,29 +1,34 @@
-// The kvpool command: one subcommand per job (plan, generate, inspect). Exit codes: 0 success, 2
-// bad usage or bad input (unknown option, unreadable file), anything else a failure of the run.
+// The kvpool command: one subcommand per job (generate, inspect, bench, plan). Exit codes: 0
+// success, 2 bad usage or bad input (unknown option, unreadable file), anything else a failure
+// of the run.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <utility>
 
+#include "bench_cmd.h"
 #include "generate.h"
 #include "plan.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvpool: a paged KV-cache block pool inference engine"};
   app.require_subcommand(1);
-  kvp::app::PlanOptions plan_options;
-  CLI::App* plan = kvp::app::add_plan_command(app, &plan_options);
   kvp::app::GenerateOptions generate_options;
   CLI::App* generate = kvp::app::add_generate_command(app, &generate_options);
   kvp::app::InspectOptions inspect_options;
   CLI::App* inspect = kvp::app::add_inspect_command(app, &inspect_options);
+  kvp::app::BenchOptions bench_options;
+  CLI::App* bench = kvp::app::add_bench_command(app, &bench_options);
+  kvp::app::PlanOptions plan_options;
+  CLI::App* plan = kvp::app::add_plan_command(app, &plan_options);
   auto is_command = [&](const char* name) {
     return !app.get_subcommands([&](CLI::App* sub) { return sub->check_name(name); }).empty();
   };
   if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
-    std::fprintf(
-        stderr,
-        "kvpool: unknown command '%s' (commands: plan, generate, inspect; see kvpool --help)\n",
-        argv[1]);
+    std::fprintf(stderr,
+                 "kvpool: unknown command '%s' (commands: generate, inspect, bench, plan; see "
+                 "kvpool --help)\n",
+                 argv[1]);
     return 2;
   }
   try {
@@ -32,8 +37,9 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);  // prints help (code 0) or the error and usage
     return code == 0 ? 0 : 2;
   }
-  if (plan->parsed()) return kvp::app::run_plan(plan_options);
   if (generate->parsed()) return kvp::app::run_generate(generate_options);
   if (inspect->parsed()) return kvp::app::run_inspect(inspect_options);
+  if (bench->parsed()) return kvp::app::run_bench_command(std::move(bench_options));
+  if (plan->parsed()) return kvp::app::run_plan(plan_options);
   return 2;
 }

@@ -2,7 +2,8 @@
 // bytes per token, per block (block sizes 16 and 256 by default), per agent at the target context
 // (a windowed group holds at most ceil(W / block) + 1 blocks), and how many agents fit the pool
 // (CacheSpec::plan_pool: the budget is split between cache groups in proportion to what one
-// agent needs in each). Notes say where ADR-002's figures differ. Then the pool simulation.
+// agent needs in each). Notes say where ADR-002's figures differ. Then the pool simulation:
+// agents taking turns on that pool (device, then host, then disk), per model and block size.
 #include "plan.h"
 
 #include <fmt/format.h>
@@ -11,9 +12,12 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <optional>
+#include <variant>
 
 #include "cache/cache_spec.h"
+#include "cache/pool_simulator.h"
 
 namespace kvp::app {
 namespace {
@@ -137,6 +141,36 @@ std::optional<std::vector<PlannedModel>> load_models(const PlanOptions& options)
   return models;
 }
 
+// Prints rows as columns: the first num_left columns left-aligned, the rest right-aligned. A row
+// shorter than the first (the header) is a note: its first cell is aligned, the rest follows as
+// it is and does not widen the columns.
+void print_aligned(const std::vector<std::vector<std::string>>& rows, size_t num_left) {
+  if (rows.empty()) return;
+  const size_t num_columns = rows[0].size();
+  std::vector<size_t> widths(num_columns, 0);
+  for (const auto& row : rows) {
+    const size_t counted = row.size() < num_columns ? std::min<size_t>(1, row.size()) : row.size();
+    for (size_t i = 0; i < counted && i < num_columns; ++i) {
+      widths[i] = std::max(widths[i], row[i].size());
+    }
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      const bool aligned = i < num_columns && (row.size() >= num_columns || i == 0);
+      if (!aligned) {
+        line += row[i] + "  ";
+      } else if (i < num_left) {
+        line += fmt::format("{:<{}}  ", row[i], widths[i]);
+      } else {
+        line += fmt::format("{:>{}}  ", row[i], widths[i]);
+      }
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    fmt::print("{}\n", line);
+  }
+}
+
 void print_table(const std::vector<PlannedModel>& models, const PlanOptions& options,
                  uint64_t budget_bytes) {
   std::vector<std::string> header = {"model", "layers", "KV heads x dim", "KV/token"};
@@ -166,20 +200,7 @@ void print_table(const std::vector<PlannedModel>& models, const PlanOptions& opt
     }
     rows.push_back(std::move(row));
   }
-  std::vector<size_t> widths(header.size(), 0);
-  for (const auto& row : rows) {
-    for (size_t i = 0; i < row.size(); ++i) widths[i] = std::max(widths[i], row[i].size());
-  }
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i) {
-      // Text columns left-aligned, numbers right-aligned.
-      line += i < 3 ? fmt::format("{:<{}}  ", row[i], widths[i])
-                    : fmt::format("{:>{}}  ", row[i], widths[i]);
-    }
-    while (!line.empty() && line.back() == ' ') line.pop_back();
-    fmt::print("{}\n", line);
-  }
+  print_aligned(rows, 3);
 }
 
 // Where ADR-002's figures differ from the real configs, recomputed at its own settings
@@ -259,21 +280,136 @@ void print_adr_notes(const std::vector<PlannedModel>& models) {
   for (const std::string& note : notes) fmt::print("  - {}\n", note);
 }
 
-// ==== SIMULATION HOOK ========================================================================
-// The pool simulator (src/cache/pool_simulator.h, written by another helper, not yet on main)
-// plugs in here: drive many agents with growing contexts through a pool planned above and print
-// what happens (agents resident, preemptions, prefix-cache hits, …). Until the lead wires it in,
-// this prints one line saying the simulation is pending — never a made-up table.
-void print_simulation(const std::vector<PlannedModel>& models, const PlanOptions& options,
-                      uint64_t budget_bytes) {
-  (void)models;
-  (void)options;
-  (void)budget_bytes;
-  fmt::print(
-      "\nSimulation: pending (the pool simulator, src/cache/pool_simulator.h, is not "
-      "wired in yet).\n");
+// Pools larger than this are not simulated (the allocator's free list would dominate the run).
+constexpr int64_t kMaxSimBlocks = int64_t{1} << 22;
+
+struct SimRow {
+  int32_t block_size = 0;
+  std::optional<PoolSimResult> result;  // nullopt: not simulated, see note
+  std::string note;
+};
+
+// The simulator's geometry for `spec` at `block_size`: the global group, plus one sliding-window
+// group if the model has one. Both pools (device and host) are split between the groups as in
+// the table (CacheSpec::plan_pool at the target context). Returns a note instead when the model
+// cannot be simulated as it is.
+std::variant<PoolSimConfig, std::string> sim_config(const CacheSpec& model_spec,
+                                                    const PlanOptions& options,
+                                                    uint64_t budget_bytes, int32_t block_size) {
+  const CacheSpec spec = model_spec.with_block_size(block_size);
+  std::optional<int32_t> global_group;
+  std::vector<int32_t> window_groups;
+  for (int32_t g = 0; g < spec.num_groups(); ++g) {
+    if (spec.group(g).attention.is_windowed()) {
+      window_groups.push_back(g);
+    } else {
+      global_group = g;
+    }
+  }
+  if (!global_group) return std::string("no global-attention layers (the simulator needs them)");
+  if (window_groups.size() > 1) {
+    return fmt::format("{} sliding-window groups (the simulator takes one)", window_groups.size());
+  }
+  const PoolPlan device = spec.plan_pool(budget_bytes, options.context_tokens);
+  const auto host_budget = static_cast<uint64_t>(options.host_gib * kGiB);
+  PoolPlan host;
+  if (host_budget > 0) host = spec.plan_pool(host_budget, options.context_tokens);
+  auto host_blocks = [&](int32_t g) { return host_budget > 0 ? host.num_blocks[g] : 0; };
+
+  PoolSimConfig c;
+  c.block_size = block_size;
+  c.pool_blocks = device.num_blocks[*global_group];
+  c.host_blocks = host_blocks(*global_group);
+  c.bytes_per_block = static_cast<int64_t>(spec.block_bytes(*global_group));
+  if (!window_groups.empty()) {
+    const int32_t w = window_groups[0];
+    c.window_tokens = spec.group(w).attention.window_tokens;
+    c.window_pool_blocks = device.num_blocks[w];
+    c.window_host_blocks = host_blocks(w);
+    c.window_bytes_per_block = static_cast<int64_t>(spec.block_bytes(w));
+  }
+  c.agents = options.sim_agents;
+  c.turns = options.sim_turns;
+  c.concurrency = options.sim_concurrency;
+  c.system_prompt_tokens = options.system_prompt_tokens;
+  c.user_tokens = options.turn_tokens;
+  c.reply_tokens = options.reply_tokens;
+  c.seed = options.sim_seed;
+  const int64_t largest =
+      std::max({c.pool_blocks, c.host_blocks, c.window_pool_blocks, c.window_host_blocks});
+  if (largest > kMaxSimBlocks) {
+    return fmt::format("{} blocks in one pool (more than {}: lower --pool-gb or --host-gb)",
+                       largest, kMaxSimBlocks);
+  }
+  if (c.pool_blocks < 1 || (c.window_tokens > 0 && c.window_pool_blocks < 1)) {
+    return std::string("the pool holds no block of this size");
+  }
+  return c;
 }
-// =============================================================================================
+
+std::string percent(double fraction) { return fmt::format("{:.1f}%", fraction * 100); }
+
+// The simulation (src/cache/pool_simulator.h): N agents take turns on the pool planned above, in
+// batches of `concurrency`, sharing a system prompt; their histories stay as sessions and move
+// down to host memory and disk when the device pool runs short. One table per model, one row per
+// block size. Returns false (after printing the error) if the simulator refuses a config.
+bool print_simulation(const std::vector<PlannedModel>& models, const PlanOptions& options,
+                      uint64_t budget_bytes) {
+  fmt::print(
+      "\nSimulation: {} agents x {} turns, {} at a time; a shared system prompt of {} tokens; "
+      "per turn ~{} user + ~{} reply tokens (+-50%, seed {}).\nPools: device {:.4g} GiB, host "
+      "{:.4g} GiB (then disk), split between cache groups as in the table above.\n",
+      options.sim_agents, options.sim_turns, options.sim_concurrency, options.system_prompt_tokens,
+      options.turn_tokens, options.reply_tokens, options.sim_seed, options.pool_gib,
+      options.host_gib);
+  fmt::print(
+      "blocks: device pool blocks (global group + window group).\n"
+      "util: used blocks over pool blocks after each batch, mean / peak; win util: the window "
+      "group's mean.\n"
+      "waste: allocated but unfilled slots over allocated slots (global group, mean).\n"
+      "prefix hit: prompt tokens served by the prefix cache (the shared system prompt).\n"
+      "reuse: context not recomputed (sessions + prefix cache) over what a stateless server "
+      "would recompute.\n"
+      "evicted: cached blocks reclaimed. offload / disk: sessions moved to host / to disk. "
+      "failed: turns that found no room.\n");
+  for (const PlannedModel& m : models) {
+    fmt::print("\n{} ({}):\n", m.name, describe_layers(m.spec));
+    std::vector<std::vector<std::string>> rows = {{"block", "blocks", "util", "win util", "waste",
+                                                   "prefix hit", "reuse", "evicted", "offload",
+                                                   "disk", "failed"}};
+    for (int32_t block_size : options.sim_block_sizes) {
+      auto config = sim_config(m.spec, options, budget_bytes, block_size);
+      if (const auto* note = std::get_if<std::string>(&config)) {
+        rows.push_back({fmt::format("{}", block_size), fmt::format("not simulated: {}", *note)});
+        continue;
+      }
+      const PoolSimConfig& c = std::get<PoolSimConfig>(config);
+      Result<PoolSimResult> result = simulate_pool(c);
+      if (!result.is_ok()) {
+        fmt::print(stderr, "kvpool plan: simulation of {} at block size {}: {}\n", m.name,
+                   block_size, result.status().to_string());
+        return false;
+      }
+      const PoolSimResult& r = *result;
+      rows.push_back({
+          fmt::format("{}", block_size),
+          c.window_tokens > 0 ? fmt::format("{} + {}", c.pool_blocks, c.window_pool_blocks)
+                              : fmt::format("{}", c.pool_blocks),
+          fmt::format("{} / {}", percent(r.utilisation_mean), percent(r.utilisation_peak)),
+          c.window_tokens > 0 ? percent(r.window_utilisation_mean) : "-",
+          percent(r.slot_waste_mean),
+          percent(r.prefix_hit_rate),
+          percent(r.context_reuse_rate),
+          fmt::format("{}", r.evictions),
+          fmt::format("{}", r.offloads),
+          fmt::format("{}", r.saves_to_disk),
+          fmt::format("{}", r.failed_turns),
+      });
+    }
+    print_aligned(rows, 0);
+  }
+  return true;
+}
 
 }  // namespace
 
@@ -295,6 +431,39 @@ CLI::App* add_plan_command(CLI::App& app, PlanOptions* options) {
                    "block sizes to compare (powers of two, 1..1024)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
+  plan->add_option("--host-gb", options->host_gib,
+                   "simulation: host (offload) pool in GiB; 0 sends idle sessions to disk")
+      ->check(CLI::Range(0.0, 1048576.0))
+      ->capture_default_str();
+  plan->add_option("--agents", options->sim_agents, "simulation: agents")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  plan->add_option("--turns", options->sim_turns, "simulation: turns per agent")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  plan->add_option("--concurrency", options->sim_concurrency,
+                   "simulation: agents taking their turn at once")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  plan->add_option("--system-prompt-tokens", options->system_prompt_tokens,
+                   "simulation: tokens of the system prompt all agents share")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  plan->add_option("--turn-tokens", options->turn_tokens,
+                   "simulation: user tokens per turn (mean; lengths vary +-50%)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  plan->add_option("--reply-tokens", options->reply_tokens,
+                   "simulation: generated tokens per turn (mean; lengths vary +-50%)")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  plan->add_option("--seed", options->sim_seed,
+                   "simulation: seed of the turn lengths and token ids")
+      ->capture_default_str();
+  plan->add_option("--sim-block-size", options->sim_block_sizes,
+                   "simulation: block sizes to simulate (powers of two, 1..1024)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
   return plan;
 }
 
@@ -304,6 +473,22 @@ int run_plan(const PlanOptions& options) {
       fmt::print(stderr, "kvpool plan: --block-size {}: not a power of two\n", b);
       return 2;
     }
+  }
+  for (int32_t b : options.sim_block_sizes) {
+    if ((b & (b - 1)) != 0) {
+      fmt::print(stderr, "kvpool plan: --sim-block-size {}: not a power of two\n", b);
+      return 2;
+    }
+  }
+  const int64_t agent_tokens =
+      options.system_prompt_tokens +
+      int64_t{options.sim_turns} * (options.turn_tokens + options.reply_tokens) * 3 / 2;
+  if (agent_tokens > std::numeric_limits<int32_t>::max()) {
+    fmt::print(stderr,
+               "kvpool plan: --system-prompt-tokens, --turns, --turn-tokens, --reply-tokens: one "
+               "agent's history ({} tokens at most) does not fit 32-bit token counts\n",
+               agent_tokens);
+    return 2;
   }
   const double budget = options.pool_gib * kGiB;
   if (!(budget >= 1.0) || budget > 1e18) {
@@ -330,7 +515,7 @@ int run_plan(const PlanOptions& options) {
   }
   fmt::print("\n");
   print_adr_notes(*models);
-  print_simulation(*models, options, budget_bytes);
+  if (!print_simulation(*models, options, budget_bytes)) return 1;
   return 0;
 }
 

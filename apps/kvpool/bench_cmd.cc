@@ -1,0 +1,333 @@
+// `kvpool bench`: option parsing, one model load, one fresh Engine per run, and the reports.
+// With --compare-sessions the agents workload runs on the same model with sessions, re-sending
+// the whole history every turn, and (models with a prefix cache) re-sending it with the prefix
+// cache off: true re-prefill. Each run gets a fresh engine, so none finds another's cache; the
+// table shows them side by side with the prefill tokens sessions saved.
+#include "bench_cmd.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "common/thread_pool.h"
+#include "model/model_loader.h"
+
+namespace kvp::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+// "out.csv" + "sessions" -> "out.sessions.csv".
+std::string tagged_path(const std::string& path, const std::string& tag) {
+  const fs::path p(path);
+  fs::path tagged = p.parent_path() / p.stem();
+  tagged += "." + tag;
+  tagged += p.extension();
+  return tagged.string();
+}
+
+// Checks what CLI11's per-option checks cannot: options that must agree with each other.
+Status check_options(const BenchOptions& o) {
+  const BenchConfig& b = o.bench;
+  if (b.prompt_tokens_max < b.prompt_tokens_min) {
+    return Status::invalid_argument("--prompt-tokens-max {} is below --prompt-tokens-min {}",
+                                    b.prompt_tokens_max, b.prompt_tokens_min);
+  }
+  if (b.output_tokens_max < b.output_tokens_min) {
+    return Status::invalid_argument("--output-tokens-max {} is below --output-tokens-min {}",
+                                    b.output_tokens_max, b.output_tokens_min);
+  }
+  if (o.compare_sessions && b.workload != BenchConfig::Workload::kAgents) {
+    return Status::invalid_argument("--compare-sessions needs --workload agents, not {}",
+                                    o.workload);
+  }
+  const int32_t block_size = o.engine.block_size;
+  if ((block_size & (block_size - 1)) != 0) {
+    return Status::invalid_argument("--block-size {}: not a power of two", block_size);
+  }
+  Status engine = o.engine.validate();
+  if (!engine.is_ok()) {
+    return Status::invalid_argument("--block-size, --blocks, --max-seqs, --step-tokens: {}",
+                                    engine.message());
+  }
+  return Status::ok();
+}
+
+// One run on a fresh engine. Prints a line and returns nullopt on failure.
+std::optional<BenchReport> run_once(ModelRunner& runner, const BenchOptions& o,
+                                    const BenchConfig& config) {
+  Engine engine(&runner, o.engine);
+  Result<BenchReport> report = run_bench(engine, runner.spec().vocab_size, config);
+  if (!report.is_ok()) {
+    const bool refused = report.status().code() == StatusCode::kInvalidArgument;
+    fmt::print(stderr, "kvpool bench: the {} run failed: {}{}\n", workload_name(config.workload),
+               report.status().to_string(),
+               refused ? " (check --blocks, --block-size and the workload's token options)" : "");
+    return std::nullopt;
+  }
+  engine.check_integrity();
+  return std::move(report).value();
+}
+
+bool write_csv(const BenchReport& report, const std::string& path) {
+  const Status written = report.write_csv(path);
+  if (!written.is_ok()) {
+    fmt::print(stderr, "kvpool bench: --csv: {}\n", written.to_string());
+    return false;
+  }
+  fmt::print("wrote {} ({} requests)\n", path, report.requests.size());
+  return true;
+}
+
+struct Run {
+  std::string label;     // column header
+  std::string tag;       // CSV file tag
+  std::string describe;  // heading of its report
+  BenchConfig bench;
+  EngineConfig engine;
+  std::optional<BenchReport> report;
+};
+
+// The agents runs as one table: a row per metric, a column per run; then what sessions saved
+// against each other run.
+void print_side_by_side(const std::vector<Run>& runs) {
+  using Metric = std::string (*)(const BenchReport&);
+  struct Row {
+    const char* name;
+    Metric value;
+  };
+  static const Row kRows[] = {
+      {"requests (turns)", [](const BenchReport& r) { return fmt::format("{}", r.num_requests); }},
+      {"prompt tokens sent",
+       [](const BenchReport& r) { return fmt::format("{}", r.prompt_tokens); }},
+      {"prompt tokens prefilled",
+       [](const BenchReport& r) { return fmt::format("{}", r.prefilled_tokens); }},
+      {"output tokens", [](const BenchReport& r) { return fmt::format("{}", r.output_tokens); }},
+      {"wall s", [](const BenchReport& r) { return fmt::format("{:.2f}", r.wall_s); }},
+      {"output tok/s",
+       [](const BenchReport& r) { return fmt::format("{:.1f}", r.output_tokens_per_s); }},
+      {"ttft p50 ms",
+       [](const BenchReport& r) { return fmt::format("{:.2f}", r.ttft_s.p50 * 1e3); }},
+      {"ttft p95 ms",
+       [](const BenchReport& r) { return fmt::format("{:.2f}", r.ttft_s.p95 * 1e3); }},
+      {"ttft p99 ms",
+       [](const BenchReport& r) { return fmt::format("{:.2f}", r.ttft_s.p99 * 1e3); }},
+      {"tpot p50 ms",
+       [](const BenchReport& r) { return fmt::format("{:.2f}", r.tpot_s.p50 * 1e3); }},
+      {"tpot p95 ms",
+       [](const BenchReport& r) { return fmt::format("{:.2f}", r.tpot_s.p95 * 1e3); }},
+      {"itl p50 ms", [](const BenchReport& r) { return fmt::format("{:.2f}", r.itl_s.p50 * 1e3); }},
+      {"itl p99 ms", [](const BenchReport& r) { return fmt::format("{:.2f}", r.itl_s.p99 * 1e3); }},
+      {"kv utilisation mean",
+       [](const BenchReport& r) { return fmt::format("{:.1f}%", r.kv_utilisation_mean * 100); }},
+      {"kv utilisation peak",
+       [](const BenchReport& r) { return fmt::format("{:.1f}%", r.kv_utilisation_peak * 100); }},
+      {"prefix/session hit rate",
+       [](const BenchReport& r) { return fmt::format("{:.1f}%", r.prefix_hit_rate * 100); }},
+      {"preemptions", [](const BenchReport& r) { return fmt::format("{}", r.num_preemptions); }},
+      {"session evictions",
+       [](const BenchReport& r) { return fmt::format("{}", r.num_session_evictions); }},
+  };
+  std::vector<std::vector<std::string>> table = {{"metric"}};
+  for (const Run& run : runs) table[0].push_back(run.label);
+  for (const Row& row : kRows) {
+    table.push_back({row.name});
+    for (const Run& run : runs) table.back().push_back(row.value(*run.report));
+  }
+  std::vector<size_t> widths(table[0].size(), 0);
+  for (const auto& line : table) {
+    for (size_t i = 0; i < line.size(); ++i) widths[i] = std::max(widths[i], line[i].size());
+  }
+  fmt::print("\nagents workload side by side:\n");
+  for (const auto& line : table) {
+    std::string text = fmt::format("  {:<{}}", line[0], widths[0]);
+    for (size_t i = 1; i < line.size(); ++i) text += fmt::format("  {:>{}}", line[i], widths[i]);
+    fmt::print("{}\n", text);
+  }
+  const BenchReport& with = *runs[0].report;
+  for (size_t i = 1; i < runs.size(); ++i) {
+    const BenchReport& other = *runs[i].report;
+    fmt::print(
+        "  sessions vs {}: {} vs {} prefilled tokens ({:+.1f}%); {} took {:.2f}x the sessions' "
+        "wall time\n",
+        runs[i].label, with.prefilled_tokens, other.prefilled_tokens,
+        other.prefilled_tokens > 0
+            ? 100.0 * static_cast<double>(with.prefilled_tokens - other.prefilled_tokens) /
+                  static_cast<double>(other.prefilled_tokens)
+            : 0.0,
+        runs[i].label, with.wall_s > 0 ? other.wall_s / with.wall_s : 0.0);
+  }
+}
+
+}  // namespace
+
+CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
+  CLI::App* bench = app.add_subcommand(
+      "bench",
+      "Runs an engine benchmark workload on a model and prints latency, throughput and "
+      "cache statistics");
+  BenchConfig& b = o->bench;
+  EngineConfig& e = o->engine;
+  bench
+      ->add_option("--model", o->model_path,
+                   "model to load: a Hugging Face model directory (config.json + safetensors)")
+      ->required();
+  bench->add_option("--workload", o->workload, "offline, poisson, closed or agents")
+      ->check(CLI::IsMember({"offline", "poisson", "closed", "agents"}))
+      ->capture_default_str();
+  // Workload parameters (BenchConfig).
+  bench->add_option("--requests", b.num_requests, "offline: requests, all arriving at t = 0")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  bench->add_option("--rate", b.rate, "poisson: arrivals per second")
+      ->check(CLI::Range(1e-3, 1e6))
+      ->capture_default_str();
+  bench->add_option("--concurrency", b.concurrency, "closed: clients, each one request at a time")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  bench
+      ->add_option("--target-output-tokens", b.target_output_tokens,
+                   "poisson, closed: output tokens to ask for in all")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  bench->add_option("--prompt-tokens-min", b.prompt_tokens_min, "prompt length, uniform from")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  bench->add_option("--prompt-tokens-max", b.prompt_tokens_max, "prompt length, uniform to")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  bench->add_option("--output-tokens-min", b.output_tokens_min, "output length, uniform from")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  bench->add_option("--output-tokens-max", b.output_tokens_max, "output length, uniform to")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  bench->add_option("--agents", b.num_agents, "agents: agents")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  bench->add_option("--turns", b.num_turns, "agents: turns per agent")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  bench
+      ->add_option("--system-prompt-tokens", b.system_prompt_tokens,
+                   "agents: system prompt tokens shared by every agent")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  bench->add_option("--turn-tokens", b.turn_tokens, "agents: user tokens per turn")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  bench->add_option("--reply-tokens", b.reply_tokens, "agents: generated tokens per turn")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  bench
+      ->add_option("--think-time", b.think_time_s,
+                   "agents: seconds between a reply and the agent's next turn")
+      ->check(CLI::Range(0.0, 3600.0))
+      ->capture_default_str();
+  bench->add_flag("--sessions,!--no-sessions", b.sessions,
+                  "agents: keep each agent's history in a session (--no-sessions: re-send the "
+                  "whole history every turn; default: sessions)");
+  bench->add_option("--seed", b.seed, "seed of the synthetic prompts and lengths")
+      ->capture_default_str();
+  bench->add_flag(
+      "--compare-sessions", o->compare_sessions,
+      "agents: run with sessions, with the history re-sent every turn (prefix cache on), "
+      "and re-sent with no prefix cache (re-prefill); print them side by side");
+  // Engine (EngineConfig).
+  bench->add_option("--block-size", e.block_size, "engine: tokens per KV block (power of two)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  bench->add_option("--blocks", e.num_blocks, "engine: KV blocks per cache group")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  bench->add_option("--max-seqs", e.max_num_seqs, "engine: sequences in one step")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  bench->add_option("--step-tokens", e.max_step_tokens, "engine: tokens in one step")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  bench->add_flag("--prefix-caching,!--no-prefix-caching", e.prefix_caching,
+                  "engine: prefix cache (models with one cache group; default: on)");
+  bench->add_option("--threads", o->num_threads, "attention threads (the caller included)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  bench->add_option("--csv", o->csv_path,
+                    "write one row per request here (--compare-sessions: one file per run, "
+                    "PATH with .sessions, .resend, .reprefill before the extension)");
+  return bench;
+}
+
+int run_bench_command(BenchOptions o) {
+  Result<BenchConfig::Workload> workload = parse_workload(o.workload);
+  if (!workload.is_ok()) {
+    fmt::print(stderr, "kvpool bench: --workload: {}\n", workload.status().to_string());
+    return 2;
+  }
+  o.bench.workload = *workload;
+  const Status options_ok = check_options(o);
+  if (!options_ok.is_ok()) {
+    fmt::print(stderr, "kvpool bench: {}\n", options_ok.message());
+    return 2;
+  }
+  ThreadPool pool(o.num_threads);
+  Result<std::unique_ptr<ModelRunner>> runner = load_model(o.model_path, &pool);
+  if (!runner.is_ok()) {
+    fmt::print(stderr, "kvpool bench: --model {}: {}\n", o.model_path, runner.status().to_string());
+    return 2;
+  }
+  const ModelSpec& spec = (*runner)->spec();
+  fmt::print(
+      "kvpool bench: {} ({}, {} layers, vocab {}); engine: block size {}, {} blocks per group x "
+      "{} group(s), max {} seqs, {} tokens per step, prefix caching {}; {} thread(s)\n",
+      o.model_path, architecture_name(spec.architecture), spec.num_layers, spec.vocab_size,
+      o.engine.block_size, o.engine.num_blocks, (*runner)->num_cache_groups(),
+      o.engine.max_num_seqs, o.engine.max_step_tokens,
+      !o.engine.prefix_caching             ? "off"
+      : (*runner)->num_cache_groups() == 1 ? "on"
+                                           : "off (more than one cache group)",
+      o.num_threads);
+
+  if (!o.compare_sessions) {
+    std::optional<BenchReport> report = run_once(**runner, o, o.bench);
+    if (!report) return 1;
+    fmt::print("{}", report->to_text());
+    if (!o.csv_path.empty() && !write_csv(*report, o.csv_path)) return 1;
+    return 0;
+  }
+  // Sessions; the whole history re-sent every turn with the prefix cache finding most of it
+  // (models with one cache group); and re-sent with no prefix cache: true re-prefill.
+  std::vector<Run> runs;
+  runs.push_back({"sessions", "sessions", "sessions", o.bench, o.engine, std::nullopt});
+  runs.back().bench.sessions = true;
+  if (o.engine.prefix_caching && (*runner)->num_cache_groups() == 1) {
+    runs.push_back({"resend", "resend", "history re-sent every turn (prefix cache on)", o.bench,
+                    o.engine, std::nullopt});
+    runs.back().bench.sessions = false;
+  }
+  runs.push_back({"re-prefill", "reprefill",
+                  "history re-sent every turn, no prefix cache (re-prefill)", o.bench, o.engine,
+                  std::nullopt});
+  runs.back().bench.sessions = false;
+  runs.back().engine.prefix_caching = false;
+  for (Run& run : runs) {
+    BenchOptions run_options = o;
+    run_options.engine = run.engine;
+    run.report = run_once(**runner, run_options, run.bench);
+    if (!run.report) return 1;
+    fmt::print("{}:\n{}", run.describe, run.report->to_text());
+  }
+  print_side_by_side(runs);
+  if (!o.csv_path.empty()) {
+    for (const Run& run : runs) {
+      if (!write_csv(*run.report, tagged_path(o.csv_path, run.tag))) return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace kvp::app
