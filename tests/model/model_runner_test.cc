@@ -7,11 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <unistd.h>
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 #include <random>
 
+#include "model/model_loader.h"
 #include "model/safetensors_weights.h"
 
 namespace kvp {
@@ -256,6 +260,50 @@ TEST_P(TinyModelTest, GreedyContinuationsMatchTransformersAloneBatchedAndChunked
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyModelTest,
+                         ::testing::Values("llama", "qwen2", "gemma3"));
+
+// The same weights written as GGUF the way llama.cpp's converter lays them out
+// (tests/model/make_tiny_gguf.py with the `gguf` package: permuted Llama q/k rows, Llama 3 rope
+// as rope_freqs, Gemma norms stored as 1 + w; F32), read by kvpool's GGUF path.
+class TinyGgufTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
+  const std::string python = ".venv/bin/python";
+  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " not found (scripts/setup.sh)";
+  const std::string out = (std::filesystem::temp_directory_path() /
+                           fmt::format("kvp_tiny_{}_{}.gguf", GetParam(), ::getpid()))
+                              .string();
+  const std::string command =
+      fmt::format("{} tests/model/make_tiny_gguf.py {}{} {}", python, kFixtures, GetParam(), out);
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  auto runner = load_model(out, nullptr);
+  std::filesystem::remove(out);
+  ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
+  TinyModel model = load_tiny(GetParam());
+  const ModelSpec& hf = model.runner->spec();
+  const ModelSpec& gguf = (*runner)->spec();
+  EXPECT_EQ(gguf.architecture, hf.architecture);
+  EXPECT_EQ(gguf.layer_is_sliding, hf.layer_is_sliding);
+  EXPECT_EQ(gguf.sliding_window, hf.sliding_window);
+  EXPECT_EQ(gguf.tie_word_embeddings, hf.tie_word_embeddings);
+  model.runner = std::move(runner).value();
+
+  const int32_t vocab = model.runner->spec().vocab_size;
+  for (size_t p = 0; p < model.golden.prompts.size(); ++p) {
+    const auto& prompt = model.golden.prompts[p];
+    PagedPool pool(*model.runner, 1, static_cast<int32_t>(prompt.size()), 4, 31 + p);
+    auto logits = pool.step(*model.runner, {prompt}, {0});
+    ASSERT_EQ(logits.size(), prompt.size() * vocab);
+    const double err = relative_error(logits, model.golden.logits[p]);
+    EXPECT_LT(err, 1e-4) << GetParam() << " prompt " << p << ": relative error " << err;
+  }
+  auto outputs = greedy(model, 4, true, 0);
+  for (size_t p = 0; p < outputs.size(); ++p) {
+    EXPECT_EQ(outputs[p], model.golden.greedy[p]) << GetParam() << " prompt " << p;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, TinyGgufTest,
                          ::testing::Values("llama", "qwen2", "gemma3"));
 
 TEST(ModelRunner, RejectsBadBatchesWithoutWriting) {

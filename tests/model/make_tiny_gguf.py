@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Writes a tiny Hugging Face fixture model (config.json + model.safetensors) as a GGUF file the
+way llama.cpp's convert_hf_to_gguf.py lays such models out, with the `gguf` package:
+  - tensor names: token_embd, blk.N.attn_q, ..., output_norm, output (absent when tied)
+  - Llama: q/k projection rows permuted within each head (pairs (i, i + d/2) become adjacent
+    rows), Llama 3 rope scaling as the per-frequency divisors `rope_freqs.weight`
+  - Gemma 3: every norm weight stored as 1 + w; linear rope scaling as rope.scaling.* keys
+All tensors stay F32 (the goldens' greedy margins are as small as 2e-4; conversions of other
+types are tested against the gguf package in gguf_file_test.cc).
+kvpool reads the result with its own GGUF reader; the test compares the logits with the
+transformers goldens of the same weights.
+Usage: make_tiny_gguf.py MODEL_DIR OUT.gguf
+"""
+import json
+import math
+import struct
+import sys
+
+import numpy as np
+import gguf
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        assert info["dtype"] == "F32", (name, info["dtype"])
+        b, e = info["data_offsets"]
+        out[name] = np.frombuffer(data[b:e], dtype=np.float32).reshape(info["shape"]).copy()
+    return out
+
+
+def permute(w, n_head):
+    # convert_hf_to_gguf.py LlamaModel.permute
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def llama3_rope_factors(head_dim, rope):
+    # convert_hf_to_gguf.py LlamaModel.generate_extra_tensors
+    base = rope["rope_theta"]
+    factor = rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    old_len = rope["original_max_position_embeddings"]
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    low_wavelen, high_wavelen = old_len / low, old_len / high
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_len / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def main(model_dir, out_path):
+    cfg = json.load(open(f"{model_dir}/config.json"))
+    tensors = read_safetensors(f"{model_dir}/model.safetensors")
+    arch = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3"}[
+        cfg["model_type"]]
+    n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // n_head)
+    rope = cfg["rope_parameters"]
+    global_rope = rope.get("full_attention", rope)
+
+    w = gguf.GGUFWriter(out_path, arch)
+    w.add_uint32(f"{arch}.block_count", cfg["num_hidden_layers"])
+    w.add_uint32(f"{arch}.context_length", cfg["max_position_embeddings"])
+    w.add_uint32(f"{arch}.embedding_length", cfg["hidden_size"])
+    w.add_uint32(f"{arch}.feed_forward_length", cfg["intermediate_size"])
+    w.add_uint32(f"{arch}.attention.head_count", n_head)
+    w.add_uint32(f"{arch}.attention.head_count_kv", n_kv)
+    w.add_uint32(f"{arch}.attention.key_length", head_dim)
+    w.add_uint32(f"{arch}.attention.value_length", head_dim)
+    w.add_uint32(f"{arch}.rope.dimension_count", head_dim)
+    w.add_uint32(f"{arch}.vocab_size", cfg["vocab_size"])
+    w.add_float32(f"{arch}.rope.freq_base", global_rope["rope_theta"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
+    if cfg.get("bos_token_id") is not None:
+        w.add_uint32("tokenizer.ggml.bos_token_id", cfg["bos_token_id"])
+    eos = cfg.get("eos_token_id")
+    if eos is not None:
+        w.add_uint32("tokenizer.ggml.eos_token_id", eos[0] if isinstance(eos, list) else eos)
+    if arch == "gemma3":
+        w.add_uint32("gemma3.attention.sliding_window", cfg["sliding_window"])
+    if global_rope.get("rope_type") == "linear":
+        w.add_string(f"{arch}.rope.scaling.type", "linear")
+        w.add_float32(f"{arch}.rope.scaling.factor", global_rope["factor"])
+
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_layer = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight",
+        "self_attn.k_proj.weight": "attn_k.weight",
+        "self_attn.v_proj.weight": "attn_v.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "self_attn.q_proj.bias": "attn_q.bias",
+        "self_attn.k_proj.bias": "attn_k.bias",
+        "self_attn.v_proj.bias": "attn_v.bias",
+        "self_attn.q_norm.weight": "attn_q_norm.weight",
+        "self_attn.k_norm.weight": "attn_k_norm.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+        "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+        "post_attention_layernorm.weight":
+            "post_attention_norm.weight" if arch == "gemma3" else "ffn_norm.weight",
+    }
+    for name in sorted(tensors):
+        data = tensors[name]
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            out = f"blk.{layer}.{per_layer[rest]}"
+        else:
+            out = names[name]
+        if arch == "llama" and rest_is(name, "self_attn.q_proj.weight"):
+            data = permute(data, n_head)
+        if arch == "llama" and rest_is(name, "self_attn.k_proj.weight"):
+            data = permute(data, n_kv)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            data = data + 1.0
+        w.add_tensor(out, np.ascontiguousarray(data))
+    if global_rope.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, global_rope))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def rest_is(name, suffix):
+    return name.startswith("model.layers.") and name.endswith(suffix)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
