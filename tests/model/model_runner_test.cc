@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 
@@ -331,6 +333,37 @@ TEST(ModelRunner, RejectsBadBatchesWithoutWriting) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
   EXPECT_TRUE(std::all_of(slabs[0].bytes.begin(), slabs[0].bytes.end(),
                           [](std::byte b) { return b == std::byte{7}; }));
+}
+
+// The default real model against Hugging Face transformers loading the same GGUF file
+// (scripts/make_real_goldens.py, run on the GPU machine's CPU in float32; goldens in
+// tests/model/fixtures/real/). kvpool's tokenizer must give transformers' prompt ids, and its
+// forward pass over the paged pool the same 32 greedy tokens and text.
+TEST(RealModel, SmolLm2GreedyMatchesTransformersLoadingTheSameGguf) {
+  const std::string path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (scripts/setup.sh)";
+  std::ifstream in("tests/model/fixtures/real/smollm2_goldens.json");
+  const nlohmann::json goldens = nlohmann::json::parse(in);
+  auto tokenizer = load_tokenizer(path);
+  ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().to_string();
+  auto runner = load_model(path, nullptr);
+  ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
+  TinyModel model;  // the real model with its goldens, in the tiny tests' form
+  model.runner = std::move(runner).value();
+  for (const auto& c : goldens.at("cases")) {
+    auto ids = tokenizer->encode(c.at("prompt").get<std::string>());
+    ASSERT_TRUE(ids.is_ok()) << ids.status().to_string();
+    EXPECT_EQ(*ids, c.at("prompt_ids").get<std::vector<int32_t>>()) << c.at("prompt");
+    model.golden.prompts.push_back(c.at("prompt_ids").get<std::vector<int32_t>>());
+    model.golden.greedy.push_back(c.at("greedy").get<std::vector<int32_t>>());
+  }
+  auto outputs = greedy(model, 16, /*batched=*/true, /*chunk=*/0);
+  for (size_t p = 0; p < outputs.size(); ++p) {
+    EXPECT_EQ(outputs[p], model.golden.greedy[p]) << "prompt " << p;
+    auto text = tokenizer->decode(outputs[p]);
+    ASSERT_TRUE(text.is_ok());
+    EXPECT_EQ(*text, goldens["cases"][p].at("text").get<std::string>());
+  }
 }
 
 }  // namespace
