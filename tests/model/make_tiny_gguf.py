@@ -9,8 +9,11 @@ All tensors stay F32 (the goldens' greedy margins are as small as 2e-4; conversi
 types are tested against the gguf package in gguf_file_test.cc).
 kvpool reads the result with its own GGUF reader; the test compares the logits with the
 transformers goldens of the same weights.
-Usage: make_tiny_gguf.py MODEL_DIR OUT.gguf
+Usage: make_tiny_gguf.py MODEL_DIR OUT.gguf [--arch NAME] [--drop TENSOR] [--transpose TENSOR]
+  --arch, --drop, --transpose make damaged variants for the error tests (another architecture
+  name, a GGUF tensor left out, a GGUF tensor written transposed).
 """
+import argparse
 import json
 import math
 import struct
@@ -62,16 +65,19 @@ def llama3_rope_factors(head_dim, rope):
     return np.array(factors, dtype=np.float32)
 
 
-def main(model_dir, out_path):
+def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
     cfg = json.load(open(f"{model_dir}/config.json"))
     tensors = read_safetensors(f"{model_dir}/model.safetensors")
     arch = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3"}[
         cfg["model_type"]]
+    convention = arch  # the tensor layout follows the real architecture
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // n_head)
     rope = cfg["rope_parameters"]
     global_rope = rope.get("full_attention", rope)
 
+    if arch_override:
+        arch = arch_override
     w = gguf.GGUFWriter(out_path, arch)
     w.add_uint32(f"{arch}.block_count", cfg["num_hidden_layers"])
     w.add_uint32(f"{arch}.context_length", cfg["max_position_embeddings"])
@@ -90,8 +96,8 @@ def main(model_dir, out_path):
     eos = cfg.get("eos_token_id")
     if eos is not None:
         w.add_uint32("tokenizer.ggml.eos_token_id", eos[0] if isinstance(eos, list) else eos)
-    if arch == "gemma3":
-        w.add_uint32("gemma3.attention.sliding_window", cfg["sliding_window"])
+    if convention == "gemma3":
+        w.add_uint32(f"{arch}.attention.sliding_window", cfg["sliding_window"])
     if global_rope.get("rope_type") == "linear":
         w.add_string(f"{arch}.rope.scaling.type", "linear")
         w.add_float32(f"{arch}.rope.scaling.factor", global_rope["factor"])
@@ -118,7 +124,7 @@ def main(model_dir, out_path):
         "pre_feedforward_layernorm.weight": "ffn_norm.weight",
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
         "post_attention_layernorm.weight":
-            "post_attention_norm.weight" if arch == "gemma3" else "ffn_norm.weight",
+            "post_attention_norm.weight" if convention == "gemma3" else "ffn_norm.weight",
     }
     for name in sorted(tensors):
         data = tensors[name]
@@ -127,12 +133,16 @@ def main(model_dir, out_path):
             out = f"blk.{layer}.{per_layer[rest]}"
         else:
             out = names[name]
-        if arch == "llama" and rest_is(name, "self_attn.q_proj.weight"):
+        if convention == "llama" and rest_is(name, "self_attn.q_proj.weight"):
             data = permute(data, n_head)
-        if arch == "llama" and rest_is(name, "self_attn.k_proj.weight"):
+        if convention == "llama" and rest_is(name, "self_attn.k_proj.weight"):
             data = permute(data, n_kv)
-        if arch == "gemma3" and name.endswith("norm.weight"):
+        if convention == "gemma3" and name.endswith("norm.weight"):
             data = data + 1.0
+        if out == drop:
+            continue
+        if out == transpose:
+            data = data.T
         w.add_tensor(out, np.ascontiguousarray(data))
     if global_rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, global_rope))
@@ -147,4 +157,11 @@ def rest_is(name, suffix):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    ap.add_argument("--arch")
+    ap.add_argument("--drop")
+    ap.add_argument("--transpose")
+    a = ap.parse_args()
+    main(a.model_dir, a.out, a.arch, a.drop, a.transpose)

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "support/hf_tokenizer_reference.h"
 #include "tokenizer/detokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_json.h"
@@ -28,89 +29,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kPython = ".venv/bin/python";
-constexpr const char* kSmolLm = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-constexpr const char* kGemma = "models/gemma-3-270m-q4_k_m.gguf";
-constexpr size_t kNumRandomCases = 400;  // NUM_RANDOM in hf_reference.py
+using test::count_corpus_lines;
+using test::kNumRandomCases;
+using Case = test::TokenizerCase;
 
-struct Case {
-  std::string text;
-  std::vector<TokenId> ids;          // HF encode(text)
-  std::vector<TokenId> ids_plain;    // HF encode(text, add_special_tokens=False)
-  std::string decoded;               // HF decode(ids_plain, skip_special_tokens=False)
-  std::vector<TokenId> ids_literal;  // HF encode(text) with encode_special_tokens=True
-};
-
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Runs the reference script once for the whole test program; "" if it could not run.
-// `*missing` is true when the inputs are absent (skip); a script that fails is an error.
+std::vector<Case> read_cases(const fs::path& file) { return test::read_tokenizer_cases(file); }
 const fs::path& reference_dir(std::string* why_not, bool* missing) {
-  static std::string error;
-  static bool inputs_missing = false;
-  static const fs::path dir = [] {
-    if (!fs::exists(kPython)) {
-      error = std::string(kPython) + " not found (run from the repo root after setup)";
-      inputs_missing = true;
-      return fs::path();
-    }
-    if (!fs::exists(kSmolLm) || !fs::exists(kGemma)) {
-      error = "models/ does not hold the two GGUF models (scripts/fetch_models.sh)";
-      inputs_missing = true;
-      return fs::path();
-    }
-    // One reference run serves every test process (ctest runs each test on its own): the
-    // output is cached under a name keyed by the script and the corpus, and published with an
-    // atomic rename so a concurrent run never sees a half-written directory.
-    const size_t key = std::hash<std::string>{}(read_file("tests/tokenizer/hf_reference.py") +
-                                                read_file("tests/tokenizer/corpus.txt"));
-    const fs::path cached = fs::temp_directory_path() / fmt::format("kvp_tokenizer_ref_{:x}", key);
-    if (fs::exists(cached / "done")) return cached;
-    std::string templ = (fs::temp_directory_path() / "kvp_tokenizer_ref_XXXXXX").string();
-    if (mkdtemp(templ.data()) == nullptr) {
-      error = "mkdtemp failed";
-      return fs::path();
-    }
-    const std::string command =
-        std::string(kPython) + " tests/tokenizer/hf_reference.py --out " + templ;
-    if (std::system(command.c_str()) != 0) {
-      error = "reference script failed: " + command;
-      return fs::path();
-    }
-    std::ofstream(fs::path(templ) / "done") << "ok\n";
-    std::error_code ec;
-    fs::rename(templ, cached, ec);
-    if (ec) fs::remove_all(templ, ec);  // another process published first
-    return cached;
-  }();
-  *why_not = error;
-  *missing = inputs_missing;
-  return dir;
-}
-
-std::vector<Case> read_cases(const fs::path& file) {
-  std::vector<Case> cases;
-  std::ifstream in(file);
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto j = nlohmann::json::parse(line);
-    cases.push_back({j.at("text").get<std::string>(), j.at("ids").get<std::vector<TokenId>>(),
-                     j.at("ids_plain").get<std::vector<TokenId>>(),
-                     j.at("decoded").get<std::string>(),
-                     j.at("ids_literal").get<std::vector<TokenId>>()});
-  }
-  return cases;
-}
-
-size_t count_corpus_lines() {
-  std::ifstream in("tests/tokenizer/corpus.txt", std::ios::binary);
-  std::string line;
-  size_t num_lines = 0;
-  while (std::getline(in, line)) ++num_lines;
-  return num_lines;
+  return test::tokenizer_reference_dir(why_not, missing);
 }
 
 std::string show(const std::vector<TokenId>& ids) {

@@ -1,0 +1,154 @@
+// The GGUF model path: the tokenizer built from a GGUF file's metadata against Hugging Face
+// `tokenizers` on the real models, and clear errors for GGUF files kvpool cannot run (another
+// architecture, a missing tensor, a misshapen one, no tokenizer) and for paths that are no model.
+#include "model/gguf_model.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "model/model_loader.h"
+#include "support/hf_tokenizer_reference.h"
+#include "tokenizer/detokenizer.h"
+
+namespace kvp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// tokenizer.ggml.* read by kvpool → kvpool's tokenizer, against HF tokenizers built by the
+// reference script from the same metadata (with the gguf package), on the corpus and 400 random
+// texts: ids with and without special tokens, special-token text taken literally, decoding.
+class GgufTokenizerParity : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+
+TEST_P(GgufTokenizerParity, MetadataTokenizerMatchesHf) {
+  const auto [model_path, reference] = GetParam();
+  std::string why_not;
+  bool missing = false;
+  const fs::path dir = test::tokenizer_reference_dir(&why_not, &missing);
+  if (dir.empty() && missing) GTEST_SKIP() << why_not;
+  ASSERT_FALSE(dir.empty()) << why_not;
+  auto tok = load_tokenizer(model_path);
+  ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+  const auto cases = test::read_tokenizer_cases(dir / reference / "expected.jsonl");
+  ASSERT_EQ(cases.size(), test::count_corpus_lines() + 1 + test::kNumRandomCases);
+  int failures = 0;
+  for (size_t i = 0; i < cases.size() && failures < 5; ++i) {
+    const test::TokenizerCase& c = cases[i];
+    SCOPED_TRACE(fmt::format("case {}: \"{}\"", i, c.text.substr(0, 80)));
+    auto ids = tok->encode(c.text);
+    auto plain = tok->encode(c.text, {.add_special_tokens = false});
+    auto literal = tok->encode(c.text, {.parse_special = false});
+    ASSERT_TRUE(ids.is_ok() && plain.is_ok() && literal.is_ok());
+    auto decoded = tok->decode(c.ids_plain);
+    ASSERT_TRUE(decoded.is_ok());
+    const bool ok = *ids == c.ids && *plain == c.ids_plain && *literal == c.ids_literal &&
+                    *decoded == c.decoded;
+    EXPECT_TRUE(ok);
+    failures += ok ? 0 : 1;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RealModels, GgufTokenizerParity,
+    ::testing::Values(std::make_pair("models/SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"),
+                      std::make_pair("models/gemma-3-270m-q4_k_m.gguf", "gemma3")),
+    [](const auto& info) { return std::string(info.param.second); });
+
+// A damaged variant of the tiny Llama fixture, written by tests/model/make_tiny_gguf.py.
+class GgufModelErrors : public ::testing::Test {
+ protected:
+  std::string make(const std::string& name, const std::string& flags) {
+    if (!fs::exists(test::kPython)) return "";
+    const std::string out =
+        (fs::temp_directory_path() / fmt::format("kvp_bad_{}_{}.gguf", name, ::getpid())).string();
+    const std::string command =
+        fmt::format("{} tests/model/make_tiny_gguf.py tests/model/fixtures/tiny/llama {} {}",
+                    test::kPython, out, flags);
+    if (std::system(command.c_str()) != 0) return "";
+    made_.push_back(out);
+    return out;
+  }
+  void TearDown() override {
+    for (const std::string& f : made_) fs::remove(f);
+  }
+  std::vector<std::string> made_;
+};
+
+TEST_F(GgufModelErrors, EachDefectIsNamed) {
+  if (!fs::exists(test::kPython)) GTEST_SKIP() << test::kPython << " not found (scripts/setup.sh)";
+  struct Case {
+    std::string name, flags;
+    StatusCode code;
+    std::string expect;
+  };
+  const Case cases[] = {
+      {"arch", "--arch mamba", StatusCode::kUnsupported, "architecture 'mamba'"},
+      {"drop", "--drop blk.1.ffn_up.weight", StatusCode::kNotFound, "blk.1.ffn_up.weight"},
+      {"transpose", "--transpose blk.2.ffn_down.weight", StatusCode::kMismatch,
+       "blk.2.ffn_down.weight"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = make(c.name, c.flags);
+    ASSERT_FALSE(path.empty()) << "make_tiny_gguf.py failed";
+    auto runner = load_model(path, nullptr);
+    ASSERT_FALSE(runner.is_ok());
+    EXPECT_EQ(runner.status().code(), c.code) << runner.status().to_string();
+    EXPECT_NE(runner.status().message().find(c.expect), std::string::npos)
+        << runner.status().to_string();
+    EXPECT_NE(runner.status().message().find(path), std::string::npos)
+        << "the error names the file: " << runner.status().to_string();
+  }
+  // a GGUF without tokenizer.ggml.* runs (the tiny model) but has no tokenizer
+  const std::string plain = make("plain", "");
+  ASSERT_FALSE(plain.empty());
+  EXPECT_TRUE(load_model(plain, nullptr).is_ok());
+  auto tok = load_tokenizer(plain);
+  EXPECT_FALSE(tok.is_ok());
+  EXPECT_NE(tok.status().message().find("tokenizer.ggml.model"), std::string::npos)
+      << tok.status().to_string();
+}
+
+TEST(ModelLoader, PathsThatAreNoModelAreRefused) {
+  auto missing = load_model("/nonexistent/model.gguf", nullptr);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent/model.gguf"), std::string::npos);
+
+  const fs::path text = fs::temp_directory_path() / fmt::format("kvp_text_{}.txt", ::getpid());
+  std::ofstream(text) << "not a model\n";
+  auto not_model = load_model(text.string(), nullptr);
+  EXPECT_EQ(not_model.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(not_model.status().message().find("expected a GGUF file"), std::string::npos)
+      << not_model.status().to_string();
+  EXPECT_FALSE(is_gguf_file(text.string()));
+  fs::remove(text);
+
+  auto no_tokenizer = load_tokenizer("tests/model/fixtures/tiny/llama");
+  EXPECT_EQ(no_tokenizer.status().code(), StatusCode::kNotFound);
+}
+
+// GgufWeights maps every Hugging Face name the model code asks for; Llama's and Gemma's
+// post-attention norms differ.
+TEST(GgufWeights, MapsHuggingFaceNames) {
+  GgufWeights llama(nullptr, Architecture::kLlama);
+  GgufWeights gemma(nullptr, Architecture::kGemma3);
+  EXPECT_EQ(llama.gguf_name("model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(llama.gguf_name("lm_head.weight"), "output.weight");
+  EXPECT_EQ(llama.gguf_name("model.layers.12.self_attn.k_proj.bias"), "blk.12.attn_k.bias");
+  EXPECT_EQ(llama.gguf_name("model.layers.0.post_attention_layernorm.weight"),
+            "blk.0.ffn_norm.weight");
+  EXPECT_EQ(gemma.gguf_name("model.layers.0.post_attention_layernorm.weight"),
+            "blk.0.post_attention_norm.weight");
+  EXPECT_EQ(gemma.gguf_name("model.layers.3.pre_feedforward_layernorm.weight"),
+            "blk.3.ffn_norm.weight");
+  EXPECT_EQ(llama.gguf_name("model.layers.x.mlp.up_proj.weight"), "");
+  EXPECT_EQ(llama.gguf_name("model.layers.1.mlp.experts.weight"), "");
+}
+
+}  // namespace
+}  // namespace kvp
