@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <algorithm>
 #include <cmath>
-#include <regex>
 
 #include "model/model_config.h"
 
@@ -231,10 +231,16 @@ std::string GgufWeights::gguf_name(const std::string& hf_name) const {
   if (hf_name == "model.embed_tokens.weight") return "token_embd.weight";
   if (hf_name == "model.norm.weight") return "output_norm.weight";
   if (hf_name == "lm_head.weight") return "output.weight";
-  static const std::regex layer(R"(model\.layers\.(\d+)\.(.+))");
-  std::smatch m;
-  if (!std::regex_match(hf_name, m, layer)) return "";
-  const std::string rest = m[2].str();
+  // "model.layers.<N>.<rest>"
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (!hf_name.starts_with(kPrefix)) return "";
+  const size_t digits_end = hf_name.find('.', kPrefix.size());
+  if (digits_end == std::string::npos || digits_end == kPrefix.size()) return "";
+  const std::string layer = hf_name.substr(kPrefix.size(), digits_end - kPrefix.size());
+  if (!std::all_of(layer.begin(), layer.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return "";
+  }
+  const std::string rest = hf_name.substr(digits_end + 1);
   const bool gemma = architecture_ == Architecture::kGemma3;
   struct Pair {
     const char* hf;
@@ -266,7 +272,7 @@ std::string GgufWeights::gguf_name(const std::string& hf_name) const {
     mapped = gemma ? "post_attention_norm.weight" : "ffn_norm.weight";
   }
   if (mapped == nullptr) return "";
-  return fmt::format("blk.{}.{}", m[1].str(), mapped);
+  return fmt::format("blk.{}.{}", layer, mapped);
 }
 
 bool GgufWeights::contains(const std::string& name) const {
