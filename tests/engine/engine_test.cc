@@ -159,6 +159,48 @@ TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutput) {
   EXPECT_EQ(out2[second->value].usage.prefilled_tokens, 1);
 }
 
+// Gemma 3 has a global and a sliding-window cache group: a hit needs every global block of the
+// prefix and the window group's blocks inside the window of the first new token.
+TEST(Engine, PrefixCacheHitAcrossGlobalAndWindowGroupsKeepsOutput) {
+  auto runner = load("gemma3");
+  ASSERT_EQ(runner->num_cache_groups(), 2);
+  const EngineConfig config = small_config(256);
+  const auto prompt = golden_ids("gemma3", "prompt_3");  // 45 tokens
+  const auto golden = golden_ids("gemma3", "greedy_3");
+  // the first request shares the first 42 tokens, then goes elsewhere
+  const int32_t shared = 42;
+  std::vector<int32_t> other(prompt.begin(), prompt.begin() + shared);
+  for (int32_t t : golden_ids("gemma3", "prompt_2")) other.push_back(t);
+  ASSERT_NE(other[shared], prompt[shared]);
+
+  Engine engine(runner.get(), config);
+  auto first = engine.submit(greedy_request(other, 8));
+  ASSERT_TRUE(first.is_ok());
+  auto out1 = run_all(engine);
+  const int64_t prefilled_before = engine.stats().num_prefill_tokens;
+  auto second = engine.submit(greedy_request(prompt, 32));
+  ASSERT_TRUE(second.is_ok());
+  auto out2 = run_all(engine);
+
+  // whole blocks of the shared part are reused
+  const int32_t expected_hit = shared / config.block_size * config.block_size;
+  const Usage& usage = out2[second->value].usage;
+  EXPECT_EQ(usage.cached_tokens, expected_hit);
+  EXPECT_EQ(usage.prefilled_tokens, static_cast<int32_t>(prompt.size()) - expected_hit);
+  EXPECT_EQ(engine.stats().num_prefill_tokens - prefilled_before,
+            static_cast<int64_t>(prompt.size()) - expected_hit);
+  EXPECT_EQ(out2[second->value].tokens, golden);
+
+  // the first prompt again: served from the cache (the last token runs), same output
+  auto third = engine.submit(greedy_request(other, 8));
+  ASSERT_TRUE(third.is_ok());
+  auto out3 = run_all(engine);
+  EXPECT_EQ(out3[third->value].tokens, out1[first->value].tokens);
+  EXPECT_EQ(out3[third->value].usage.cached_tokens,
+            (static_cast<int32_t>(other.size()) - 1) / config.block_size * config.block_size);
+  engine.check_integrity();
+}
+
 TEST(Engine, ParallelSamplesForkAndAreReproducible) {
   auto runner = load("llama");
   auto run = [&](uint64_t seed) {
