@@ -174,6 +174,7 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s) {
   s.num_computed = kv->num_tokens;
   s.num_registered_blocks = 0;
   s.window_valid_from = kv->window_valid_from;
+  register_full_blocks(s);  // now, so sessions restored in this step share what it brought
   ++session.num_restores;
   session.num_resumed_tokens += s.num_computed;
   ++stats_.num_session_restores;
