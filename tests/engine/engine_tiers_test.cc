@@ -10,6 +10,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "engine/engine_front.h"
 #include "engine/engine_test_util.h"
 
 using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
@@ -357,6 +358,35 @@ TEST(EngineTiers, SessionsNeedingFiveTimesThePoolMoveThroughEveryTierWithOutputs
   EXPECT_EQ(engine->stats().host_tier_bytes_used, 0u);
   EXPECT_EQ(engine->stats().disk_tier_bytes_used, 0u);
   EXPECT_EQ(dir.num_files(), 0);
+}
+
+}  // namespace
+}  // namespace kvp
+
+namespace kvp {
+namespace {
+
+TEST(EngineFrontTiers, SessionsAreSavedDeletedAndLoadedThroughTheFront) {
+  auto runner = load("llama");
+  TempDir dir("front");
+  EngineFront front(std::make_unique<Engine>(runner.get(), small_config(64)));
+  Request r = greedy_request(golden_ids("llama", "prompt_1"), 4);
+  r.session = "agent";
+  auto stream = front.submit(r);
+  ASSERT_TRUE(stream.is_ok());
+  while ((*stream)->next()) {
+  }
+  const std::filesystem::path file = dir.path() / "agent.kvc";
+  ASSERT_TRUE(front.save_session("agent", file).is_ok());
+  ASSERT_TRUE(front.delete_session("agent").is_ok());
+  EXPECT_TRUE(front.sessions().empty());
+  EXPECT_EQ(front.load_session("agent", dir.path() / "missing.kvc").code(), StatusCode::kNotFound);
+  ASSERT_TRUE(front.load_session("agent", file).is_ok());
+  auto sessions = front.sessions();
+  ASSERT_EQ(sessions.size(), 1u);
+  EXPECT_EQ(sessions[0].tier, SessionTier::kDisk);
+  EXPECT_EQ(sessions[0].num_tokens,
+            static_cast<int32_t>(golden_ids("llama", "prompt_1").size()) + 4);
 }
 
 }  // namespace
