@@ -1,19 +1,24 @@
-// Engine: continuous batching over the paged KV pool (DESIGN.md §1; issue "Engine").
+// Engine: continuous batching over the paged KV pool (DESIGN.md §1; issue "Engine";
+// docs/engine.md).
 //
 //   submit(request) ─▶ waiting (FIFO) ─▶ admitted when its next chunk's blocks fit ─▶ running
 //   step(): 1. running sequences first, oldest first: each takes its pending tokens (1 when
 //              decoding; a chunk while prefilling) within the step's token budget; when the
-//              pool is short, idle sessions are evicted first, then the newest running
+//              pool is short, idle sessions move down a tier first (host, disk, or dropped),
+//              then waiting sequences give back their blocks, then the newest running
 //              sequences are preempted (blocks freed; they recompute later, hitting the prefix
 //              cache for their full blocks)
-//           2. waiting sequences are admitted in order (no skipping ahead: no starvation),
-//              after a prefix-cache lookup, while budget, sequence cap and blocks allow
+//           2. waiting sequences are admitted in order (no skipping ahead: no starvation):
+//              a session's KV comes back from host or disk, else the prefix cache (every cache
+//              group) gives what it has; while budget, sequence cap and blocks allow
 //           3. copy-on-write block copies, one forward pass for the whole mixed batch, sampling
 //              for sequences whose pending tokens are all computed
 //           4. full blocks are registered in the prefix cache; finished sequences release their
 //              blocks (registered ones stay cached), or stay with their session
-// One thread calls submit/step/cancel (the engine loop); EngineFront (engine_front.h) is the
-// thread-safe wrapper.
+// Sessions between requests sit in one tier (SessionTier): the pool, a host copy, a cache file,
+// or none (recompute); save_session / load_session move them to and from files.
+// One thread calls submit/step/cancel and the session calls (the engine loop); EngineFront
+// (engine_front.h) is the thread-safe wrapper.
 #pragma once
 
 #include <cstdint>
