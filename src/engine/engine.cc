@@ -654,10 +654,10 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-std::vector<SessionInfo> Engine::sessions() const {
-  std::vector<SessionInfo> out;
+std::vector<EngineSessionInfo> Engine::sessions() const {
+  std::vector<EngineSessionInfo> out;
   for (const auto& [name, session] : sessions_) {
-    SessionInfo info;
+    EngineSessionInfo info;
     info.name = name;
     info.num_tokens = static_cast<int32_t>(session->tokens.size());
     info.tier = session->tier();

@@ -96,7 +96,9 @@ struct EngineStats {
   uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
 };
 
-struct SessionInfo {
+// (Not cache/session_store.h's SessionInfo: one name for two types would break the one-
+// definition rule in a program that links both.)
+struct EngineSessionInfo {
   std::string name;
   int32_t num_tokens = 0;                 // tokens in the session's history
   int32_t num_resident_tokens = 0;        // of which have KV in the pool (0 once moved out)
@@ -134,7 +136,7 @@ class Engine {
   bool has_unfinished() const { return !requests_.empty(); }
 
   EngineStats stats() const;
-  std::vector<SessionInfo> sessions() const;
+  std::vector<EngineSessionInfo> sessions() const;
   // Forgets a session and releases its blocks, host copy and spill file. not_found for an
   // unknown name; invalid_argument while a request runs on it.
   Status delete_session(const std::string& name);

@@ -74,8 +74,8 @@ void EngineFront::call(std::function<void(Engine&)> fn) {
   future.get();
 }
 
-std::vector<SessionInfo> EngineFront::sessions() {
-  std::vector<SessionInfo> out;
+std::vector<EngineSessionInfo> EngineFront::sessions() {
+  std::vector<EngineSessionInfo> out;
   call([&](Engine& engine) { out = engine.sessions(); });
   return out;
 }

@@ -57,7 +57,7 @@ class EngineFront {
   // A snapshot of the engine's statistics (taken on the engine thread).
   EngineStats stats();
   // Session management, run on the engine thread between steps (see Engine).
-  std::vector<SessionInfo> sessions();
+  std::vector<EngineSessionInfo> sessions();
   Status save_session(const std::string& name, const std::filesystem::path& path);
   Status load_session(const std::string& name, const std::filesystem::path& path);
   Status delete_session(const std::string& name);

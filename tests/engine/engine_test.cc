@@ -254,7 +254,7 @@ TEST(Engine, SessionsNeedingFiveTimesThePoolAllCompleteWithoutLeaks) {
     }
   }
   int64_t total_tokens = 0;
-  for (const SessionInfo& s : engine.sessions()) {
+  for (const EngineSessionInfo& s : engine.sessions()) {
     EXPECT_EQ(s.num_tokens, static_cast<int32_t>(expected_history[s.name].size())) << s.name;
     EXPECT_EQ(s.num_turns, kTurns);
     total_tokens += s.num_tokens;

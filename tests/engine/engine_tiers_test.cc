@@ -38,8 +38,8 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-SessionInfo session_info(const Engine& engine, const std::string& name) {
-  for (const SessionInfo& s : engine.sessions()) {
+EngineSessionInfo session_info(const Engine& engine, const std::string& name) {
+  for (const EngineSessionInfo& s : engine.sessions()) {
     if (s.name == name) return s;
   }
   KVP_CHECK(false, "no session {}", name);
@@ -92,7 +92,7 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
   ASSERT_EQ(session_info(engine, "agent").tier, SessionTier::kDevice);
 
   apply_pressure(engine);
-  const SessionInfo spilled = session_info(engine, "agent");
+  const EngineSessionInfo spilled = session_info(engine, "agent");
   const SessionTier expected_tier = tier == Tier::kHost ? SessionTier::kHost : SessionTier::kDisk;
   ASSERT_EQ(spilled.tier, expected_tier) << session_tier_name(spilled.tier);
   EXPECT_EQ(spilled.num_resident_tokens, 0);
@@ -125,7 +125,7 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
   const EngineStats after = engine.stats();
   EXPECT_EQ(after.num_prefill_tokens - before.num_prefill_tokens, usage.prefilled_tokens);
   EXPECT_EQ(after.num_session_restores - before.num_session_restores, 1);
-  const SessionInfo resumed = session_info(engine, "agent");
+  const EngineSessionInfo resumed = session_info(engine, "agent");
   EXPECT_EQ(resumed.tier, SessionTier::kDevice);
   EXPECT_EQ(resumed.num_restores, 1);
   EXPECT_EQ(after.host_tier_bytes_used, 0u);
@@ -263,7 +263,8 @@ TEST(EngineTiers, RestoredSessionsShareTheirSystemPromptBlocks) {
   }
   run_all(engine);
   apply_pressure(engine);
-  for (const SessionInfo& s : engine.sessions()) ASSERT_EQ(s.tier, SessionTier::kHost) << s.name;
+  for (const EngineSessionInfo& s : engine.sessions())
+    ASSERT_EQ(s.tier, SessionTier::kHost) << s.name;
   const EngineStats before = engine.stats();
   int32_t kv_tokens = 0;
   for (int a = 0; a < kAgents; ++a) {
@@ -280,7 +281,7 @@ TEST(EngineTiers, RestoredSessionsShareTheirSystemPromptBlocks) {
   EXPECT_EQ(after.num_restored_tokens - before.num_restored_tokens,
             kv_tokens - (kAgents - 1) * shared_blocks * config.block_size);
   int32_t held_blocks = 0;  // as if nothing were shared
-  for (const SessionInfo& s : engine.sessions()) {
+  for (const EngineSessionInfo& s : engine.sessions()) {
     ASSERT_EQ(s.tier, SessionTier::kDevice);
     held_blocks += (s.num_kv_tokens + config.block_size - 1) / config.block_size;
   }
@@ -331,7 +332,7 @@ TEST(EngineTiers, SessionsNeedingFiveTimesThePoolMoveThroughEveryTierWithOutputs
   std::unique_ptr<Engine> engine;
   const auto replies = run(tight, &engine);
   int64_t total_tokens = 0;
-  for (const SessionInfo& s : engine->sessions()) total_tokens += s.num_tokens;
+  for (const EngineSessionInfo& s : engine->sessions()) total_tokens += s.num_tokens;
   EXPECT_GT(total_tokens, 5 * 256);
   for (int a = 0; a < kAgents; ++a) {
     const std::string name = "agent" + std::to_string(a);
