@@ -1,6 +1,9 @@
 #include "engine/engine.h"
+#include "engine/engine_internal.h"
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <span>
 
@@ -22,42 +25,57 @@ const char* finish_reason_name(FinishReason reason) {
   return "?";
 }
 
-struct Engine::Sequence {
-  SeqId id;
-  RequestId request_id;
-  int32_t sample_index = 0;
-  std::vector<int32_t> tokens;  // history + prompt + outputs; KV exists for [0, num_computed)
-  int32_t num_computed = 0;
-  int32_t num_prompt = 0;  // tokens before this request's first output
-  int32_t num_generated = 0;
-  int32_t num_registered_blocks = 0;  // full blocks already offered to the prefix cache
-  bool resident = false;              // has a table in the cache manager
-  bool finished = false;
-  SamplerRng rng;
-  TokenHistory history;
-};
+const char* session_tier_name(SessionTier tier) {
+  switch (tier) {
+    case SessionTier::kDevice:
+      return "device";
+    case SessionTier::kHost:
+      return "host";
+    case SessionTier::kDisk:
+      return "disk";
+    case SessionTier::kNone:
+      return "none";
+  }
+  return "?";
+}
 
-struct Engine::RequestState {
-  RequestId id;
-  Request request;
-  std::vector<SeqId> seqs;  // [n] once forked; the first is the parent
-  int32_t num_finished = 0;
-  bool forked = false;
-  bool cancelled = false;
-  Usage usage;
-};
+namespace {
 
-struct Engine::SessionState {
-  std::string name;
-  std::vector<int32_t> tokens;    // the conversation so far
-  std::optional<SeqId> resident;  // manager sequence holding KV of tokens[0, num_computed)
-  int32_t num_computed = 0;
-  bool busy = false;
-  int64_t last_used = 0;
-  int64_t num_turns = 0;
-  int64_t num_resumed_tokens = 0;
-  int64_t num_evictions = 0;
-};
+CacheSpec make_cache_spec(const ModelRunner& runner, const EngineConfig& config) {
+  const ModelSpec& spec = runner.spec();
+  std::vector<LayerAttention> attention;
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
+    attention.push_back(spec.layer_is_sliding[l] ? LayerAttention::sliding(spec.sliding_window)
+                                                 : LayerAttention::global());
+  }
+  auto cache_spec =
+      CacheSpec::create(architecture_name(spec.architecture), spec.num_layers, spec.num_kv_heads,
+                        spec.head_dim, config.kv_dtype, config.block_size, std::move(attention));
+  KVP_CHECK(cache_spec.is_ok(), "{}", cache_spec.status().to_string());
+  return std::move(cache_spec).value();
+}
+
+// The weight hash of a cache file: the caller's hash of the weights mixed with the model's
+// hyper-parameters (two models of one geometry but another vocabulary or rope differ).
+ModelFingerprint make_fingerprint(const ModelSpec& spec, const EngineConfig& config) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    h *= 0x100000001b3ull;
+  };
+  mix(static_cast<uint64_t>(spec.architecture));
+  mix(static_cast<uint64_t>(spec.vocab_size));
+  mix(static_cast<uint64_t>(spec.hidden_size));
+  mix(static_cast<uint64_t>(spec.intermediate_size));
+  mix(static_cast<uint64_t>(spec.num_q_heads));
+  mix(std::bit_cast<uint64_t>(spec.rope_global.theta));
+  mix(std::bit_cast<uint64_t>(spec.rope_local.theta));
+  mix(std::bit_cast<uint32_t>(spec.rms_norm_eps));
+  mix(config.model_weight_hash);
+  return ModelFingerprint{architecture_name(spec.architecture), h};
+}
+
+}  // namespace
 
 Status EngineConfig::validate() const {
   if (block_size < 1 || block_size > 1024 || (block_size & (block_size - 1)) != 0) {
@@ -69,11 +87,25 @@ Status EngineConfig::validate() const {
   if (max_step_tokens < 1) {
     return Status::invalid_argument("engine: max_step_tokens {}", max_step_tokens);
   }
+  if (disk_dir.empty() != (disk_tier_bytes == 0)) {
+    return Status::invalid_argument(
+        "engine: the disk tier needs both a directory ('{}') and a byte budget ({})", disk_dir,
+        disk_tier_bytes);
+  }
   return Status::ok();
 }
 
-Engine::Engine(ModelRunner* runner, EngineConfig config) : runner_(runner), config_(config) {
+Engine::Engine(ModelRunner* runner, EngineConfig config)
+    : runner_(runner),
+      config_(std::move(config)),
+      cache_spec_(make_cache_spec(*runner, config_)),
+      fingerprint_(make_fingerprint(runner->spec(), config_)) {
   KVP_CHECK(config_.validate().is_ok(), "{}", config_.validate().to_string());
+  static std::atomic<uint64_t> num_engines{0};
+  instance_id_ = num_engines.fetch_add(1);
+  KVP_CHECK(cache_spec_.num_groups() == runner_->num_cache_groups(),
+            "cache spec has {} groups, the runner {}", cache_spec_.num_groups(),
+            runner_->num_cache_groups());
   std::vector<CacheGroupConfig> groups;
   for (int32_t g = 0; g < runner_->num_cache_groups(); ++g) {
     CacheGroupConfig group;
@@ -84,17 +116,19 @@ Engine::Engine(ModelRunner* runner, EngineConfig config) : runner_(runner), conf
     HostKvSlab slab;
     slab.layout =
         runner_->group_layout(g, config_.num_blocks, config_.block_size, config_.kv_dtype);
+    KVP_CHECK(slab.layout == cache_spec_.group_layout(g, config_.num_blocks),
+              "group {}: the runner's KV layout differs from the cache spec's", g);
     slab.bytes.resize(slab.layout.size_bytes());
     slabs_.push_back(std::move(slab));
   }
-  cache_ = std::make_unique<KvCacheManager>(groups);
-  if (config_.prefix_caching && runner_->num_cache_groups() == 1) {
+  std::optional<uint64_t> salt;
+  if (config_.prefix_caching) {
     // the salt ties cached blocks to this model geometry and KV dtype
     const ModelSpec& spec = runner_->spec();
-    const uint64_t salt = (uint64_t(spec.num_layers) << 40) ^ (uint64_t(spec.hidden_size) << 20) ^
-                          (uint64_t(spec.vocab_size) << 4) ^ uint64_t(config_.kv_dtype);
-    prefix_cache_ = std::make_unique<PrefixCache>(&cache_->allocator(0), config_.block_size, salt);
+    salt = (uint64_t(spec.num_layers) << 40) ^ (uint64_t(spec.hidden_size) << 20) ^
+           (uint64_t(spec.vocab_size) << 4) ^ uint64_t(config_.kv_dtype);
   }
+  cache_ = std::make_unique<KvCacheManager>(groups, salt);
 }
 
 Engine::~Engine() {
@@ -102,9 +136,7 @@ Engine::~Engine() {
   for (auto& [id, s] : sequences_) {
     if (s->resident) cache_->free_sequence(id);
   }
-  for (auto& [name, session] : sessions_) {
-    if (session->resident) cache_->free_sequence(*session->resident);
-  }
+  for (auto& [name, session] : sessions_) drop_kv(*session);
 }
 
 int32_t Engine::total_tokens_needed(int32_t num_tokens) const {
@@ -176,19 +208,24 @@ Result<RequestId> Engine::submit(Request request) {
       s->id = *session->resident;
       s->resident = true;
       s->num_computed = session->num_computed;
+      s->window_valid_from = session->window_valid_from;
       session->resident.reset();
+      session->num_computed = 0;
       state->usage.cached_tokens = s->num_computed;
       session->num_resumed_tokens += s->num_computed;
     }
+    // KV on the host or disk tier comes back when the sequence is admitted (admit_prefix)
     session->busy = true;
   } else if (request.session) {
     auto created = std::make_unique<SessionState>();
+    created->id = next_session_id_++;
     created->name = *request.session;
     created->busy = true;
     session = created.get();
     sessions_.emplace(*request.session, std::move(created));
   }
   if (!s->resident) s->id = SeqId(next_seq_id_++);
+  if (session != nullptr) session->busy_seq = s->id;
   s->tokens.insert(s->tokens.end(), request.prompt_tokens.begin(), request.prompt_tokens.end());
   s->num_prompt = static_cast<int32_t>(s->tokens.size());
   const uint64_t seed = request.sampling.seed.value_or(
@@ -205,27 +242,45 @@ Result<RequestId> Engine::submit(Request request) {
   return id;
 }
 
-void Engine::admit_prefix(Sequence& s) {
+bool Engine::admit_prefix(Sequence& s) {
   if (!s.resident) {
     cache_->add_sequence(s.id);
     s.resident = true;
     s.num_computed = 0;
     s.num_registered_blocks = 0;
+    s.window_valid_from = 0;
   }
-  if (prefix_cache_ && s.num_computed == 0) {
-    // at least the last token must run, to produce logits
-    PrefixMatch match = prefix_cache_->match(std::span(s.tokens).first(s.tokens.size() - 1));
-    if (match.num_tokens > 0) {
-      cache_->adopt_prefix(s.id, match.blocks, match.num_tokens);
-      s.num_computed = match.num_tokens;
-      s.num_registered_blocks = static_cast<int32_t>(match.blocks.size());
-      stats_.num_prefix_hit_tokens += match.num_tokens;
-      RequestState& r = *requests_.at(s.request_id);
-      if (s.num_generated == 0) {
-        r.usage.cached_tokens = std::max(r.usage.cached_tokens, match.num_tokens);
+  RequestState& r = *requests_.at(s.request_id);
+  if (s.num_computed == 0 && r.request.session) {
+    SessionState& session = *sessions_.at(*r.request.session);
+    if (session.host || !session.file.empty()) {
+      switch (restore_session(session, s)) {
+        case Restore::kDone:
+          if (s.num_generated == 0) {
+            r.usage.cached_tokens = std::max(r.usage.cached_tokens, s.num_computed);
+          }
+          return true;
+        case Restore::kNoRoom:
+          cache_->free_sequence(s.id);
+          s.resident = false;
+          return false;
+        case Restore::kFailed:
+          break;  // recompute, with what the prefix cache has
       }
     }
   }
+  if (cache_->has_prefix_cache() && s.num_computed == 0) {
+    // every group must serve the prefix (a window group: the blocks inside its window); the
+    // last token always runs, to produce logits
+    const int32_t num_hit = cache_->match_prefix(s.id, s.tokens);
+    if (num_hit > 0) {
+      s.num_computed = num_hit;
+      s.num_registered_blocks = num_hit / config_.block_size;
+      stats_.num_prefix_hit_tokens += num_hit;
+      if (s.num_generated == 0) r.usage.cached_tokens = std::max(r.usage.cached_tokens, num_hit);
+    }
+  }
+  return true;
 }
 
 bool Engine::evict_idle_session() {
@@ -235,11 +290,7 @@ bool Engine::evict_idle_session() {
     if (lru == nullptr || session->last_used < lru->last_used) lru = session.get();
   }
   if (lru == nullptr) return false;
-  cache_->free_sequence(*lru->resident);
-  lru->resident.reset();
-  lru->num_computed = 0;
-  ++lru->num_evictions;
-  ++stats_.num_session_evictions;
+  move_down(*lru);
   return true;
 }
 
@@ -259,7 +310,19 @@ bool Engine::release_waiting(SeqId except) {
   for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
     Sequence& s = seq(*it);
     if (*it == except || !s.resident) continue;
-    cache_->free_sequence(s.id);
+    const RequestState& r = *requests_.at(s.request_id);
+    SessionState* session = r.request.session ? sessions_.at(*r.request.session).get() : nullptr;
+    if (session != nullptr && s.num_computed > 0 &&
+        s.num_computed <= static_cast<int32_t>(session->tokens.size()) &&
+        (config_.host_tier_bytes > 0 || !config_.disk_dir.empty())) {
+      // a resumed session's history: down a tier, not recomputed
+      session->resident = s.id;
+      session->num_computed = s.num_computed;
+      session->window_valid_from = s.window_valid_from;
+      move_down(*session);
+    } else {
+      cache_->free_sequence(s.id);
+    }
     s.resident = false;
     s.num_computed = 0;
     s.num_registered_blocks = 0;
@@ -281,13 +344,29 @@ bool Engine::make_room(SeqId for_seq, int32_t num_tokens, size_t first_unplanned
 }
 
 void Engine::register_full_blocks(Sequence& s) {
-  if (!prefix_cache_) return;
-  const BlockTable& table = cache_->table(s.id, 0);
+  if (!cache_->has_prefix_cache()) return;
   const int32_t num_full = s.num_computed / config_.block_size;
   if (num_full <= s.num_registered_blocks) return;
-  prefix_cache_->register_blocks(std::span(s.tokens).first(size_t(num_full) * config_.block_size),
-                                 table.blocks().first(num_full));
+  const std::span<const int32_t> tokens = std::span(s.tokens).first(s.num_computed);
+  if (s.window_valid_from == 0) {
+    cache_->register_prefix(s.id, tokens);
+  } else {
+    // window blocks before the first one wholly valid stay out of the cache
+    const int32_t first_valid = total_tokens_needed(s.window_valid_from);
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      const BlockTable& table = cache_->table(s.id, g);
+      const int32_t first = cache_->group_config(g).window_tokens == 0
+                                ? 0
+                                : std::max(table.num_dropped_blocks(), first_valid);
+      cache_->prefix_cache(g)->register_blocks(tokens, table.blocks().first(num_full), first);
+    }
+  }
   s.num_registered_blocks = num_full;
+}
+
+std::span<const int32_t> Engine::computed_tokens(const Sequence& s) const {
+  if (!cache_->has_prefix_cache() || s.window_valid_from > 0) return {};
+  return std::span(s.tokens).first(s.num_computed);
 }
 
 void Engine::fork_samples(Sequence& parent) {
@@ -326,15 +405,18 @@ void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* 
     SessionState& session = *sessions_.at(*r.request.session);
     session.tokens = s.tokens;
     session.busy = false;
+    session.busy_seq.reset();
     session.last_used = ++session_clock_;
     ++session.num_turns;
     if (s.resident) {
+      drop_kv(session);  // a host or disk copy the sequence did not restore (it recomputed)
       session.resident = s.id;
       session.num_computed = s.num_computed;
+      session.window_valid_from = s.window_valid_from;
       s.resident = false;  // the session owns the table now
-    } else {
+    } else if (!session.host && session.file.empty()) {
       session.num_computed = 0;
-    }
+    }  // else: cancelled or aborted before admission; the host or disk copy stays
   } else if (s.resident) {
     cache_->free_sequence(s.id);
     s.resident = false;
@@ -366,62 +448,10 @@ bool Engine::cancel(RequestId request_id, std::vector<EngineEvent>* events) {
   return true;
 }
 
-std::vector<EngineEvent> Engine::step() {
-  std::vector<EngineEvent> events;
-  struct Planned {
-    SeqId id;
-    int32_t num_tokens;
-    bool wants_logits;
-  };
-  std::vector<Planned> plan;
-  int32_t budget = config_.max_step_tokens;
-  std::vector<std::vector<GroupBlockCopy>> copies(1);
-
-  // 1. running sequences, oldest first
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    const SeqId id = running_[i];
-    Sequence& s = seq(id);
-    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
-    const int32_t q = std::min(pending, budget);
-    if (!make_room(id, q, i + 1)) continue;  // `id` itself was preempted: running_[i] moved on
-    KVP_CHECK(cache_->append(id, q, &copies[0]), "append after make_room");
-    plan.push_back({id, q, q == pending});
-    budget -= q;
-    ++i;
-  }
-  // 2. waiting sequences, in order, while they fit
-  while (budget > 0 && !waiting_.empty() &&
-         static_cast<int32_t>(plan.size()) < config_.max_num_seqs) {
-    const SeqId id = waiting_.front();
-    Sequence& s = seq(id);
-    admit_prefix(s);
-    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
-    const int32_t q = std::min(pending, budget);
-    bool fits = cache_->can_append(id, q);
-    while (!fits && (evict_idle_session() || release_waiting(id))) {
-      fits = cache_->can_append(id, q);
-    }
-    if (!fits) {
-      if (plan.empty() && running_.empty()) {
-        // nothing else holds blocks: this chunk can never fit the pool
-        waiting_.pop_front();
-        finish(s, FinishReason::kAborted, &events);
-        continue;
-      }
-      break;
-    }
-    KVP_CHECK(cache_->append(id, q, &copies[0]), "append after can_append");
-    waiting_.pop_front();
-    running_.push_back(id);
-    plan.push_back({id, q, q == pending});
-    budget -= q;
-  }
-  if (plan.empty()) return events;
-
-  // 3. copy-on-write copies, then the forward pass
+void Engine::flush_copies() {
   for (int32_t g = 0; g < cache_->num_groups(); ++g) {
     std::vector<BlockCopy> group_copies;
-    for (const GroupBlockCopy& c : copies[0]) {
+    for (const GroupBlockCopy& c : pending_copies_) {
       if (c.group == g) group_copies.push_back(c.copy);
     }
     if (!group_copies.empty()) {
@@ -429,30 +459,33 @@ std::vector<EngineEvent> Engine::step() {
       KVP_CHECK(st.is_ok(), "{}", st.to_string());
     }
   }
+  pending_copies_.clear();
+}
+
+void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* logits) {
+  flush_copies();
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> token_ids, query_start = {0}, kv_lens, logit_rows;
   std::vector<std::vector<int64_t>> slots(num_groups);
   std::vector<std::vector<int32_t>> tables(num_groups);
   std::vector<int32_t> max_blocks(num_groups, 1);
-  for (const Planned& p : plan) {
-    const Sequence& s = seq(p.id);
-    token_ids.insert(token_ids.end(), s.tokens.begin() + s.num_computed,
-                     s.tokens.begin() + s.num_computed + p.num_tokens);
+  for (const BatchEntry& p : entries) {
+    token_ids.insert(token_ids.end(), p.tokens->begin() + p.num_computed,
+                     p.tokens->begin() + p.num_computed + p.num_tokens);
     query_start.push_back(static_cast<int32_t>(token_ids.size()));
-    kv_lens.push_back(s.num_computed + p.num_tokens);
+    kv_lens.push_back(p.num_computed + p.num_tokens);
     if (p.wants_logits) logit_rows.push_back(query_start.back() - 1);
     for (int32_t g = 0; g < num_groups; ++g) {
       max_blocks[g] = std::max(max_blocks[g], cache_->table(p.id, g).num_blocks());
     }
   }
   for (int32_t g = 0; g < num_groups; ++g) {
-    tables[g].assign(plan.size() * max_blocks[g], 0);
-    for (size_t i = 0; i < plan.size(); ++i) {
-      const Sequence& s = seq(plan[i].id);
-      const BlockTable& table = cache_->table(plan[i].id, g);
+    tables[g].assign(entries.size() * max_blocks[g], 0);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const BlockTable& table = cache_->table(entries[i].id, g);
       const size_t first = slots[g].size();
-      slots[g].resize(first + plan[i].num_tokens);
-      table.fill_slots(s.num_computed, plan[i].num_tokens, slots[g].data() + first);
+      slots[g].resize(first + entries[i].num_tokens);
+      table.fill_slots(entries[i].num_computed, entries[i].num_tokens, slots[g].data() + first);
       // dropped entries (behind a window) stay 0: attention never reads them
       for (int32_t b = table.num_dropped_blocks(); b < table.num_blocks(); ++b) {
         tables[g][i * max_blocks[g] + b] = table.blocks()[b].value;
@@ -468,9 +501,83 @@ std::vector<EngineEvent> Engine::step() {
   }
   batch.logit_rows = logit_rows;
   const int32_t vocab = runner_->spec().vocab_size;
-  std::vector<float> logits(logit_rows.size() * vocab);
-  Status st = runner_->forward(batch, slabs_, logits);
+  logits->assign(logit_rows.size() * vocab, 0.0f);
+  Status st = runner_->forward(batch, slabs_, *logits);
   KVP_CHECK(st.is_ok(), "engine batch refused by the model runner: {}", st.to_string());
+}
+
+std::vector<EngineEvent> Engine::step() {
+  std::vector<EngineEvent> events;
+  struct Planned {
+    SeqId id;
+    int32_t num_tokens;
+    bool wants_logits;
+  };
+  std::vector<Planned> plan;
+  int32_t budget = config_.max_step_tokens;
+
+  // 1. running sequences, oldest first
+  for (size_t i = 0; i < running_.size() && budget > 0;) {
+    const SeqId id = running_[i];
+    Sequence& s = seq(id);
+    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    const int32_t q = std::min(pending, budget);
+    if (!make_room(id, q, i + 1)) continue;  // `id` itself was preempted: running_[i] moved on
+    KVP_CHECK(cache_->append(id, q, &pending_copies_, computed_tokens(s)),
+              "append after make_room");
+    plan.push_back({id, q, q == pending});
+    budget -= q;
+    ++i;
+  }
+  // 2. waiting sequences, in order, while they fit
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int32_t>(plan.size()) < config_.max_num_seqs) {
+    const SeqId id = waiting_.front();
+    Sequence& s = seq(id);
+    bool admitted = admit_prefix(s);
+    while (!admitted && (evict_idle_session() || release_waiting(id))) admitted = admit_prefix(s);
+    if (!admitted) {
+      if (!plan.empty() || !running_.empty()) break;
+      // nothing else holds blocks and the session's KV still does not fit: recompute it
+      SessionState& session = *sessions_.at(*requests_.at(s.request_id)->request.session);
+      drop_kv(session);
+      ++session.num_evictions;
+      ++stats_.num_session_evictions;
+      KVP_CHECK(admit_prefix(s), "admission without a session copy to restore");
+    }
+    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    const int32_t q = std::min(pending, budget);
+    bool fits = cache_->can_append(id, q);
+    while (!fits && (evict_idle_session() || release_waiting(id))) {
+      fits = cache_->can_append(id, q);
+    }
+    if (!fits) {
+      if (plan.empty() && running_.empty()) {
+        // nothing else holds blocks: this chunk can never fit the pool
+        waiting_.pop_front();
+        finish(s, FinishReason::kAborted, &events);
+        continue;
+      }
+      break;
+    }
+    KVP_CHECK(cache_->append(id, q, &pending_copies_, computed_tokens(s)),
+              "append after can_append");
+    waiting_.pop_front();
+    running_.push_back(id);
+    plan.push_back({id, q, q == pending});
+    budget -= q;
+  }
+  if (plan.empty()) return events;
+
+  // 3. copy-on-write copies, then the forward pass
+  std::vector<BatchEntry> entries;
+  for (const Planned& p : plan) {
+    const Sequence& s = seq(p.id);
+    entries.push_back({p.id, &s.tokens, s.num_computed, p.num_tokens, p.wants_logits});
+  }
+  std::vector<float> logits;
+  run_model(entries, &logits);
+  const int32_t vocab = runner_->spec().vocab_size;
   ++stats_.num_steps;
 
   // 4. bookkeeping, sampling, events
@@ -547,17 +654,31 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-std::vector<SessionInfo> Engine::sessions() const {
-  std::vector<SessionInfo> out;
+std::vector<EngineSessionInfo> Engine::sessions() const {
+  std::vector<EngineSessionInfo> out;
   for (const auto& [name, session] : sessions_) {
-    SessionInfo info;
+    EngineSessionInfo info;
     info.name = name;
     info.num_tokens = static_cast<int32_t>(session->tokens.size());
-    info.num_resident_tokens = session->resident ? session->num_computed : 0;
+    info.tier = session->tier();
+    info.num_kv_tokens = session->num_computed;
+    if (session->busy_seq && sequences_.contains(*session->busy_seq)) {
+      const Sequence& s = *sequences_.at(*session->busy_seq);
+      if (s.resident) {
+        info.tier = SessionTier::kDevice;
+        info.num_kv_tokens = s.num_computed;
+      }
+    }
+    info.num_resident_tokens = info.tier == SessionTier::kDevice ? info.num_kv_tokens : 0;
     info.busy = session->busy;
     info.num_turns = session->num_turns;
     info.num_resumed_tokens = session->num_resumed_tokens;
     info.num_evictions = session->num_evictions;
+    info.num_moves_to_host = session->num_moves_to_host;
+    info.num_moves_to_disk = session->num_moves_to_disk;
+    info.num_restores = session->num_restores;
+    info.host_bytes = session->host ? session->host->size_bytes : 0;
+    info.disk_bytes = session->disk_bytes;
     out.push_back(info);
   }
   return out;
@@ -569,14 +690,13 @@ Status Engine::delete_session(const std::string& name) {
   if (it->second->busy) {
     return Status::invalid_argument("session '{}' is busy with a request", name);
   }
-  if (it->second->resident) cache_->free_sequence(*it->second->resident);
+  drop_kv(*it->second);
   sessions_.erase(it);
   return Status::ok();
 }
 
 void Engine::check_integrity() const {
   cache_->check_integrity();
-  if (prefix_cache_) prefix_cache_->check_integrity();
   int32_t resident = 0;
   for (const auto& [id, s] : sequences_) {
     if (!s->resident) continue;
@@ -585,7 +705,27 @@ void Engine::check_integrity() const {
     KVP_CHECK(cache_->num_tokens(id) == s->num_computed, "sequence {}: table {} vs computed {}",
               id.value, cache_->num_tokens(id), s->num_computed);
   }
+  uint64_t host_bytes = 0, disk_bytes = 0;
   for (const auto& [name, session] : sessions_) {
+    const int held = int{session->resident.has_value()} + int{session->host != nullptr} +
+                     int{!session->file.empty()};
+    KVP_CHECK(held <= 1, "session '{}' holds its KV in {} tiers", name, held);
+    KVP_CHECK(held == 1 || session->num_computed == 0, "session '{}': {} KV tokens in no tier",
+              name, session->num_computed);
+    KVP_CHECK(session->num_computed <= static_cast<int32_t>(session->tokens.size()),
+              "session '{}': KV of {} tokens, history of {}", name, session->num_computed,
+              session->tokens.size());
+    if (session->host) {
+      KVP_CHECK(session->host->num_tokens == session->num_computed,
+                "session '{}': host copy of {} tokens, {} computed", name,
+                session->host->num_tokens, session->num_computed);
+      host_bytes += session->host->size_bytes;
+    }
+    if (session->owns_file) {
+      KVP_CHECK(std::filesystem::exists(session->file), "session '{}': spill file {} is gone", name,
+                session->file.string());
+      disk_bytes += session->disk_bytes;
+    }
     if (!session->resident) continue;
     ++resident;
     KVP_CHECK(cache_->num_tokens(*session->resident) == session->num_computed,
@@ -594,6 +734,14 @@ void Engine::check_integrity() const {
   }
   KVP_CHECK(resident == cache_->num_sequences(), "{} resident sequences, cache holds {}", resident,
             cache_->num_sequences());
+  KVP_CHECK(host_bytes == stats_.host_tier_bytes_used, "host tier holds {} bytes, counted {}",
+            host_bytes, stats_.host_tier_bytes_used);
+  KVP_CHECK(disk_bytes == stats_.disk_tier_bytes_used, "disk tier holds {} bytes, counted {}",
+            disk_bytes, stats_.disk_tier_bytes_used);
+  KVP_CHECK(host_bytes <= config_.host_tier_bytes, "host tier holds {} bytes, budget {}",
+            host_bytes, config_.host_tier_bytes);
+  KVP_CHECK(disk_bytes <= config_.disk_tier_bytes, "disk tier holds {} bytes, budget {}",
+            disk_bytes, config_.disk_tier_bytes);
 }
 
 }  // namespace kvp

@@ -1,32 +1,40 @@
-// Engine: continuous batching over the paged KV pool (DESIGN.md §1; issue "Engine").
+// Engine: continuous batching over the paged KV pool (DESIGN.md §1; issue "Engine";
+// docs/engine.md).
 //
 //   submit(request) ─▶ waiting (FIFO) ─▶ admitted when its next chunk's blocks fit ─▶ running
 //   step(): 1. running sequences first, oldest first: each takes its pending tokens (1 when
 //              decoding; a chunk while prefilling) within the step's token budget; when the
-//              pool is short, idle sessions are evicted first, then the newest running
+//              pool is short, idle sessions move down a tier first (host, disk, or dropped),
+//              then waiting sequences give back their blocks, then the newest running
 //              sequences are preempted (blocks freed; they recompute later, hitting the prefix
 //              cache for their full blocks)
-//           2. waiting sequences are admitted in order (no skipping ahead: no starvation),
-//              after a prefix-cache lookup, while budget, sequence cap and blocks allow
+//           2. waiting sequences are admitted in order (no skipping ahead: no starvation):
+//              a session's KV comes back from host or disk, else the prefix cache (every cache
+//              group) gives what it has; while budget, sequence cap and blocks allow
 //           3. copy-on-write block copies, one forward pass for the whole mixed batch, sampling
 //              for sequences whose pending tokens are all computed
 //           4. full blocks are registered in the prefix cache; finished sequences release their
 //              blocks (registered ones stay cached), or stay with their session
-// One thread calls submit/step/cancel (the engine loop); EngineFront (engine_front.h) is the
-// thread-safe wrapper.
+// Sessions between requests sit in one tier (SessionTier): the pool, a host copy, a cache file,
+// or none (recompute); save_session / load_session move them to and from files.
+// One thread calls submit/step/cancel and the session calls (the engine loop); EngineFront
+// (engine_front.h) is the thread-safe wrapper.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "cache/cache_file.h"
+#include "cache/cache_spec.h"
 #include "cache/kv_cache_manager.h"
-#include "cache/prefix_cache.h"
 #include "common/status.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
@@ -40,34 +48,72 @@ struct EngineConfig {
   DType kv_dtype = DType::F32;
   int32_t max_num_seqs = 64;      // sequences in one step
   int32_t max_step_tokens = 512;  // tokens in one step (decodes + prefill chunks)
-  bool prefix_caching = true;     // models with one cache group only (see docs/engine.md)
+  bool prefix_caching = true;     // every cache group (window groups: in-window blocks)
   uint64_t seed = 0;              // seeds requests that bring none (mixed with the request id)
+
+  // Session tiers (docs/engine.md). Under pool pressure an idle session leaves the pool, least
+  // recently used first: to host memory while host_tier_bytes allow, else to a cache file in
+  // disk_dir while disk_tier_bytes allow, else its KV is dropped (recomputed on its next turn).
+  // A full tier makes room by moving its own least recently used idle session further down.
+  uint64_t host_tier_bytes = 0;  // 0: no host tier
+  std::string disk_dir;          // empty: no disk tier; created on first use
+  uint64_t disk_tier_bytes = 0;  // > 0 iff disk_dir is set
+  // Identifies the weights in cache files (e.g. a hash of the weight files), together with the
+  // architecture and a hash of the model's hyper-parameters: files of other models are refused.
+  uint64_t model_weight_hash = 0;
 
   Status validate() const;
 };
+
+// Where an idle session's KV is.
+enum class SessionTier {
+  kDevice,  // blocks in the engine's pool
+  kHost,    // a copy in host memory (host tier)
+  kDisk,    // a cache file (disk tier, or a file given to load_session)
+  kNone,    // no KV: the history is recomputed on the next turn
+};
+const char* session_tier_name(SessionTier tier);
 
 struct EngineStats {
   int64_t num_steps = 0;
   int64_t num_prefill_tokens = 0;  // tokens run with more than one pending
   int64_t num_decode_tokens = 0;
   int64_t num_preemptions = 0;
-  int64_t num_session_evictions = 0;
+  int64_t num_session_evictions = 0;  // sessions whose KV was dropped (recompute)
   int64_t num_prefix_hit_tokens = 0;
   int64_t num_prompt_tokens = 0;  // submitted
   int32_t num_running = 0;
   int32_t num_waiting = 0;
   int32_t num_blocks_used = 0;   // group 0
   int32_t num_blocks_total = 0;  // group 0
+  // session tiers
+  int64_t num_session_moves_to_host = 0;  // device -> host
+  int64_t num_session_moves_to_disk = 0;  // device or host -> disk
+  int64_t num_session_restores = 0;       // host or disk -> device
+  int64_t num_restored_tokens = 0;        // tokens whose KV came back from host or disk
+  int64_t num_tier_errors = 0;            // disk writes or reads that failed (the KV was dropped)
+  uint64_t host_tier_bytes_used = 0;
+  uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
 };
 
-struct SessionInfo {
+// (Not cache/session_store.h's SessionInfo: one name for two types would break the one-
+// definition rule in a program that links both.)
+struct EngineSessionInfo {
   std::string name;
-  int32_t num_tokens = 0;           // tokens in the session's history
-  int32_t num_resident_tokens = 0;  // of which have KV in the pool (0 once evicted)
-  bool busy = false;                // a request is running on it
+  int32_t num_tokens = 0;                 // tokens in the session's history
+  int32_t num_resident_tokens = 0;        // of which have KV in the pool (0 once moved out)
+  int32_t num_kv_tokens = 0;              // of which have KV in some tier
+  SessionTier tier = SessionTier::kNone;  // of its KV while idle (kDevice while a request runs
+                                          // on it with blocks in the pool)
+  bool busy = false;                      // a request is running on it
   int64_t num_turns = 0;
-  int64_t num_resumed_tokens = 0;  // history tokens reused from the pool by later turns
-  int64_t num_evictions = 0;
+  int64_t num_resumed_tokens = 0;  // history tokens reused (pool or restored) by later turns
+  int64_t num_evictions = 0;       // KV dropped
+  int64_t num_moves_to_host = 0;
+  int64_t num_moves_to_disk = 0;
+  int64_t num_restores = 0;  // host or disk -> pool
+  uint64_t host_bytes = 0;   // held in the host tier
+  uint64_t disk_bytes = 0;   // of its cache file
 };
 
 class Engine {
@@ -90,10 +136,23 @@ class Engine {
   bool has_unfinished() const { return !requests_.empty(); }
 
   EngineStats stats() const;
-  std::vector<SessionInfo> sessions() const;
-  // Forgets a session and releases its blocks. not_found for an unknown name; invalid_argument
-  // while a request runs on it.
+  std::vector<EngineSessionInfo> sessions() const;
+  // Forgets a session and releases its blocks, host copy and spill file. not_found for an
+  // unknown name; invalid_argument while a request runs on it.
   Status delete_session(const std::string& name);
+  // Writes an idle session's tokens and KV to a cache file (docs/cache-files.md) at `path`,
+  // from whichever tier holds it; the session stays where it was. A last generated token
+  // without KV yet is run through the model first (so the file holds the whole history).
+  // not_found: unknown session; invalid_argument: busy, or empty; resource_exhausted: the pool
+  // cannot hold it for that; io_error from the writer. Mutates only that session's KV.
+  Status save_session(const std::string& name, const std::filesystem::path& path);
+  // Creates session `name` from a cache file. The whole file is read and validated first
+  // (format, checksum, model fingerprint and geometry, token ids); the session then sits on the
+  // disk tier pointing at that file (never deleted by the engine) and its next request reads
+  // the KV back instead of prefilling it. Errors name the session, the file and the reason:
+  // invalid_argument (name empty or taken), not_found (no file), corruption, unsupported,
+  // mismatch (another model). On error nothing changes.
+  Status load_session(const std::string& name, const std::filesystem::path& path);
 
   // Aborts on any inconsistency between the engine's sequences, the cache manager and the
   // prefix cache (each sequence's table length, every block accounted for).
@@ -103,36 +162,94 @@ class Engine {
   struct Sequence;
   struct RequestState;
   struct SessionState;
+  struct HostKv;
+  enum class Restore { kDone, kNoRoom, kFailed };
+  // One sequence's share of a forward pass.
+  struct BatchEntry {
+    SeqId id;
+    const std::vector<int32_t>* tokens;  // the sequence's tokens; KV of [0, num_computed) exists
+    int32_t num_computed = 0;
+    int32_t num_tokens = 0;  // run tokens [num_computed, num_computed + num_tokens)
+    bool wants_logits = false;
+  };
 
   int32_t total_tokens_needed(int32_t num_tokens) const;
-  void admit_prefix(Sequence& seq);
-  // Frees blocks until for_seq can append num_tokens: evicts idle sessions, then preempts the
-  // newest running sequences at index >= first_unplanned, for_seq itself last. Returns false
-  // when for_seq was preempted.
+  // Gives a waiting sequence its KV: a session's (restored from host or disk), else the prefix
+  // cache's. false: the session's KV cannot be restored now for lack of blocks (retry later).
+  bool admit_prefix(Sequence& seq);
+  // Frees blocks until for_seq can append num_tokens: moves idle sessions down a tier, then
+  // preempts the newest running sequences at index >= first_unplanned, for_seq itself last.
+  // Returns false when for_seq was preempted.
   bool make_room(SeqId for_seq, int32_t num_tokens, size_t first_unplanned);
+  // Moves the least recently used idle session with blocks in the pool down a tier (host, disk
+  // or dropped, as the budgets allow). false when there is none.
   bool evict_idle_session();
   // Frees the blocks of the newest waiting sequence that holds some (a resumed session's, or
   // one preempted and re-queued), except `except`. Returns false when there is none.
   bool release_waiting(SeqId except);
   void preempt(SeqId seq_id);
   void finish(Sequence& seq, FinishReason reason, std::vector<EngineEvent>* events);
+  // Registers the sequence's full blocks in the prefix caches when a new one filled up.
   void register_full_blocks(Sequence& seq);
+  // The tokens whose KV is written (what KvCacheManager::append registers blocks with); empty
+  // without prefix caching, or while some window blocks hold KV only in part (after a load).
+  std::span<const int32_t> computed_tokens(const Sequence& seq) const;
   void fork_samples(Sequence& parent);
   Sequence& seq(SeqId id) { return *sequences_.at(id); }
+  // Runs the pending copy-on-write copies (before any other write into the pool: a block they
+  // read may be freed and handed out again within the step).
+  void flush_copies();
+  // Pending copies, then one forward pass; logits: [rows wanting logits][vocab].
+  void run_model(std::span<const BatchEntry> entries, std::vector<float>* logits);
+
+  // session tiers (engine_tiers.cc)
+  // The session's KV copied out of the pool's blocks of sequence seq_id (which stays).
+  // nullptr if the host memory cannot be had.
+  std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens) const;
+  // A cache file, validated whole (and its token ids against the vocabulary), as a host copy;
+  // *tokens (if not null) receives its token ids. Errors name the file and the reason.
+  Result<std::unique_ptr<HostKv>> read_file(const std::filesystem::path& path,
+                                            std::vector<int32_t>* tokens) const;
+  // Fills an empty resident sequence with kv (the prefix cache first, so shared blocks stay
+  // shared; then fresh blocks that receive the copy). false (the sequence empty again) when
+  // the pool lacks blocks. Returns the tokens taken from the prefix cache in *num_shared.
+  bool copy_in(SeqId seq_id, std::span<const int32_t> tokens, const HostKv& kv,
+               int32_t* num_shared);
+  // Restores an idle or waiting session's KV from host or disk into sequence seq (resident,
+  // empty). kNoRoom: pool short (seq empty again); kFailed: the file was unreadable (KV dropped).
+  Restore restore_session(SessionState& session, Sequence& seq);
+  // Moves an idle session's KV (on the device in sequence *resident) down: host, disk or drop.
+  void move_down(SessionState& session);
+  // Puts a host copy on the disk tier (or drops it when the tier cannot take it).
+  void move_to_disk(SessionState& session, std::unique_ptr<HostKv> kv);
+  // Frees host-tier (disk-tier) bytes for `size_bytes` more by moving the least recently used
+  // idle sessions there further down. false if the tier cannot hold that much.
+  bool make_host_room(uint64_t size_bytes, const SessionState* keep);
+  bool make_disk_room(uint64_t size_bytes, const SessionState* keep);
+  // Forgets a session's KV in every tier (removing its spill file); the tokens stay.
+  void drop_kv(SessionState& session);
+  // Runs a session's tokens that have no KV yet through the model (for save_session).
+  Status complete_kv(SessionState& session);
+  uint64_t file_size_bytes(int32_t num_tokens) const;
+  std::filesystem::path spill_path(const SessionState& session) const;
 
   ModelRunner* runner_;
   EngineConfig config_;
   std::unique_ptr<KvCacheManager> cache_;
-  std::unique_ptr<PrefixCache> prefix_cache_;  // null when off
-  std::vector<HostKvSlab> slabs_;              // [num_cache_groups]
+  std::vector<HostKvSlab> slabs_;  // [num_cache_groups]
+  CacheSpec cache_spec_;           // the pool's geometry, for host copies and cache files
+  ModelFingerprint fingerprint_;
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
   std::map<std::string, std::unique_ptr<SessionState>> sessions_;
   std::deque<SeqId> waiting_;
-  std::vector<SeqId> running_;  // admission order, oldest first
+  std::vector<SeqId> running_;                  // admission order, oldest first
+  std::vector<GroupBlockCopy> pending_copies_;  // copy-on-write copies of this step's appends
   int64_t next_request_id_ = 1;
   int64_t next_seq_id_ = 1;
+  int64_t next_session_id_ = 1;
   int64_t session_clock_ = 0;
+  uint64_t instance_id_ = 0;  // names this engine's spill files
   EngineStats stats_;
 };
 

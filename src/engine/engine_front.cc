@@ -63,6 +63,41 @@ EngineStats EngineFront::stats() {
   return future.get();
 }
 
+void EngineFront::call(std::function<void(Engine&)> fn) {
+  std::promise<void> done;
+  auto future = done.get_future();
+  {
+    std::lock_guard lock(mutex_);
+    inbox_.push_back(CallCommand{std::move(fn), &done});
+  }
+  wake_.notify_all();
+  future.get();
+}
+
+std::vector<EngineSessionInfo> EngineFront::sessions() {
+  std::vector<EngineSessionInfo> out;
+  call([&](Engine& engine) { out = engine.sessions(); });
+  return out;
+}
+
+Status EngineFront::save_session(const std::string& name, const std::filesystem::path& path) {
+  Status st;
+  call([&](Engine& engine) { st = engine.save_session(name, path); });
+  return st;
+}
+
+Status EngineFront::load_session(const std::string& name, const std::filesystem::path& path) {
+  Status st;
+  call([&](Engine& engine) { st = engine.load_session(name, path); });
+  return st;
+}
+
+Status EngineFront::delete_session(const std::string& name) {
+  Status st;
+  call([&](Engine& engine) { st = engine.delete_session(name); });
+  return st;
+}
+
 void EngineFront::deliver(std::vector<EngineEvent>& events) {
   for (EngineEvent& e : events) {
     auto it = streams_.find(e.request_id);
@@ -101,6 +136,9 @@ void EngineFront::loop() {
         engine_->cancel(cancel->id, &events);
       } else if (auto* stats = std::get_if<StatsCommand>(&command)) {
         stats->reply->set_value(engine_->stats());
+      } else if (auto* call = std::get_if<CallCommand>(&command)) {
+        call->run(*engine_);
+        call->done->set_value();
       }
     }
     if (stopping) {

@@ -8,13 +8,17 @@
 
 #include <condition_variable>
 #include <deque>
+#include <filesystem>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <variant>
+#include <vector>
 
 #include "engine/engine.h"
 
@@ -52,6 +56,11 @@ class EngineFront {
   void cancel(RequestId id);
   // A snapshot of the engine's statistics (taken on the engine thread).
   EngineStats stats();
+  // Session management, run on the engine thread between steps (see Engine).
+  std::vector<EngineSessionInfo> sessions();
+  Status save_session(const std::string& name, const std::filesystem::path& path);
+  Status load_session(const std::string& name, const std::filesystem::path& path);
+  Status delete_session(const std::string& name);
 
  private:
   struct SubmitCommand {
@@ -64,8 +73,15 @@ class EngineFront {
   struct StatsCommand {
     std::promise<EngineStats>* reply;
   };
-  using Command = std::variant<SubmitCommand, CancelCommand, StatsCommand>;
+  // Runs `run` on the engine thread, then sets `done`.
+  struct CallCommand {
+    std::function<void(Engine&)> run;
+    std::promise<void>* done;
+  };
+  using Command = std::variant<SubmitCommand, CancelCommand, StatsCommand, CallCommand>;
 
+  // Runs fn on the engine thread and waits for it.
+  void call(std::function<void(Engine&)> fn);
   void loop();
   void deliver(std::vector<EngineEvent>& events);
 

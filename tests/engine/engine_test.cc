@@ -11,69 +11,12 @@
 #include <random>
 #include <thread>
 
-#include "model/model_loader.h"
-#include "model/safetensors_weights.h"
+#include "engine/engine_test_util.h"
+
+using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
 
 namespace kvp {
 namespace {
-
-std::unique_ptr<ModelRunner> load(const std::string& name) {
-  auto runner = load_model("tests/model/fixtures/tiny/" + name, nullptr);
-  KVP_CHECK(runner.is_ok(), "{}", runner.status().to_string());
-  return std::move(runner).value();
-}
-
-std::vector<int32_t> golden_ids(const std::string& name, const std::string& tensor) {
-  auto file = SafetensorsModel::open("tests/model/fixtures/tiny/" + name + "/golden.safetensors");
-  KVP_CHECK(file.is_ok(), "{}", file.status().to_string());
-  auto ids = read_int_tensor(*file, tensor);
-  KVP_CHECK(ids.is_ok(), "{}", ids.status().to_string());
-  return std::move(ids).value();
-}
-
-Request greedy_request(std::vector<int32_t> prompt, int32_t max_tokens) {
-  Request r;
-  r.prompt_tokens = std::move(prompt);
-  r.sampling.temperature = 0.0f;
-  r.max_tokens = max_tokens;
-  r.min_tokens = max_tokens;  // as the goldens were made: no end-of-sequence
-  return r;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  Usage usage;
-  FinishReason reason = FinishReason::kStop;
-};
-
-// Steps the engine until every request has finished; collects sample 0 of each.
-std::map<int64_t, Outcome> run_all(Engine& engine, bool check_each_step = true) {
-  std::map<int64_t, Outcome> out;
-  int guard = 0;
-  while (engine.has_unfinished()) {
-    for (EngineEvent& e : engine.step()) {
-      if (e.sample_index != 0) continue;
-      Outcome& o = out[e.request_id.value];
-      if (e.kind == EngineEvent::Kind::kToken) {
-        o.tokens.push_back(e.token_id);
-      } else {
-        o.usage = e.usage;
-        o.reason = e.finish_reason;
-      }
-    }
-    if (check_each_step) engine.check_integrity();
-    KVP_CHECK(++guard < 100000, "engine made no progress");
-  }
-  return out;
-}
-
-EngineConfig small_config(int32_t num_blocks, int32_t block_size = 4) {
-  EngineConfig c;
-  c.num_blocks = num_blocks;
-  c.block_size = block_size;
-  c.max_step_tokens = 64;
-  return c;
-}
 
 class EngineGoldenTest : public ::testing::TestWithParam<const char*> {};
 
@@ -157,6 +100,48 @@ TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutput) {
   EXPECT_EQ(out1[first->value].usage.prefilled_tokens, 45);
   EXPECT_EQ(out2[second->value].usage.cached_tokens, 44);  // 11 blocks; the last token runs
   EXPECT_EQ(out2[second->value].usage.prefilled_tokens, 1);
+}
+
+// Gemma 3 has a global and a sliding-window cache group: a hit needs every global block of the
+// prefix and the window group's blocks inside the window of the first new token.
+TEST(Engine, PrefixCacheHitAcrossGlobalAndWindowGroupsKeepsOutput) {
+  auto runner = load("gemma3");
+  ASSERT_EQ(runner->num_cache_groups(), 2);
+  const EngineConfig config = small_config(256);
+  const auto prompt = golden_ids("gemma3", "prompt_3");  // 45 tokens
+  const auto golden = golden_ids("gemma3", "greedy_3");
+  // the first request shares the first 42 tokens, then goes elsewhere
+  const int32_t shared = 42;
+  std::vector<int32_t> other(prompt.begin(), prompt.begin() + shared);
+  for (int32_t t : golden_ids("gemma3", "prompt_2")) other.push_back(t);
+  ASSERT_NE(other[shared], prompt[shared]);
+
+  Engine engine(runner.get(), config);
+  auto first = engine.submit(greedy_request(other, 8));
+  ASSERT_TRUE(first.is_ok());
+  auto out1 = run_all(engine);
+  const int64_t prefilled_before = engine.stats().num_prefill_tokens;
+  auto second = engine.submit(greedy_request(prompt, 32));
+  ASSERT_TRUE(second.is_ok());
+  auto out2 = run_all(engine);
+
+  // whole blocks of the shared part are reused
+  const int32_t expected_hit = shared / config.block_size * config.block_size;
+  const Usage& usage = out2[second->value].usage;
+  EXPECT_EQ(usage.cached_tokens, expected_hit);
+  EXPECT_EQ(usage.prefilled_tokens, static_cast<int32_t>(prompt.size()) - expected_hit);
+  EXPECT_EQ(engine.stats().num_prefill_tokens - prefilled_before,
+            static_cast<int64_t>(prompt.size()) - expected_hit);
+  EXPECT_EQ(out2[second->value].tokens, golden);
+
+  // the first prompt again: served from the cache (the last token runs), same output
+  auto third = engine.submit(greedy_request(other, 8));
+  ASSERT_TRUE(third.is_ok());
+  auto out3 = run_all(engine);
+  EXPECT_EQ(out3[third->value].tokens, out1[first->value].tokens);
+  EXPECT_EQ(out3[third->value].usage.cached_tokens,
+            (static_cast<int32_t>(other.size()) - 1) / config.block_size * config.block_size);
+  engine.check_integrity();
 }
 
 TEST(Engine, ParallelSamplesForkAndAreReproducible) {
@@ -269,7 +254,7 @@ TEST(Engine, SessionsNeedingFiveTimesThePoolAllCompleteWithoutLeaks) {
     }
   }
   int64_t total_tokens = 0;
-  for (const SessionInfo& s : engine.sessions()) {
+  for (const EngineSessionInfo& s : engine.sessions()) {
     EXPECT_EQ(s.num_tokens, static_cast<int32_t>(expected_history[s.name].size())) << s.name;
     EXPECT_EQ(s.num_turns, kTurns);
     total_tokens += s.num_tokens;

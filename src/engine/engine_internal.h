@@ -1,0 +1,87 @@
+// The Engine's private state types, shared by engine.cc and engine_tiers.cc. Not an API.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/host_kv_storage.h"
+#include "engine/engine.h"
+
+namespace kvp {
+
+struct Engine::Sequence {
+  SeqId id;
+  RequestId request_id;
+  int32_t sample_index = 0;
+  std::vector<int32_t> tokens;  // history + prompt + outputs; KV exists for [0, num_computed)
+  int32_t num_computed = 0;
+  int32_t num_prompt = 0;  // tokens before this request's first output
+  int32_t num_generated = 0;
+  int32_t num_registered_blocks = 0;  // full blocks already offered to the prefix cache
+  bool resident = false;              // has a table in the cache manager
+  bool finished = false;
+  // Window groups hold KV for positions >= this only (a cache file keeps the last W tokens; the
+  // block they start in is filled in part): such blocks are not offered to the prefix cache.
+  int32_t window_valid_from = 0;
+  SamplerRng rng;
+  TokenHistory history;
+};
+
+struct Engine::RequestState {
+  RequestId id;
+  Request request;
+  std::vector<SeqId> seqs;  // [n] once forked; the first is the parent
+  int32_t num_finished = 0;
+  bool forked = false;
+  bool cancelled = false;
+  Usage usage;
+};
+
+// A session's KV out of the pool, block for block: group g's live blocks i of the sequence are
+// blocks tables[g][i] of storage (densely numbered); entries behind a window are kNoBlock.
+struct Engine::HostKv {
+  static constexpr BlockId kNoBlock{-1};
+  explicit HostKv(HostKvStorage kv_storage) : storage(std::move(kv_storage)) {}
+  HostKvStorage storage;
+  std::vector<std::vector<BlockId>> tables;  // [num_groups][ceil(num_tokens / block_size)]
+  int32_t num_tokens = 0;
+  int32_t window_valid_from = 0;  // see Sequence::window_valid_from
+  uint64_t size_bytes = 0;        // of storage's slabs
+};
+
+// An idle session's KV is in exactly one tier (tier()); a busy one's KV is in its request's
+// sequence, or still in the host or disk tier until that sequence is admitted.
+struct Engine::SessionState {
+  int64_t id = 0;  // names its spill file
+  std::string name;
+  std::vector<int32_t> tokens;    // the conversation so far
+  int32_t num_computed = 0;       // tokens[0, num_computed) have KV in the tier below
+  std::optional<SeqId> resident;  // kDevice: the manager sequence holding the KV
+  int32_t window_valid_from = 0;  // of resident's table (see Sequence::window_valid_from)
+  std::unique_ptr<HostKv> host;   // kHost
+  std::filesystem::path file;     // kDisk
+  bool owns_file = false;         // a spill file (removed when no longer needed)
+  uint64_t disk_bytes = 0;        // of an owned file
+  bool busy = false;
+  std::optional<SeqId> busy_seq;  // the sequence of the request running on it
+  int64_t last_used = 0;
+  int64_t num_turns = 0;
+  int64_t num_resumed_tokens = 0;
+  int64_t num_evictions = 0;
+  int64_t num_moves_to_host = 0;
+  int64_t num_moves_to_disk = 0;
+  int64_t num_restores = 0;
+
+  SessionTier tier() const {
+    if (resident) return SessionTier::kDevice;
+    if (host) return SessionTier::kHost;
+    if (!file.empty()) return SessionTier::kDisk;
+    return SessionTier::kNone;
+  }
+};
+
+}  // namespace kvp

@@ -1,0 +1,442 @@
+// Engine session tiers: an idle session's KV moves between the pool, host memory and cache
+// files (docs/engine.md, "Session tiers"), least recently used first, within byte budgets.
+//
+//   pool ──move_down──▶ host copy (HostKv) ──move_to_disk──▶ spill file ──make_disk_room──▶ none
+//     │                    (host tier off or full) ─────────▲                 (recomputed on its
+//     │                    (disk tier off or full) ───────────────────────────▶  next turn)
+//     ◀──────────── restore_session: on the session's next admission ─────────┘ (host or disk)
+//
+// A host copy holds the session's live blocks block for block (same KvLayout as the pool, fewer
+// blocks), so moving out and in is one memcpy per block and layer; a cache file re-blocks
+// (docs/cache-files.md). Coming back, the session first takes what the prefix cache holds of its
+// tokens (a shared system prompt stays one set of blocks) and copies in only the rest.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+
+namespace kvp {
+
+std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens) const {
+  const int32_t num_groups = cache_->num_groups();
+  std::vector<int32_t> num_blocks(num_groups);  // [num_groups] live blocks
+  for (int32_t g = 0; g < num_groups; ++g) {
+    const BlockTable& table = cache_->table(seq_id, g);
+    num_blocks[g] = table.num_blocks() - table.num_dropped_blocks();
+  }
+  auto storage = HostKvStorage::create(cache_spec_, num_blocks);
+  if (!storage.is_ok()) return nullptr;
+  auto kv = std::make_unique<HostKv>(std::move(storage).value());
+  kv->num_tokens = num_tokens;
+  for (int32_t g = 0; g < num_groups; ++g) {
+    const BlockTable& table = cache_->table(seq_id, g);
+    const KvLayout& pool = slabs_[g].layout;
+    const KvLayout& host = kv->storage.layout(g);
+    const size_t elem_bytes = dtype_size_bytes(pool.dtype);
+    const size_t run_bytes = static_cast<size_t>(pool.block_pitch()) * elem_bytes;  // K and V
+    std::vector<BlockId> host_table(table.num_blocks(), HostKv::kNoBlock);
+    std::byte* dst = kv->storage.slab(g).data();
+    const std::byte* src = slabs_[g].bytes.data();
+    for (int32_t i = table.num_dropped_blocks(); i < table.num_blocks(); ++i) {
+      host_table[i] = BlockId{i - table.num_dropped_blocks()};
+      for (int32_t layer = 0; layer < pool.num_layers; ++layer) {
+        std::memcpy(dst + host.block_offset(layer, host_table[i].value, 0) * elem_bytes,
+                    src + pool.block_offset(layer, table.blocks()[i].value, 0) * elem_bytes,
+                    run_bytes);
+      }
+    }
+    kv->tables.push_back(std::move(host_table));
+    kv->size_bytes += host.size_bytes();
+  }
+  return kv;
+}
+
+Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem::path& path,
+                                                          std::vector<int32_t>* tokens) const {
+  auto file = CacheFile::read(path, fingerprint_, cache_spec_);
+  if (!file.is_ok()) return file.status();
+  const int32_t vocab = runner_->spec().vocab_size;
+  for (int32_t t : file->token_ids()) {
+    if (t < 0 || t >= vocab) {
+      return Status::corruption("cache file '{}': token id {} outside the vocabulary of {}",
+                                path.string(), t, vocab);
+    }
+  }
+  const int64_t num_tokens = file->num_tokens();
+  if (num_tokens > int64_t{config_.num_blocks} * config_.block_size) {
+    return Status::invalid_argument("cache file '{}': {} tokens exceed the pool of {} blocks",
+                                    path.string(), num_tokens, config_.num_blocks);
+  }
+  const int32_t block_size = config_.block_size;
+  const int32_t num_entries = static_cast<int32_t>((num_tokens + block_size - 1) / block_size);
+  std::vector<int32_t> num_blocks;  // [num_groups]
+  for (int32_t g = 0; g < cache_spec_.num_groups(); ++g) {
+    num_blocks.push_back(num_entries -
+                         static_cast<int32_t>(file->group_token_begin(g) / block_size));
+  }
+  auto storage = HostKvStorage::create(cache_spec_, num_blocks);
+  if (!storage.is_ok()) return storage.status();
+  auto kv = std::make_unique<HostKv>(std::move(storage).value());
+  kv->num_tokens = static_cast<int32_t>(num_tokens);
+  for (int32_t g = 0; g < cache_spec_.num_groups(); ++g) {
+    const int32_t first = num_entries - num_blocks[g];
+    std::vector<BlockId> table(num_entries, HostKv::kNoBlock);
+    for (int32_t i = first; i < num_entries; ++i) table[i] = BlockId{i - first};
+    kv->tables.push_back(std::move(table));
+    kv->size_bytes += kv->storage.layout(g).size_bytes();
+    // a window group keeps the last W tokens: the block they start in is valid only in part
+    const int64_t begin = file->group_token_begin(g);
+    if (begin % block_size != 0) {
+      kv->window_valid_from = std::max(kv->window_valid_from, static_cast<int32_t>(begin));
+    }
+  }
+  Status tables_ok = file->check_tables(kv->storage, kv->tables);
+  KVP_CHECK(tables_ok.is_ok(), "{}", tables_ok.to_string());
+  file->scatter_into(kv->storage, kv->tables);
+  if (tokens != nullptr) tokens->assign(file->token_ids().begin(), file->token_ids().end());
+  return kv;
+}
+
+bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, const HostKv& kv,
+                     int32_t* num_shared) {
+  flush_copies();  // a block freed this step may be the source of a pending copy
+  const int32_t num_tokens = kv.num_tokens;
+  KVP_CHECK(static_cast<int32_t>(tokens.size()) >= num_tokens, "{} tokens for KV of {}",
+            tokens.size(), num_tokens);
+  KVP_CHECK(cache_->num_tokens(seq_id) == 0, "copy into sequence {} holding tokens", seq_id.value);
+  int32_t num_matched = 0;
+  if (cache_->has_prefix_cache())
+    num_matched = cache_->match_prefix(seq_id, tokens.first(num_tokens));
+  // Grow block by block and the last token alone: a window group then holds only the blocks of
+  // the window of the next token (those the copy covers), never the whole history at once.
+  std::vector<GroupBlockCopy> copies;
+  for (int32_t done = num_matched; done < num_tokens;) {
+    const int32_t step =
+        done < num_tokens - 1
+            ? std::min(config_.block_size - done % config_.block_size, num_tokens - 1 - done)
+            : 1;
+    if (!cache_->append(seq_id, step, &copies)) {
+      cache_->free_sequence(seq_id);
+      cache_->add_sequence(seq_id);
+      return false;
+    }
+    done += step;
+  }
+  KVP_CHECK(copies.empty(), "fresh blocks needed {} copies", copies.size());
+  for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+    const BlockTable& table = cache_->table(seq_id, g);
+    const KvLayout& pool = slabs_[g].layout;
+    const KvLayout& host = kv.storage.layout(g);
+    const size_t elem_bytes = dtype_size_bytes(pool.dtype);
+    const size_t run_bytes = static_cast<size_t>(pool.block_pitch()) * elem_bytes;
+    const std::byte* src = kv.storage.slab(g).data();
+    std::byte* dst = slabs_[g].bytes.data();
+    const int32_t first = std::max(table.num_dropped_blocks(), num_matched / config_.block_size);
+    for (int32_t i = first; i < table.num_blocks(); ++i) {
+      const BlockId from = kv.tables[g][i];
+      KVP_CHECK(from != HostKv::kNoBlock, "group {} entry {}: the host copy lacks it", g, i);
+      for (int32_t layer = 0; layer < pool.num_layers; ++layer) {
+        std::memcpy(dst + pool.block_offset(layer, table.blocks()[i].value, 0) * elem_bytes,
+                    src + host.block_offset(layer, from.value, 0) * elem_bytes, run_bytes);
+      }
+    }
+  }
+  *num_shared = num_matched;
+  return true;
+}
+
+Engine::Restore Engine::restore_session(SessionState& session, Sequence& s) {
+  std::unique_ptr<HostKv> from_file;
+  const HostKv* kv = session.host.get();
+  if (kv == nullptr) {
+    std::vector<int32_t> file_tokens;
+    auto read = read_file(session.file, &file_tokens);
+    const bool same_history =
+        read.is_ok() && file_tokens.size() <= session.tokens.size() &&
+        std::equal(file_tokens.begin(), file_tokens.end(), session.tokens.begin()) &&
+        static_cast<int32_t>(file_tokens.size()) == session.num_computed;
+    if (!same_history) {
+      // the file went missing or changed under us: the history is recomputed
+      ++stats_.num_tier_errors;
+      drop_kv(session);
+      ++session.num_evictions;
+      ++stats_.num_session_evictions;
+      return Restore::kFailed;
+    }
+    from_file = std::move(read).value();
+    kv = from_file.get();
+  }
+  int32_t num_shared = 0;
+  if (!copy_in(s.id, s.tokens, *kv, &num_shared)) return Restore::kNoRoom;
+  s.num_computed = kv->num_tokens;
+  s.num_registered_blocks = 0;
+  s.window_valid_from = kv->window_valid_from;
+  register_full_blocks(s);  // now, so sessions restored in this step share what it brought
+  ++session.num_restores;
+  session.num_resumed_tokens += s.num_computed;
+  ++stats_.num_session_restores;
+  stats_.num_restored_tokens += s.num_computed - num_shared;
+  stats_.num_prefix_hit_tokens += num_shared;
+  drop_kv(session);  // the pool holds it now
+  return Restore::kDone;
+}
+
+void Engine::move_down(SessionState& session) {
+  KVP_CHECK(session.resident && !session.host && session.file.empty(),
+            "session '{}' is not (only) in the pool", session.name);
+  const SeqId seq_id = *session.resident;
+  const int32_t num_tokens = session.num_computed;
+  std::unique_ptr<HostKv> kv;
+  const bool disk_fits =
+      !config_.disk_dir.empty() && file_size_bytes(num_tokens) <= config_.disk_tier_bytes;
+  if (num_tokens > 0 && (config_.host_tier_bytes > 0 || disk_fits)) {
+    kv = copy_out(seq_id, num_tokens);
+    if (kv) kv->window_valid_from = session.window_valid_from;
+  }
+  cache_->free_sequence(seq_id);
+  session.resident.reset();
+  if (kv && make_host_room(kv->size_bytes, &session)) {
+    stats_.host_tier_bytes_used += kv->size_bytes;
+    session.host = std::move(kv);
+    ++session.num_moves_to_host;
+    ++stats_.num_session_moves_to_host;
+    return;
+  }
+  if (kv) {
+    move_to_disk(session, std::move(kv));
+    return;
+  }
+  drop_kv(session);
+  ++session.num_evictions;
+  ++stats_.num_session_evictions;
+}
+
+void Engine::move_to_disk(SessionState& session, std::unique_ptr<HostKv> kv) {
+  const uint64_t size_bytes = file_size_bytes(kv->num_tokens);
+  session.num_computed = kv->num_tokens;
+  session.window_valid_from = kv->window_valid_from;
+  if (!config_.disk_dir.empty() && make_disk_room(size_bytes, &session)) {
+    std::error_code ec;
+    std::filesystem::create_directories(config_.disk_dir, ec);
+    const std::filesystem::path path = spill_path(session);
+    Status st = write_cache_file(path, fingerprint_, kv->storage,
+                                 std::span(session.tokens).first(kv->num_tokens), kv->tables);
+    if (st.is_ok()) {
+      const uintmax_t written = std::filesystem::file_size(path, ec);
+      KVP_CHECK(!ec && written == size_bytes, "spill file {}: {} bytes, expected {}", path.string(),
+                written, size_bytes);
+      session.file = path;
+      session.owns_file = true;
+      session.disk_bytes = size_bytes;
+      stats_.disk_tier_bytes_used += size_bytes;
+      ++session.num_moves_to_disk;
+      ++stats_.num_session_moves_to_disk;
+      return;
+    }
+    ++stats_.num_tier_errors;
+  }
+  drop_kv(session);
+  ++session.num_evictions;
+  ++stats_.num_session_evictions;
+}
+
+bool Engine::make_host_room(uint64_t size_bytes, const SessionState* keep) {
+  if (size_bytes > config_.host_tier_bytes) return false;
+  while (stats_.host_tier_bytes_used + size_bytes > config_.host_tier_bytes) {
+    SessionState* lru = nullptr;
+    for (auto& [name, x] : sessions_) {
+      if (x->busy || !x->host || x.get() == keep) continue;
+      if (lru == nullptr || x->last_used < lru->last_used) lru = x.get();
+    }
+    if (lru == nullptr) return false;
+    std::unique_ptr<HostKv> kv = std::move(lru->host);
+    stats_.host_tier_bytes_used -= kv->size_bytes;
+    move_to_disk(*lru, std::move(kv));
+  }
+  return true;
+}
+
+bool Engine::make_disk_room(uint64_t size_bytes, const SessionState* keep) {
+  if (size_bytes > config_.disk_tier_bytes) return false;
+  while (stats_.disk_tier_bytes_used + size_bytes > config_.disk_tier_bytes) {
+    SessionState* lru = nullptr;
+    for (auto& [name, x] : sessions_) {
+      if (x->busy || !x->owns_file || x.get() == keep) continue;
+      if (lru == nullptr || x->last_used < lru->last_used) lru = x.get();
+    }
+    if (lru == nullptr) return false;
+    drop_kv(*lru);
+    ++lru->num_evictions;
+    ++stats_.num_session_evictions;
+  }
+  return true;
+}
+
+void Engine::drop_kv(SessionState& session) {
+  if (session.resident) {
+    cache_->free_sequence(*session.resident);
+    session.resident.reset();
+  }
+  if (session.host) {
+    stats_.host_tier_bytes_used -= session.host->size_bytes;
+    session.host.reset();
+  }
+  if (session.owns_file) {
+    std::error_code ec;
+    std::filesystem::remove(session.file, ec);
+    stats_.disk_tier_bytes_used -= session.disk_bytes;
+  }
+  session.file.clear();
+  session.owns_file = false;
+  session.disk_bytes = 0;
+  session.num_computed = 0;
+  session.window_valid_from = 0;
+}
+
+uint64_t Engine::file_size_bytes(int32_t num_tokens) const {
+  // docs/cache-files.md: 48 + A + 8L + 4N + sum over layers of 2 K_l H D E + 8
+  uint64_t size_bytes = 48 + fingerprint_.architecture.size() +
+                        8 * uint64_t(cache_spec_.num_layers()) + 4 * uint64_t(num_tokens) + 8;
+  for (int32_t layer = 0; layer < cache_spec_.num_layers(); ++layer) {
+    size_bytes += static_cast<uint64_t>(cache_spec_.kept_tokens(layer, num_tokens)) *
+                  cache_spec_.layer_token_bytes();
+  }
+  return size_bytes;
+}
+
+std::filesystem::path Engine::spill_path(const SessionState& session) const {
+  return std::filesystem::path(config_.disk_dir) /
+         fmt::format("kvpool-{}-{}-session-{}.kvc", ::getpid(), instance_id_, session.id);
+}
+
+Status Engine::complete_kv(SessionState& session) {
+  const int32_t num_tokens = static_cast<int32_t>(session.tokens.size());
+  if (session.num_computed == num_tokens) return Status::ok();
+  // into the pool (where the model can run), then the tokens without KV through the model
+  Sequence s;
+  s.id = SeqId(next_seq_id_++);
+  s.tokens = session.tokens;
+  s.resident = true;
+  if (session.resident) {
+    s.id = *session.resident;
+    s.num_computed = session.num_computed;
+    s.window_valid_from = session.window_valid_from;
+    session.resident.reset();
+    session.num_computed = 0;
+  } else {
+    cache_->add_sequence(s.id);
+    if (session.host || !session.file.empty()) {
+      Restore restored = restore_session(session, s);
+      while (restored == Restore::kNoRoom && evict_idle_session()) {
+        restored = restore_session(session, s);
+      }
+      if (restored == Restore::kNoRoom) {
+        cache_->free_sequence(s.id);
+        return Status::resource_exhausted(
+            "session '{}': the pool cannot hold its {} tokens to finish its KV", session.name,
+            session.num_computed);
+      }
+    }
+  }
+  // from here on the sequence holds the session's KV: on any outcome it goes back to the session
+  auto give_back = [&] {
+    session.resident = s.id;
+    session.num_computed = s.num_computed;
+    session.window_valid_from = s.window_valid_from;
+  };
+  while (s.num_computed < num_tokens) {
+    const int32_t chunk = std::min(num_tokens - s.num_computed, config_.max_step_tokens);
+    while (!cache_->can_append(s.id, chunk) && evict_idle_session()) {
+    }
+    if (!cache_->append(s.id, chunk, &pending_copies_, computed_tokens(s))) {
+      give_back();
+      return Status::resource_exhausted(
+          "session '{}': the pool cannot hold its {} tokens to finish its KV", session.name,
+          num_tokens);
+    }
+    const BatchEntry entry{s.id, &s.tokens, s.num_computed, chunk, true};
+    std::vector<float> logits;
+    run_model(std::span(&entry, 1), &logits);
+    s.num_computed += chunk;
+    stats_.num_prefill_tokens += chunk;
+  }
+  give_back();
+  return Status::ok();
+}
+
+Status Engine::save_session(const std::string& name, const std::filesystem::path& path) {
+  auto it = sessions_.find(name);
+  if (it == sessions_.end()) {
+    return Status::not_found("save session '{}': no such session", name);
+  }
+  SessionState& session = *it->second;
+  if (session.busy) {
+    return Status::invalid_argument("save session '{}': busy with a request", name);
+  }
+  if (session.tokens.empty()) {
+    return Status::invalid_argument("save session '{}': it holds no tokens", name);
+  }
+  KVP_RETURN_IF_ERROR(complete_kv(session));
+  std::unique_ptr<HostKv> copy;
+  const HostKv* kv = session.host.get();
+  if (session.resident) {
+    copy = copy_out(*session.resident, session.num_computed);
+    if (!copy) {
+      return Status::resource_exhausted("save session '{}': no host memory for its KV", name);
+    }
+    kv = copy.get();
+  } else if (!session.file.empty()) {
+    auto read = read_file(session.file, nullptr);
+    if (!read.is_ok()) {
+      return Status(read.status().code(),
+                    fmt::format("save session '{}': {}", name, read.status().message()));
+    }
+    copy = std::move(read).value();
+    kv = copy.get();
+  }
+  KVP_CHECK(kv != nullptr, "session '{}' has complete KV in no tier", name);
+  Status st = write_cache_file(path, fingerprint_, kv->storage,
+                               std::span(session.tokens).first(kv->num_tokens), kv->tables);
+  if (!st.is_ok()) {
+    return Status(st.code(), fmt::format("save session '{}': {}", name, st.message()));
+  }
+  return Status::ok();
+}
+
+Status Engine::load_session(const std::string& name, const std::filesystem::path& path) {
+  if (name.empty()) return Status::invalid_argument("load session: empty session name");
+  if (sessions_.contains(name)) {
+    return Status::invalid_argument("load session '{}': a session of that name exists", name);
+  }
+  std::vector<int32_t> tokens;
+  auto kv = read_file(path, &tokens);
+  if (!kv.is_ok()) {
+    return Status(kv.status().code(),
+                  fmt::format("load session '{}': {}", name, kv.status().message()));
+  }
+  if (tokens.empty()) {
+    return Status::invalid_argument("load session '{}': cache file '{}' holds no tokens", name,
+                                    path.string());
+  }
+  auto session = std::make_unique<SessionState>();
+  session->id = next_session_id_++;
+  session->name = name;
+  session->tokens = std::move(tokens);
+  session->num_computed = (*kv)->num_tokens;
+  session->window_valid_from = (*kv)->window_valid_from;
+  session->last_used = ++session_clock_;
+  // the copy just read goes to the host tier if it fits; otherwise the file is the disk tier
+  if (make_host_room((*kv)->size_bytes, session.get())) {
+    stats_.host_tier_bytes_used += (*kv)->size_bytes;
+    session->host = std::move(kv).value();
+  } else {
+    session->file = std::filesystem::absolute(path);
+  }
+  sessions_.emplace(name, std::move(session));
+  return Status::ok();
+}
+
+}  // namespace kvp

@@ -1,0 +1,394 @@
+// Session tiers (issue "Engine", docs/engine.md): a session spilled to host memory or to disk
+// comes back without re-encoding its history and continues exactly as if it had stayed; saved
+// sessions load into a fresh engine; files of other models or corrupt ones are refused while
+// the engine keeps serving; sessions needing 5x the pool complete with the tiers in use.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "engine/engine.h"
+#include "engine/engine_front.h"
+#include "engine/engine_test_util.h"
+
+using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
+
+namespace kvp {
+namespace {
+
+// A directory of its own for one test, removed at the end.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(std::filesystem::temp_directory_path() /
+              ("kvp-engine-tiers-" + std::to_string(::getpid()) + "-" + name)) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  const std::filesystem::path& path() const { return path_; }
+  int num_files() const {
+    return static_cast<int>(std::distance(std::filesystem::directory_iterator(path_),
+                                          std::filesystem::directory_iterator()));
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
+EngineSessionInfo session_info(const Engine& engine, const std::string& name) {
+  for (const EngineSessionInfo& s : engine.sessions()) {
+    if (s.name == name) return s;
+  }
+  KVP_CHECK(false, "no session {}", name);
+  return {};
+}
+
+// Output of one request holding the whole conversation, in a fresh engine.
+std::vector<int32_t> reference_output(ModelRunner* runner, const std::vector<int32_t>& prompt,
+                                      int32_t max_tokens) {
+  Engine reference(runner, small_config(256));
+  auto id = reference.submit(greedy_request(prompt, max_tokens));
+  KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+  return run_all(reference)[id->value].tokens;
+}
+
+// Fills the pool with other work so that idle sessions must leave it.
+void apply_pressure(Engine& engine) {
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> filler(150, 10 + i);
+    KVP_CHECK(engine.submit(greedy_request(filler, 20)).is_ok(), "filler refused");
+  }
+  run_all(engine);
+}
+
+enum class Tier { kHost, kDisk };
+
+class EngineTierTest : public ::testing::TestWithParam<std::tuple<const char*, Tier>> {};
+
+TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPrompt) {
+  const auto [model, tier] = GetParam();
+  auto runner = load(model);
+  TempDir dir(std::string(model) + (tier == Tier::kHost ? "-host" : "-disk"));
+  EngineConfig config = small_config(128);
+  if (tier == Tier::kHost) {
+    config.host_tier_bytes = 64 << 20;
+  } else {
+    config.disk_dir = dir.path().string();
+    config.disk_tier_bytes = 64 << 20;
+  }
+  Engine engine(runner.get(), config);
+  const auto turn1 = golden_ids(model, "prompt_1");
+  // a short turn: its last token attends to restored KV in the window layers too
+  const auto prompt2 = golden_ids(model, "prompt_2");
+  const std::vector<int32_t> turn2(prompt2.begin(), prompt2.begin() + 3);
+  Request r1 = greedy_request(turn1, 8);
+  r1.session = "agent";
+  auto id1 = engine.submit(r1);
+  ASSERT_TRUE(id1.is_ok());
+  auto out1 = run_all(engine);
+  ASSERT_EQ(session_info(engine, "agent").tier, SessionTier::kDevice);
+
+  apply_pressure(engine);
+  const EngineSessionInfo spilled = session_info(engine, "agent");
+  const SessionTier expected_tier = tier == Tier::kHost ? SessionTier::kHost : SessionTier::kDisk;
+  ASSERT_EQ(spilled.tier, expected_tier) << session_tier_name(spilled.tier);
+  EXPECT_EQ(spilled.num_resident_tokens, 0);
+  // every token but the last output (whose KV the next turn computes) is kept
+  EXPECT_EQ(spilled.num_kv_tokens, static_cast<int32_t>(turn1.size()) + 8 - 1);
+  EXPECT_EQ(spilled.num_evictions, 0);
+  if (tier == Tier::kHost) {
+    EXPECT_GT(spilled.host_bytes, 0u);
+    EXPECT_EQ(engine.stats().host_tier_bytes_used, spilled.host_bytes);
+  } else {
+    EXPECT_EQ(dir.num_files(), 1);
+    EXPECT_EQ(engine.stats().disk_tier_bytes_used, spilled.disk_bytes);
+  }
+
+  const EngineStats before = engine.stats();
+  Request r2 = greedy_request(turn2, 16);
+  r2.session = "agent";
+  auto id2 = engine.submit(r2);
+  ASSERT_TRUE(id2.is_ok());
+  auto out2 = run_all(engine);
+
+  std::vector<int32_t> whole = turn1;
+  whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
+  whole.insert(whole.end(), turn2.begin(), turn2.end());
+  EXPECT_EQ(out2[id2->value].tokens, reference_output(runner.get(), whole, 16));
+  // only the new turn runs: its tokens and the last output of turn 1
+  const Usage& usage = out2[id2->value].usage;
+  EXPECT_EQ(usage.prefilled_tokens, static_cast<int32_t>(turn2.size()) + 1);
+  EXPECT_EQ(usage.cached_tokens, spilled.num_kv_tokens);
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(after.num_prefill_tokens - before.num_prefill_tokens, usage.prefilled_tokens);
+  EXPECT_EQ(after.num_session_restores - before.num_session_restores, 1);
+  const EngineSessionInfo resumed = session_info(engine, "agent");
+  EXPECT_EQ(resumed.tier, SessionTier::kDevice);
+  EXPECT_EQ(resumed.num_restores, 1);
+  EXPECT_EQ(after.host_tier_bytes_used, 0u);
+  EXPECT_EQ(after.disk_tier_bytes_used, 0u);
+  EXPECT_EQ(dir.num_files(), 0);  // the spill file went with the restore
+  engine.check_integrity();
+}
+
+INSTANTIATE_TEST_SUITE_P(ModelsAndTiers, EngineTierTest,
+                         ::testing::Combine(::testing::Values("llama", "gemma3"),
+                                            ::testing::Values(Tier::kHost, Tier::kDisk)));
+
+class EngineSaveLoadTest : public ::testing::TestWithParam<const char*> {};
+
+// save_session runs the last output token through the model first, so the file holds the whole
+// history and the loaded session prefills exactly the new turn.
+TEST_P(EngineSaveLoadTest, SavedSessionContinuesInAFreshEngineAsIfItHadStayed) {
+  const char* model = GetParam();
+  auto runner = load(model);
+  TempDir dir(std::string("save-") + model);
+  const auto turn1 = golden_ids(model, "prompt_1");
+  // a short turn: its last token attends to restored KV in the window layers too
+  const auto prompt2 = golden_ids(model, "prompt_2");
+  const std::vector<int32_t> turn2(prompt2.begin(), prompt2.begin() + 3);
+  const std::filesystem::path file = dir.path() / "agent.kvc";
+  std::vector<int32_t> reply1;
+  {
+    Engine engine(runner.get(), small_config(128));
+    Request r1 = greedy_request(turn1, 8);
+    r1.session = "agent";
+    auto id1 = engine.submit(r1);
+    ASSERT_TRUE(id1.is_ok());
+    reply1 = run_all(engine)[id1->value].tokens;
+    ASSERT_TRUE(engine.save_session("agent", file).is_ok());
+    engine.check_integrity();
+  }
+  Engine engine(runner.get(), small_config(128));
+  Status loaded = engine.load_session("agent", file);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.to_string();
+  const int32_t history = static_cast<int32_t>(turn1.size() + reply1.size());
+  EXPECT_EQ(session_info(engine, "agent").num_tokens, history);
+  EXPECT_EQ(session_info(engine, "agent").num_kv_tokens, history);
+  Request r2 = greedy_request(turn2, 16);
+  r2.session = "agent";
+  auto id2 = engine.submit(r2);
+  ASSERT_TRUE(id2.is_ok());
+  auto out2 = run_all(engine);
+
+  std::vector<int32_t> whole = turn1;
+  whole.insert(whole.end(), reply1.begin(), reply1.end());
+  whole.insert(whole.end(), turn2.begin(), turn2.end());
+  EXPECT_EQ(out2[id2->value].tokens, reference_output(runner.get(), whole, 16));
+  EXPECT_EQ(out2[id2->value].usage.prefilled_tokens, static_cast<int32_t>(turn2.size()));
+  EXPECT_EQ(out2[id2->value].usage.cached_tokens, history);
+  EXPECT_TRUE(std::filesystem::exists(file));  // a loaded file is the caller's: it stays
+  engine.check_integrity();
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineSaveLoadTest, ::testing::Values("llama", "gemma3"));
+
+TEST(EngineTiers, FilesOfOtherModelsAndCorruptFilesAreRefusedAndTheEngineKeepsServing) {
+  auto llama = load("llama");
+  TempDir dir("refuse");
+  const std::filesystem::path file = dir.path() / "llama.kvc";
+  {
+    Engine engine(llama.get(), small_config(64));
+    Request r = greedy_request(golden_ids("llama", "prompt_2"), 4);
+    r.session = "agent";
+    ASSERT_TRUE(engine.submit(r).is_ok());
+    run_all(engine);
+    ASSERT_TRUE(engine.save_session("agent", file).is_ok());
+  }
+  for (const char* other : {"gemma3", "qwen2"}) {
+    auto runner = load(other);
+    Engine engine(runner.get(), small_config(64));
+    Status st = engine.load_session("agent", file);
+    EXPECT_EQ(st.code(), StatusCode::kMismatch) << st.to_string();
+    EXPECT_NE(st.message().find("agent"), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find(file.string()), std::string::npos) << st.to_string();
+    EXPECT_TRUE(engine.sessions().empty());
+    // still serving
+    auto id = engine.submit(greedy_request(golden_ids(other, "prompt_1"), 32));
+    ASSERT_TRUE(id.is_ok());
+    EXPECT_EQ(run_all(engine)[id->value].tokens, golden_ids(other, "greedy_1")) << other;
+  }
+
+  Engine engine(llama.get(), small_config(64));
+  // the same architecture with other weights (the caller's weight hash) is another model
+  EngineConfig other_weights = small_config(64);
+  other_weights.model_weight_hash = 42;
+  Engine other_engine(llama.get(), other_weights);
+  EXPECT_EQ(other_engine.load_session("agent", file).code(), StatusCode::kMismatch);
+  // unknown sessions and missing files
+  EXPECT_EQ(engine.load_session("agent", dir.path() / "nobody.kvc").code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine.save_session("nobody", dir.path() / "x.kvc").code(), StatusCode::kNotFound);
+  EXPECT_EQ(engine.load_session("", file).code(), StatusCode::kInvalidArgument);
+  // a flipped byte in the KV
+  const std::filesystem::path corrupt = dir.path() / "corrupt.kvc";
+  std::filesystem::copy_file(file, corrupt);
+  {
+    std::fstream f(corrupt, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(corrupt) / 2));
+    f.put('\x5a');
+  }
+  EXPECT_EQ(engine.load_session("agent", corrupt).code(), StatusCode::kCorruption);
+  // truncated
+  std::filesystem::resize_file(corrupt, std::filesystem::file_size(corrupt) / 3);
+  EXPECT_EQ(engine.load_session("agent", corrupt).code(), StatusCode::kCorruption);
+  EXPECT_TRUE(engine.sessions().empty());
+  // the good file loads, and a second load under the same name is refused
+  ASSERT_TRUE(engine.load_session("agent", file).is_ok());
+  EXPECT_EQ(engine.load_session("agent", file).code(), StatusCode::kInvalidArgument);
+  auto id = engine.submit(greedy_request(golden_ids("llama", "prompt_0"), 32));
+  ASSERT_TRUE(id.is_ok());
+  EXPECT_EQ(run_all(engine)[id->value].tokens, golden_ids("llama", "greedy_0"));
+  engine.check_integrity();
+}
+
+// Agents sharing a system prompt: after they all left the pool and came back, the prompt's
+// blocks are held once.
+TEST(EngineTiers, RestoredSessionsShareTheirSystemPromptBlocks) {
+  auto runner = load("llama");
+  EngineConfig config = small_config(128);
+  config.host_tier_bytes = 64 << 20;
+  Engine engine(runner.get(), config);
+  std::vector<int32_t> system(40);
+  for (int32_t i = 0; i < 40; ++i) system[i] = 20 + i;
+  const int kAgents = 3;
+  for (int a = 0; a < kAgents; ++a) {
+    std::vector<int32_t> prompt = system;
+    for (int i = 0; i < 5; ++i) prompt.push_back(100 + 10 * a + i);
+    Request r = greedy_request(prompt, 4);
+    r.session = "agent" + std::to_string(a);
+    ASSERT_TRUE(engine.submit(r).is_ok());
+  }
+  run_all(engine);
+  apply_pressure(engine);
+  for (const EngineSessionInfo& s : engine.sessions())
+    ASSERT_EQ(s.tier, SessionTier::kHost) << s.name;
+  const EngineStats before = engine.stats();
+  int32_t kv_tokens = 0;
+  for (int a = 0; a < kAgents; ++a) {
+    Request r = greedy_request({7, 8, 9}, 1);
+    r.session = "agent" + std::to_string(a);
+    ASSERT_TRUE(engine.submit(r).is_ok());
+    kv_tokens += session_info(engine, r.session.value()).num_kv_tokens;
+  }
+  run_all(engine);
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(after.num_session_restores - before.num_session_restores, kAgents);
+  // the system prompt's full blocks came from the pool for all but the first agent
+  const int32_t shared_blocks = 40 / config.block_size;
+  EXPECT_EQ(after.num_restored_tokens - before.num_restored_tokens,
+            kv_tokens - (kAgents - 1) * shared_blocks * config.block_size);
+  int32_t held_blocks = 0;  // as if nothing were shared
+  for (const EngineSessionInfo& s : engine.sessions()) {
+    ASSERT_EQ(s.tier, SessionTier::kDevice);
+    held_blocks += (s.num_kv_tokens + config.block_size - 1) / config.block_size;
+  }
+  EXPECT_EQ(after.num_blocks_used, held_blocks - (kAgents - 1) * shared_blocks);
+  engine.check_integrity();
+}
+
+// 10 agents x 4 turns on Gemma 3 (a global and a window group) in a pool of 64 blocks per
+// group: the histories need over 5x the pool. With small host and disk budgets, sessions move
+// through every tier (and past disk, drop); every reply equals the one of an engine large
+// enough to keep every session resident.
+TEST(EngineTiers, SessionsNeedingFiveTimesThePoolMoveThroughEveryTierWithOutputsIntact) {
+  auto runner = load("gemma3");
+  TempDir dir("pressure");
+  const int kAgents = 10, kTurns = 4;
+  auto run = [&](const EngineConfig& config, std::unique_ptr<Engine>* holder) {
+    *holder = std::make_unique<Engine>(runner.get(), config);
+    Engine& engine = **holder;
+    std::mt19937 rng(5);
+    std::map<std::string, std::vector<std::vector<int32_t>>> replies;
+    for (int turn = 0; turn < kTurns; ++turn) {
+      std::map<int64_t, std::string> owner;
+      for (int a = 0; a < kAgents; ++a) {
+        const std::string name = "agent" + std::to_string(a);
+        std::vector<int32_t> prompt(16 + rng() % 13);
+        for (int32_t& t : prompt) t = 3 + rng() % 250;
+        Request r = greedy_request(prompt, 12);
+        r.session = name;
+        auto id = engine.submit(r);
+        KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+        owner[id->value] = name;
+      }
+      auto out = run_all(engine);
+      for (const auto& [id, name] : owner) replies[name].push_back(out[id].tokens);
+    }
+    return replies;
+  };
+  std::unique_ptr<Engine> reference;
+  const auto expected = run(small_config(1024), &reference);
+  ASSERT_EQ(reference->stats().num_session_evictions, 0);
+  std::unique_ptr<Engine> no_tiers;
+  const auto replies_no_tiers = run(small_config(64), &no_tiers);  // 256 tokens per group
+
+  EngineConfig tight = small_config(64);
+  tight.host_tier_bytes = 150 << 10;
+  tight.disk_dir = dir.path().string();
+  tight.disk_tier_bytes = 150 << 10;
+  std::unique_ptr<Engine> engine;
+  const auto replies = run(tight, &engine);
+  int64_t total_tokens = 0;
+  for (const EngineSessionInfo& s : engine->sessions()) total_tokens += s.num_tokens;
+  EXPECT_GT(total_tokens, 5 * 256);
+  for (int a = 0; a < kAgents; ++a) {
+    const std::string name = "agent" + std::to_string(a);
+    EXPECT_EQ(replies.at(name), expected.at(name)) << name;
+    EXPECT_EQ(replies_no_tiers.at(name), expected.at(name)) << name;
+  }
+  const EngineStats stats = engine->stats();
+  EXPECT_GT(stats.num_session_moves_to_host, 0);
+  EXPECT_GT(stats.num_session_moves_to_disk, 0);
+  EXPECT_GT(stats.num_session_restores, 0);
+  EXPECT_GT(stats.num_restored_tokens, 0);
+  EXPECT_EQ(stats.num_tier_errors, 0);
+  EXPECT_LE(stats.host_tier_bytes_used, tight.host_tier_bytes);
+  EXPECT_LE(stats.disk_tier_bytes_used, tight.disk_tier_bytes);
+  // restores skip prefill that dropping sessions pays
+  EXPECT_GT(no_tiers->stats().num_session_evictions, 0);
+  EXPECT_LT(stats.num_prefill_tokens, no_tiers->stats().num_prefill_tokens);
+  engine->check_integrity();
+  for (int a = 0; a < kAgents; ++a) {
+    ASSERT_TRUE(engine->delete_session("agent" + std::to_string(a)).is_ok());
+  }
+  engine->check_integrity();
+  EXPECT_EQ(engine->stats().num_blocks_used, 0);
+  EXPECT_EQ(engine->stats().host_tier_bytes_used, 0u);
+  EXPECT_EQ(engine->stats().disk_tier_bytes_used, 0u);
+  EXPECT_EQ(dir.num_files(), 0);
+}
+
+}  // namespace
+}  // namespace kvp
+
+namespace kvp {
+namespace {
+
+TEST(EngineFrontTiers, SessionsAreSavedDeletedAndLoadedThroughTheFront) {
+  auto runner = load("llama");
+  TempDir dir("front");
+  EngineFront front(std::make_unique<Engine>(runner.get(), small_config(64)));
+  Request r = greedy_request(golden_ids("llama", "prompt_1"), 4);
+  r.session = "agent";
+  auto stream = front.submit(r);
+  ASSERT_TRUE(stream.is_ok());
+  while ((*stream)->next()) {
+  }
+  const std::filesystem::path file = dir.path() / "agent.kvc";
+  ASSERT_TRUE(front.save_session("agent", file).is_ok());
+  ASSERT_TRUE(front.delete_session("agent").is_ok());
+  EXPECT_TRUE(front.sessions().empty());
+  EXPECT_EQ(front.load_session("agent", dir.path() / "missing.kvc").code(), StatusCode::kNotFound);
+  ASSERT_TRUE(front.load_session("agent", file).is_ok());
+  auto sessions = front.sessions();
+  ASSERT_EQ(sessions.size(), 1u);
+  EXPECT_EQ(sessions[0].tier, SessionTier::kDisk);
+  EXPECT_EQ(sessions[0].num_tokens,
+            static_cast<int32_t>(golden_ids("llama", "prompt_1").size()) + 4);
+}
+
+}  // namespace
+}  // namespace kvp
