@@ -175,7 +175,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
   EngineConfig& e = o->engine;
   bench
       ->add_option("--model", o->model_path,
-                   "model to load: a Hugging Face model directory (config.json + safetensors)")
+                   "model to load: a GGUF file or a Hugging Face model directory")
       ->required();
   bench->add_option("--workload", o->workload, "offline, poisson, closed or agents")
       ->check(CLI::IsMember({"offline", "poisson", "closed", "agents"}))
@@ -252,7 +252,17 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   bench->add_flag("--prefix-caching,!--no-prefix-caching", e.prefix_caching,
-                  "engine: prefix cache (models with one cache group; default: on)");
+                  "engine: prefix cache (default: on)");
+  bench
+      ->add_option("--host-tier-bytes", e.host_tier_bytes,
+                   "engine: host memory for idle sessions' KV (0: no host tier)")
+      ->capture_default_str();
+  bench->add_option("--disk-dir", e.disk_dir,
+                    "engine: folder for idle sessions' cache files (empty: no disk tier)");
+  bench
+      ->add_option("--disk-tier-bytes", e.disk_tier_bytes,
+                   "engine: bytes of cache files for idle sessions (with --disk-dir)")
+      ->capture_default_str();
   bench->add_option("--threads", o->num_threads, "attention threads (the caller included)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
@@ -286,10 +296,7 @@ int run_bench_command(BenchOptions o) {
       "{} group(s), max {} seqs, {} tokens per step, prefix caching {}; {} thread(s)\n",
       o.model_path, architecture_name(spec.architecture), spec.num_layers, spec.vocab_size,
       o.engine.block_size, o.engine.num_blocks, (*runner)->num_cache_groups(),
-      o.engine.max_num_seqs, o.engine.max_step_tokens,
-      !o.engine.prefix_caching             ? "off"
-      : (*runner)->num_cache_groups() == 1 ? "on"
-                                           : "off (more than one cache group)",
+      o.engine.max_num_seqs, o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off",
       o.num_threads);
 
   if (!o.compare_sessions) {
@@ -300,11 +307,11 @@ int run_bench_command(BenchOptions o) {
     return 0;
   }
   // Sessions; the whole history re-sent every turn with the prefix cache finding most of it
-  // (models with one cache group); and re-sent with no prefix cache: true re-prefill.
+  // and re-sent with no prefix cache: true re-prefill.
   std::vector<Run> runs;
   runs.push_back({"sessions", "sessions", "sessions", o.bench, o.engine, std::nullopt});
   runs.back().bench.sessions = true;
-  if (o.engine.prefix_caching && (*runner)->num_cache_groups() == 1) {
+  if (o.engine.prefix_caching) {
     runs.push_back({"resend", "resend", "history re-sent every turn (prefix cache on)", o.bench,
                     o.engine, std::nullopt});
     runs.back().bench.sessions = false;

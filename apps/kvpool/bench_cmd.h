@@ -16,7 +16,7 @@
 namespace kvp::app {
 
 struct BenchOptions {
-  std::string model_path;            // a Hugging Face model directory (what load_model accepts)
+  std::string model_path;            // a GGUF file or Hugging Face directory (load_model)
   std::string workload = "offline";  // offline | poisson | closed | agents
   BenchConfig bench;                 // workload parameters (its `workload` is set from the name)
   EngineConfig engine;
