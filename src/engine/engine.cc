@@ -178,6 +178,12 @@ Result<RequestId> Engine::submit(Request request) {
                                       spec.vocab_size);
     }
   }
+  if (!request.stop_strings.empty() && config_.tokenizer == nullptr) {
+    return Status::invalid_argument("request: stop strings need an engine with a tokenizer");
+  }
+  for (const std::string& stop : request.stop_strings) {
+    if (stop.empty()) return Status::invalid_argument("request: an empty stop string");
+  }
   if (request.min_tokens < 0) {
     return Status::invalid_argument("request: min_tokens {} must be >= 0", request.min_tokens);
   }
@@ -631,7 +637,8 @@ std::vector<EngineEvent> Engine::step() {
       const auto& stops = r.request.stop_token_ids;
       const bool stop =
           (!r.request.ignore_eos && std::find(eos.begin(), eos.end(), tok.token_id) != eos.end()) ||
-          std::find(stops.begin(), stops.end(), tok.token_id) != stops.end();
+          std::find(stops.begin(), stops.end(), tok.token_id) != stops.end() ||
+          completes_stop_string(r, sid, tok.token_id);
       // finished below, after every sample of the row is drawn
       if (stop) {
         to_finish.emplace_back(sid, FinishReason::kStop);
@@ -642,6 +649,25 @@ std::vector<EngineEvent> Engine::step() {
   }
   for (const auto& [sid, reason] : to_finish) finish(seq(sid), reason, &events);
   return events;
+}
+
+bool Engine::completes_stop_string(RequestState& r, SeqId sid, int32_t token_id) {
+  if (r.request.stop_strings.empty()) return false;
+  RequestState::StopText& st = r.stop_text[sid];
+  if (!st.detokenizer) {
+    st.detokenizer = std::make_unique<IncrementalDetokenizer>(*config_.tokenizer);
+  }
+  Result<std::string> piece = st.detokenizer->push(token_id);
+  if (!piece.is_ok()) return false;  // an id the tokenizer lacks cannot complete a string
+  st.text += *piece;
+  size_t longest = 0;
+  for (const std::string& stop : r.request.stop_strings) {
+    if (st.text.find(stop) != std::string::npos) return true;
+    longest = std::max(longest, stop.size());
+  }
+  // keep only what a stop string could still end in
+  if (st.text.size() >= longest) st.text.erase(0, st.text.size() - (longest - 1));
+  return false;
 }
 
 EngineStats Engine::stats() const {

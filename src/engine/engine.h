@@ -39,6 +39,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "model/model_runner.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kvp {
 
@@ -50,6 +51,9 @@ struct EngineConfig {
   int32_t max_step_tokens = 512;  // tokens in one step (decodes + prefill chunks)
   bool prefix_caching = true;     // every cache group (window groups: in-window blocks)
   uint64_t seed = 0;              // seeds requests that bring none (mixed with the request id)
+  // Detokenizes samples for stop strings; not owned, outlives the engine. null: requests with
+  // stop strings are refused.
+  const Tokenizer* tokenizer = nullptr;
 
   // Session tiers (docs/engine.md). Under pool pressure an idle session leaves the pool, least
   // recently used first: to host memory while host_tier_bytes allow, else to a cache file in
@@ -174,6 +178,8 @@ class Engine {
   };
 
   int32_t total_tokens_needed(int32_t num_tokens) const;
+  // Whether token_id, just sampled by sid, makes its text contain a stop string of r.
+  bool completes_stop_string(RequestState& r, SeqId sid, int32_t token_id);
   // Gives a waiting sequence its KV: a session's (restored from host or disk), else the prefix
   // cache's. false: the session's KV cannot be restored now for lack of blocks (retry later).
   bool admit_prefix(Sequence& seq);

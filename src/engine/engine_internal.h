@@ -10,6 +10,7 @@
 
 #include "cache/host_kv_storage.h"
 #include "engine/engine.h"
+#include "tokenizer/detokenizer.h"
 
 namespace kvp {
 
@@ -39,6 +40,13 @@ struct Engine::RequestState {
   bool forked = false;
   bool cancelled = false;
   Usage usage;
+  // Stop strings: each sample's text so far, decoded incrementally (only when the request has
+  // stop strings); text keeps the tail a stop string could still end in.
+  struct StopText {
+    std::unique_ptr<IncrementalDetokenizer> detokenizer;
+    std::string text;
+  };
+  std::unordered_map<SeqId, StopText> stop_text;
 };
 
 // A session's KV out of the pool, block for block: group g's live blocks i of the sequence are

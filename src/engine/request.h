@@ -16,6 +16,9 @@ struct Request {
   SamplingParams sampling;
   int32_t max_tokens = 16;              // generated tokens per sample, > 0
   std::vector<int32_t> stop_token_ids;  // besides the model's end-of-sequence tokens
+  // Generation stops once the sample's text contains one of these (the token completing it is
+  // the last one sent). Needs an engine with a tokenizer (EngineConfig::tokenizer).
+  std::vector<std::string> stop_strings;
   bool ignore_eos = false;
   int32_t min_tokens = 0;  // end-of-sequence and stop tokens are not sampled before
                            // this many outputs (their logits are masked)

@@ -7,11 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "engine/engine_test_util.h"
+#include "model/model_loader.h"
 
 using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
 
@@ -307,6 +311,59 @@ TEST(Engine, CancelFinishesARunningRequest) {
   EXPECT_FALSE(engine.cancel(*id, &events));
   engine.check_integrity();
   EXPECT_EQ(engine.stats().num_blocks_used, 0);
+}
+
+// Stop strings on the real default model: transformers' greedy continuation of "The capital of
+// France is" (tests/model/fixtures/real) is " Paris.\n\nThe answer is: ..."; with the stop
+// string "\n\n" the sample ends at the token that completes it, and the text it gave up to
+// there is the golden text up to and including the stop string.
+TEST(Engine, StopStringEndsTheSampleAtTheTokenThatCompletesIt) {
+  const std::string path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (scripts/setup.sh)";
+  std::ifstream in("tests/model/fixtures/real/smollm2_goldens.json");
+  const auto golden = nlohmann::json::parse(in).at("cases").at(0);
+  const std::string golden_text = golden.at("text").get<std::string>();
+  auto tokenizer = load_tokenizer(path);
+  ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().to_string();
+  auto runner = load_model(path, nullptr);
+  ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
+  EngineConfig config = small_config(256, 16);
+  config.tokenizer = &*tokenizer;
+  Engine engine(runner->get(), config);
+
+  for (const std::string stop : {"\n\n", "answer", "Paris."}) {
+    SCOPED_TRACE(stop);
+    Request r = greedy_request(golden.at("prompt_ids").get<std::vector<int32_t>>(), 32);
+    r.min_tokens = 0;
+    r.stop_strings = {"never appears in this text", stop};
+    ASSERT_TRUE(engine.submit(r).is_ok());
+    auto out = run_all(engine);
+    ASSERT_EQ(out.size(), 1u);
+    const Outcome& o = out.begin()->second;
+    EXPECT_EQ(o.reason, FinishReason::kStop);
+    const auto greedy = golden.at("greedy").get<std::vector<int32_t>>();
+    ASSERT_LE(o.tokens.size(), greedy.size());
+    EXPECT_TRUE(std::equal(o.tokens.begin(), o.tokens.end(), greedy.begin()));
+    auto text = tokenizer->decode(o.tokens);
+    ASSERT_TRUE(text.is_ok());
+    const size_t at = golden_text.find(stop);
+    ASSERT_NE(at, std::string::npos);
+    // the last token completes the stop string: the text ends within that token's piece
+    EXPECT_GE(text->size(), at + stop.size());
+    EXPECT_EQ(text->substr(0, at + stop.size()), golden_text.substr(0, at + stop.size()));
+    auto shorter = tokenizer->decode(std::span(o.tokens).first(o.tokens.size() - 1));
+    ASSERT_TRUE(shorter.is_ok());
+    EXPECT_EQ(shorter->find(stop), std::string::npos) << "it should have stopped a token earlier";
+  }
+  engine.check_integrity();
+
+  // no tokenizer, or an empty stop string: refused
+  Engine bare(runner->get(), small_config(64, 16));
+  Request r = greedy_request(golden.at("prompt_ids").get<std::vector<int32_t>>(), 4);
+  r.stop_strings = {"x"};
+  EXPECT_EQ(bare.submit(r).status().code(), StatusCode::kInvalidArgument);
+  r.stop_strings = {""};
+  EXPECT_EQ(engine.submit(r).status().code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace
