@@ -11,6 +11,7 @@ APT_PACKAGES=(
   libhwy-dev libxxhash-dev nlohmann-json3-dev libfmt-dev libcli11-dev libpcre2-dev
   libopenblas-dev
   python3-venv
+  gnuplot-nox
 )
 PIP_PACKAGES=(
   "numpy>=1.26"

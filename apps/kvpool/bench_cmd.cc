@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_plot.h"
 #include "common/thread_pool.h"
 #include "model/model_loader.h"
 
@@ -21,6 +22,17 @@ namespace kvp::app {
 namespace {
 
 namespace fs = std::filesystem;
+
+bool write_plot(std::span<const PlotRun> runs, const BenchOptions& o) {
+  const std::string title = fmt::format("kvpool bench {}: {}", o.workload, o.model_path);
+  const Status written = write_bench_plot(runs, title, o.plot_path);
+  if (!written.is_ok()) {
+    fmt::print(stderr, "kvpool bench: {}\n", written.to_string());
+    return false;
+  }
+  fmt::print("wrote {}\n", o.plot_path);
+  return true;
+}
 
 // "out.csv" + "sessions" -> "out.sessions.csv".
 std::string tagged_path(const std::string& path, const std::string& tag) {
@@ -45,6 +57,14 @@ Status check_options(const BenchOptions& o) {
   if (o.compare_sessions && b.workload != BenchConfig::Workload::kAgents) {
     return Status::invalid_argument("--compare-sessions needs --workload agents, not {}",
                                     o.workload);
+  }
+  if (!o.plot_path.empty()) {
+    const fs::path folder = fs::path(o.plot_path).parent_path();
+    std::error_code ec;
+    if (!folder.empty() && !fs::is_directory(folder, ec)) {
+      return Status::invalid_argument("--plot {}: folder {} does not exist", o.plot_path,
+                                      folder.string());
+    }
   }
   const int32_t block_size = o.engine.block_size;
   if ((block_size & (block_size - 1)) != 0) {
@@ -269,6 +289,9 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
   bench->add_option("--csv", o->csv_path,
                     "write one row per request here (--compare-sessions: one file per run, "
                     "PATH with .sessions, .resend, .reprefill before the extension)");
+  bench->add_option("--plot", o->plot_path,
+                    "draw a PNG here: output tokens over time and time to first token per "
+                    "request, every run in one picture (needs gnuplot)");
   return bench;
 }
 
@@ -304,6 +327,10 @@ int run_bench_command(BenchOptions o) {
     if (!report) return 1;
     fmt::print("{}", report->to_text());
     if (!o.csv_path.empty() && !write_csv(*report, o.csv_path)) return 1;
+    if (!o.plot_path.empty()) {
+      const PlotRun run{o.workload, &*report};
+      if (!write_plot({&run, 1}, o)) return 1;
+    }
     return 0;
   }
   // Sessions; the whole history re-sent every turn with the prefix cache finding most of it
@@ -333,6 +360,11 @@ int run_bench_command(BenchOptions o) {
     for (const Run& run : runs) {
       if (!write_csv(*run.report, tagged_path(o.csv_path, run.tag))) return 1;
     }
+  }
+  if (!o.plot_path.empty()) {
+    std::vector<PlotRun> plot_runs;
+    for (const Run& run : runs) plot_runs.push_back({run.label, &*run.report});
+    if (!write_plot(plot_runs, o)) return 1;
   }
   return 0;
 }

@@ -22,6 +22,7 @@ struct BenchOptions {
   EngineConfig engine;
   int32_t num_threads = 1;  // attention threads of the runner
   std::string csv_path;     // empty: no CSV
+  std::string plot_path;    // empty: no PNG (bench_plot.h)
   bool compare_sessions = false;
 };
 
