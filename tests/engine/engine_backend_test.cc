@@ -227,14 +227,19 @@ TEST(EngineBackend, HostTierMovesGoThroughBlockImages) {
 }
 
 // Cache files hold the logical layout: the file one backend's engine writes is byte for byte the
-// other's, and it continues identically in an engine on either.
+// other's, and it continues identically in an engine on either (of the same KV dtype: files
+// carry their dtype, and another is refused as another geometry).
 TEST(EngineBackend, CacheFilesMoveBetweenBackends) {
-  for (const char* model : {"llama", "gemma3"}) {
-    SCOPED_TRACE(model);
+  for (const auto& [model, dtype] :
+       {std::pair{"llama", DType::F32}, std::pair{"gemma3", DType::F32},
+        std::pair{"llama", DType::BF16}}) {
+    SCOPED_TRACE(std::string(model) + " " + std::string(dtype_name(dtype)));
+    EngineConfig config = small_config(127);
+    config.kv_dtype = dtype;
     auto runner = load(model);
-    const std::filesystem::path dir =
-        std::filesystem::temp_directory_path() /
-        ("kvp-engine-backend-" + std::to_string(::getpid()) + "-" + model);
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                      ("kvp-engine-backend-" + std::to_string(::getpid()) + "-" +
+                                       model + "-" + std::string(dtype_name(dtype)));
     std::filesystem::create_directories(dir);
     const auto turn1 = golden_ids(model, "prompt_1");
     const auto prompt2 = golden_ids(model, "prompt_2");
@@ -245,7 +250,7 @@ TEST(EngineBackend, CacheFilesMoveBetweenBackends) {
     std::vector<ForwardBackend*> backends = {&cpu, &permuting};
     std::vector<std::filesystem::path> files = {dir / "cpu.kvc", dir / "permuting.kvc"};
     for (size_t i = 0; i < backends.size(); ++i) {
-      Engine engine(backends[i], small_config(127));
+      Engine engine(backends[i], config);
       Request r1 = greedy_request(turn1, 8);
       r1.session = "agent";
       ASSERT_TRUE(engine.submit(r1).is_ok());
@@ -256,7 +261,7 @@ TEST(EngineBackend, CacheFilesMoveBetweenBackends) {
 
     std::vector<std::vector<int32_t>> replies;
     for (size_t i = 0; i < backends.size(); ++i) {
-      Engine engine(backends[i], small_config(127));
+      Engine engine(backends[i], config);
       // each backend loads the file the other one wrote
       const Status loaded = engine.load_session("agent", files[1 - i]);
       ASSERT_TRUE(loaded.is_ok()) << loaded.to_string();
