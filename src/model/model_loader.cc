@@ -48,9 +48,11 @@ Result<OpenedModel> open_model(const std::string& path) {
   return model;
 }
 
+#if !defined(KVP_HAVE_CUDA)
 Status no_cuda_build(const std::string& device) {
   return Status::unsupported("device '{}': kvpool was built without CUDA (make cuda)", device);
 }
+#endif
 
 }  // namespace
 
