@@ -69,10 +69,6 @@ ModelFingerprint make_fingerprint(const ModelSpec& spec, const EngineConfig& con
   return ModelFingerprint{architecture_name(spec.architecture), h};
 }
 
-}  // namespace
-
-namespace {
-
 // The cache spec of a config that passes Engine::check_config (aborts otherwise).
 CacheSpec checked_cache_spec(const ForwardBackend& backend, const EngineConfig& config) {
   const Status config_ok = Engine::check_config(backend, config);
