@@ -16,7 +16,9 @@
 
 #include "bench_plot.h"
 #include "common/thread_pool.h"
+#include "generate.h"
 #include "model/model_loader.h"
+#include "model/random_model.h"
 
 namespace kvp::app {
 namespace {
@@ -24,7 +26,9 @@ namespace {
 namespace fs = std::filesystem;
 
 bool write_plot(std::span<const PlotRun> runs, const BenchOptions& o) {
-  const std::string title = fmt::format("kvpool bench {}: {}", o.workload, o.model_path);
+  const std::string model =
+      o.random_model.empty() ? o.model_path : o.random_model + " (random weights)";
+  const std::string title = fmt::format("kvpool bench {}: {} on {}", o.workload, model, o.device);
   const Status written = write_bench_plot(runs, title, o.plot_path);
   if (!written.is_ok()) {
     fmt::print(stderr, "kvpool bench: {}\n", written.to_string());
@@ -46,6 +50,13 @@ std::string tagged_path(const std::string& path, const std::string& tag) {
 // Checks what CLI11's per-option checks cannot: options that must agree with each other.
 Status check_options(const BenchOptions& o) {
   const BenchConfig& b = o.bench;
+  if (o.model_path.empty() == o.random_model.empty()) {
+    return Status::invalid_argument("give one of --model PATH and --random-model NAME{}",
+                                    o.model_path.empty() ? "" : ", not both");
+  }
+  if (Result<Device> device = parse_device(o.device); !device.is_ok()) {
+    return Status::invalid_argument("--device: {}", device.status().message());
+  }
   if (b.prompt_tokens_max < b.prompt_tokens_min) {
     return Status::invalid_argument("--prompt-tokens-max {} is below --prompt-tokens-min {}",
                                     b.prompt_tokens_max, b.prompt_tokens_min);
@@ -78,11 +89,17 @@ Status check_options(const BenchOptions& o) {
   return Status::ok();
 }
 
-// One run on a fresh engine. Prints a line and returns nullopt on failure.
-std::optional<BenchReport> run_once(ModelRunner& runner, const BenchOptions& o,
+// One run on a fresh engine (the backend's KV pool allocated anew). Prints a line and returns
+// nullopt on failure.
+std::optional<BenchReport> run_once(ForwardBackend& backend, const BenchOptions& o,
                                     const BenchConfig& config) {
-  Engine engine(&runner, o.engine);
-  Result<BenchReport> report = run_bench(engine, runner.spec().vocab_size, config);
+  Result<std::unique_ptr<Engine>> created = Engine::create(&backend, o.engine);
+  if (!created.is_ok()) {
+    fmt::print(stderr, "kvpool bench: {}\n", created.status().to_string());
+    return std::nullopt;
+  }
+  Engine& engine = **created;
+  Result<BenchReport> report = run_bench(engine, backend.spec().vocab_size, config);
   if (!report.is_ok()) {
     const bool refused = report.status().code() == StatusCode::kInvalidArgument;
     fmt::print(stderr, "kvpool bench: the {} run failed: {}{}\n", workload_name(config.workload),
@@ -193,10 +210,17 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
       "cache statistics");
   BenchConfig& b = o->bench;
   EngineConfig& e = o->engine;
+  bench->add_option("--model", o->model_path,
+                    "model to load: a GGUF file or a Hugging Face model directory");
+  bench->add_option("--random-model", o->random_model,
+                    "instead of --model: a model shape with random weights (llama3-8b, "
+                    "smollm2-135m; on cpu smollm2-135m only); needs no tokenizer");
+  bench->add_option("--device", o->device, "cpu, cuda or cuda:N (a build with CUDA: make cuda)")
+      ->capture_default_str();
   bench
-      ->add_option("--model", o->model_path,
-                   "model to load: a GGUF file or a Hugging Face model directory")
-      ->required();
+      ->add_option("--kv-dtype", o->kv_dtype,
+                   "engine: KV cache dtype: auto (f32 on cpu, bf16 on cuda), f32, bf16, f16")
+      ->capture_default_str();
   bench->add_option("--workload", o->workload, "offline, poisson, closed or agents")
       ->check(CLI::IsMember({"offline", "poisson", "closed", "agents"}))
       ->capture_default_str();
@@ -307,23 +331,39 @@ int run_bench_command(BenchOptions o) {
     fmt::print(stderr, "kvpool bench: {}\n", options_ok.message());
     return 2;
   }
-  ThreadPool pool(o.num_threads);
-  Result<std::unique_ptr<ModelRunner>> runner = load_model(o.model_path, &pool);
-  if (!runner.is_ok()) {
-    fmt::print(stderr, "kvpool bench: --model {}: {}\n", o.model_path, runner.status().to_string());
+  Result<DType> kv_dtype = parse_kv_dtype(o.kv_dtype, o.device);
+  if (!kv_dtype.is_ok()) {
+    fmt::print(stderr, "kvpool bench: {}\n", kv_dtype.status().message());
     return 2;
   }
-  const ModelSpec& spec = (*runner)->spec();
+  o.engine.kv_dtype = *kv_dtype;
+  ThreadPool pool(o.num_threads);
+  const bool random = !o.random_model.empty();
+  Result<std::unique_ptr<ForwardBackend>> backend =
+      random ? make_random_backend(o.random_model, o.device, o.bench.seed, &pool)
+             : load_backend(o.model_path, o.device, &pool);
+  if (!backend.is_ok()) {
+    fmt::print(stderr, "kvpool bench: {} {}: {}\n", random ? "--random-model" : "--model",
+               random ? o.random_model : o.model_path, backend.status().to_string());
+    return 2;
+  }
+  if (Status engine_ok = Engine::check_config(**backend, o.engine); !engine_ok.is_ok()) {
+    fmt::print(stderr, "kvpool bench: {}\n", engine_ok.message());
+    return 2;
+  }
+  const ModelSpec& spec = (*backend)->spec();
   fmt::print(
-      "kvpool bench: {} ({}, {} layers, vocab {}); engine: block size {}, {} blocks per group x "
-      "{} group(s), max {} seqs, {} tokens per step, prefix caching {}; {} thread(s)\n",
-      o.model_path, architecture_name(spec.architecture), spec.num_layers, spec.vocab_size,
-      o.engine.block_size, o.engine.num_blocks, (*runner)->num_cache_groups(),
-      o.engine.max_num_seqs, o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off",
-      o.num_threads);
+      "kvpool bench: {} ({}, {} layers, vocab {}) on {}; engine: block size {}, {} blocks per "
+      "group x {} group(s), KV {}, max {} seqs, {} tokens per step, prefix caching {}; {} "
+      "thread(s)\n",
+      random ? o.random_model + " with random weights" : o.model_path,
+      architecture_name(spec.architecture), spec.num_layers, spec.vocab_size,
+      (*backend)->device_name(), o.engine.block_size, o.engine.num_blocks,
+      (*backend)->num_cache_groups(), dtype_name(o.engine.kv_dtype), o.engine.max_num_seqs,
+      o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off", o.num_threads);
 
   if (!o.compare_sessions) {
-    std::optional<BenchReport> report = run_once(**runner, o, o.bench);
+    std::optional<BenchReport> report = run_once(**backend, o, o.bench);
     if (!report) return 1;
     fmt::print("{}", report->to_text());
     if (!o.csv_path.empty() && !write_csv(*report, o.csv_path)) return 1;
@@ -351,7 +391,7 @@ int run_bench_command(BenchOptions o) {
   for (Run& run : runs) {
     BenchOptions run_options = o;
     run_options.engine = run.engine;
-    run.report = run_once(**runner, run_options, run.bench);
+    run.report = run_once(**backend, run_options, run.bench);
     if (!run.report) return 1;
     fmt::print("{}:\n{}", run.describe, run.report->to_text());
   }

@@ -16,15 +16,22 @@
 namespace kvp::app {
 
 struct BenchOptions {
-  std::string model_path;            // a GGUF file or Hugging Face directory (load_model)
+  std::string model_path;            // a GGUF file or Hugging Face directory (load_backend)
+  std::string random_model;          // or a named shape with random weights (random_model.h)
+  std::string device = "cpu";        // cpu, cuda or cuda:N
+  std::string kv_dtype = "auto";     // f32, bf16, f16; auto: f32 on cpu, bf16 on cuda
   std::string workload = "offline";  // offline | poisson | closed | agents
   BenchConfig bench;                 // workload parameters (its `workload` is set from the name)
   EngineConfig engine;
-  int32_t num_threads = 1;  // attention threads of the runner
+  int32_t num_threads = 1;  // attention threads of the CPU runner
   std::string csv_path;     // empty: no CSV
   std::string plot_path;    // empty: no PNG (bench_plot.h)
   bool compare_sessions = false;
 };
+
+// With --random-model the prompts are random token ids (as always) and no tokenizer is needed;
+// on cpu only shapes whose f32 weights fit kMaxRandomCpuWeightBytes run (smollm2-135m, not
+// llama3-8b).
 
 // Registers the `bench` subcommand on `app`, parsing into *options (which must outlive app).
 CLI::App* add_bench_command(CLI::App& app, BenchOptions* options);

@@ -60,18 +60,77 @@ std::string apply_chat_format(const Tokenizer& tokenizer, const std::string& pro
 }
 
 // Bytes of one block of every cache group together, with `dtype` KV.
-int64_t bytes_per_block(const ModelRunner& runner, int32_t block_size, DType dtype) {
-  const ModelSpec& spec = runner.spec();
+int64_t bytes_per_block(const ForwardBackend& backend, int32_t block_size, DType dtype) {
   int64_t bytes = 0;
-  for (int32_t g = 0; g < runner.num_cache_groups(); ++g) {
-    const auto layers = static_cast<int64_t>(runner.group_layers(g).size());
-    bytes += layers * 2 * block_size * int64_t{spec.num_kv_heads} * spec.head_dim *
-             static_cast<int64_t>(dtype_size_bytes(dtype));
+  for (int32_t g = 0; g < backend.num_cache_groups(); ++g) {
+    bytes += static_cast<int64_t>(backend.group_layout(g, 1, block_size, dtype).block_size_bytes());
   }
   return bytes;
 }
 
+// The generated text printed so far and what is held back within a step: the token that
+// completes a stop string may carry text past it, which is not printed.
+class StopAwareOutput {
+ public:
+  explicit StopAwareOutput(const std::vector<std::string>& stop) : stop_(stop) {}
+  void add(const std::string& piece) { pending_ += piece; }
+  // Prints what is pending; when `stopped_by_string`, only up to the end of the first stop
+  // string in the text, and remembers which one it was.
+  void flush(bool stopped_by_string) {
+    if (stopped_by_string) {
+      const std::string text = printed_ + pending_;
+      size_t end = std::string::npos;
+      for (const std::string& s : stop_) {
+        const size_t at = text.find(s);
+        if (at != std::string::npos && (end == std::string::npos || at + s.size() < end)) {
+          end = at + s.size();
+          matched_ = s;
+        }
+      }
+      if (end != std::string::npos)
+        pending_.resize(end > printed_.size() ? end - printed_.size() : 0);
+    }
+    std::fwrite(pending_.data(), 1, pending_.size(), stdout);
+    std::fflush(stdout);
+    printed_ += pending_;
+    pending_.clear();
+  }
+  // The stop string that ended the text, if one did.
+  const std::optional<std::string>& matched() const { return matched_; }
+
+ private:
+  const std::vector<std::string>& stop_;
+  std::string printed_, pending_;
+  std::optional<std::string> matched_;
+};
+
+// Why generation ended, for the stats line.
+std::string stop_cause(FinishReason reason, bool eos, const std::optional<std::string>& stop_string,
+                       int32_t max_tokens) {
+  switch (reason) {
+    case FinishReason::kStop:
+      if (stop_string) return fmt::format("stopped by --stop \"{}\"", *stop_string);
+      return eos ? "stopped by end-of-sequence token" : "stopped by a stop token";
+    case FinishReason::kLength:
+      return fmt::format("stopped at --max-tokens {}", max_tokens);
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kAborted:
+      return "aborted: the KV pool cannot hold the request (raise --kv-memory)";
+  }
+  return "?";
+}
+
 }  // namespace
+
+Result<DType> parse_kv_dtype(const std::string& text, const std::string& device) {
+  if (text == "auto") return device == "cpu" ? DType::F32 : DType::BF16;
+  const std::optional<DType> dtype = parse_dtype(text);
+  if (!dtype) {
+    return Status::invalid_argument("--kv-dtype '{}': not a KV dtype (auto, f32, bf16, f16)", text);
+  }
+  return *dtype;
+}
 
 std::optional<int64_t> parse_bytes(const std::string& text) {
   size_t used = 0;
@@ -111,7 +170,12 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions* o) {
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: off)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--seed", o->seed, "Sampling seed (same seed, same text)");
-  cmd->add_option("--device", o->device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (a build with CUDA: make cuda)");
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "KV cache dtype: auto (f32 on cpu, bf16 on cuda), "
+                  "f32, bf16, f16");
+  cmd->add_option("--stop", o->stop,
+                  "End generation when the text contains TEXT (repeatable; the text ends there)");
   cmd->add_option("--block-size", o->block_size, "Tokens per KV block (power of two)");
   cmd->add_option("--kv-memory", o->kv_memory, "KV pool size, e.g. 512MiB, 2GiB");
   cmd->add_option("--threads", o->threads, "Attention threads (0: all cores)")
@@ -122,11 +186,20 @@ CLI::App* add_generate_command(CLI::App& app, GenerateOptions* o) {
 }
 
 int run_generate(const GenerateOptions& o) {
-  if (o.device == "cuda") {
-    std::fprintf(stderr,
-                 "kvpool generate: --device cuda: the CUDA model runner is not built yet (the CUDA "
-                 "backend has the KV pool and attention kernels only); use --device cpu\n");
+  if (Result<Device> device = parse_device(o.device); !device.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: --device: %s\n", device.status().message().c_str());
     return 2;
+  }
+  const Result<DType> kv_dtype = parse_kv_dtype(o.kv_dtype, o.device);
+  if (!kv_dtype.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", kv_dtype.status().message().c_str());
+    return 2;
+  }
+  for (const std::string& stop : o.stop) {
+    if (stop.empty()) {
+      std::fprintf(stderr, "kvpool generate: --stop: an empty stop string\n");
+      return 2;
+    }
   }
   const std::optional<int64_t> kv_bytes = parse_bytes(o.kv_memory);
   if (!kv_bytes) {
@@ -150,13 +223,14 @@ int run_generate(const GenerateOptions& o) {
   ThreadPool pool(threads);
   ProgressBar bar("loading " + o.model);
   const Clock::time_point load_start = Clock::now();
-  auto runner =
-      load_model(o.model, &pool, [&](int32_t done, int32_t total) { bar.update(done, total); });
-  if (!runner.is_ok()) {
-    std::fprintf(stderr, "kvpool generate: %s\n", runner.status().to_string().c_str());
+  auto backend = load_backend(o.model, o.device, &pool,
+                              [&](int32_t done, int32_t total) { bar.update(done, total); });
+  if (!backend.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", backend.status().to_string().c_str());
     return 2;
   }
   const double load_s = seconds_since(load_start);
+  const ModelSpec& spec = (*backend)->spec();
 
   const std::string text = o.raw ? o.prompt : apply_chat_format(*tokenizer, o.prompt);
   auto prompt = tokenizer->encode(text);
@@ -171,8 +245,9 @@ int run_generate(const GenerateOptions& o) {
 
   EngineConfig config;
   config.block_size = o.block_size;
-  config.kv_dtype = DType::F32;
-  const int64_t block_bytes = bytes_per_block(**runner, o.block_size, config.kv_dtype);
+  config.kv_dtype = *kv_dtype;
+  config.tokenizer = &*tokenizer;
+  const int64_t block_bytes = bytes_per_block(**backend, o.block_size, config.kv_dtype);
   config.num_blocks = static_cast<int32_t>(std::min<int64_t>(*kv_bytes / block_bytes, 1 << 24));
   config.max_step_tokens = 512;
   if (Status s = config.validate(); !s.is_ok() || config.num_blocks < 1) {
@@ -181,7 +256,11 @@ int run_generate(const GenerateOptions& o) {
                  s.is_ok() ? "too small" : s.to_string().c_str());
     return 2;
   }
-  Engine engine(runner->get(), config);
+  auto engine = Engine::create(backend->get(), config);
+  if (!engine.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", engine.status().to_string().c_str());
+    return 2;
+  }
 
   Request request;
   request.prompt_tokens = *prompt;
@@ -190,54 +269,57 @@ int run_generate(const GenerateOptions& o) {
   request.sampling.top_p = o.top_p;
   request.sampling.top_k = o.top_k;
   request.sampling.seed = o.seed;
-  auto id = engine.submit(request);
+  request.stop_strings = o.stop;
+  auto id = (*engine)->submit(request);
   if (!id.is_ok()) {
     std::fprintf(stderr, "kvpool generate: %s\n", id.status().to_string().c_str());
     return 2;
   }
 
   IncrementalDetokenizer detok(*tokenizer, /*skip_special=*/true);
+  StopAwareOutput out(o.stop);
   const Clock::time_point start = Clock::now();
   double first_token_s = 0;
   int32_t num_generated = 0;
   int32_t peak_blocks = 0;
   Usage usage;
   FinishReason reason = FinishReason::kStop;
-  while (engine.has_unfinished()) {
-    for (const EngineEvent& e : engine.step()) {
+  bool last_was_eos = false;
+  while ((*engine)->has_unfinished()) {
+    bool finished = false;
+    for (const EngineEvent& e : (*engine)->step()) {
       if (e.kind == EngineEvent::Kind::kToken) {
         if (num_generated++ == 0) first_token_s = seconds_since(start);
-        const bool is_eos = std::find(runner->get()->spec().eos_token_ids.begin(),
-                                      runner->get()->spec().eos_token_ids.end(),
-                                      e.token_id) != runner->get()->spec().eos_token_ids.end();
-        if (is_eos) continue;
+        last_was_eos = std::find(spec.eos_token_ids.begin(), spec.eos_token_ids.end(),
+                                 e.token_id) != spec.eos_token_ids.end();
+        if (last_was_eos) continue;
         auto piece = detok.push(e.token_id);
-        if (piece.is_ok()) {
-          std::fwrite(piece->data(), 1, piece->size(), stdout);
-          std::fflush(stdout);
-        }
+        if (piece.is_ok()) out.add(*piece);
       } else if (e.request_finished) {
         usage = e.usage;
         reason = e.finish_reason;
+        finished = true;
       }
     }
-    peak_blocks = std::max(peak_blocks, engine.stats().num_blocks_used);
+    if (finished) out.add(detok.finish());
+    out.flush(finished && reason == FinishReason::kStop && !last_was_eos && !o.stop.empty());
+    peak_blocks = std::max(peak_blocks, (*engine)->stats().num_blocks_used);
   }
-  const std::string tail = detok.finish();
-  std::fwrite(tail.data(), 1, tail.size(), stdout);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   const double total_s = seconds_since(start);
   if (!o.quiet_stats) {
     const double decode_s = total_s - first_token_s;
     const int32_t decoded = std::max(0, num_generated - 1);
+    const std::string cause = stop_cause(reason, last_was_eos, out.matched(), o.max_tokens);
     std::fprintf(stderr,
-                 "[kvpool] prompt %d tokens | prefill %.1f tok/s | decode %.1f tok/s (%d tokens, "
-                 "%s) | KV blocks %d / %d (block %d, peak) | load %.2f s\n",
-                 usage.prompt_tokens,
+                 "[kvpool] %s | prompt %d tokens | prefill %.1f tok/s | decode %.1f tok/s (%d "
+                 "tokens, %s) | KV %s blocks %d / %d (block %d, peak) | load %.2f s\n",
+                 (*backend)->device_name().c_str(), usage.prompt_tokens,
                  first_token_s > 0 ? usage.prefilled_tokens / first_token_s : 0,
-                 decode_s > 0 ? decoded / decode_s : 0.0, num_generated, finish_reason_name(reason),
-                 peak_blocks, config.num_blocks, o.block_size, load_s);
+                 decode_s > 0 ? decoded / decode_s : 0.0, num_generated, cause.c_str(),
+                 std::string(dtype_name(config.kv_dtype)).c_str(), peak_blocks, config.num_blocks,
+                 o.block_size, load_s);
   }
   return 0;
 }

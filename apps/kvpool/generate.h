@@ -7,6 +7,10 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/status.h"
 
 namespace kvp::app {
 
@@ -18,7 +22,9 @@ struct GenerateOptions {
   float top_p = 0.95f;
   int32_t top_k = 40;
   std::optional<uint64_t> seed;
-  std::string device = "cpu";
+  std::string device = "cpu";     // cpu, cuda or cuda:N (model_loader.h's parse_device)
+  std::string kv_dtype = "auto";  // f32, bf16, f16; auto: f32 on cpu, bf16 on cuda
+  std::vector<std::string> stop;  // stop strings (Request::stop_strings)
   int32_t block_size = 16;
   std::string kv_memory = "1GiB";  // the KV pool, all cache groups together
   int32_t threads = 0;             // 0: all cores
@@ -37,6 +43,11 @@ struct InspectOptions {
 };
 CLI::App* add_inspect_command(CLI::App& app, InspectOptions* options);
 int run_inspect(const InspectOptions& options);
+
+// --kv-dtype: "f32", "bf16", "f16" (or their long names); "auto": f32 on cpu, bf16 on cuda (the
+// CUDA backend holds no f32 KV). invalid_argument naming the option otherwise.
+// requires: device parses (parse_device).
+Result<DType> parse_kv_dtype(const std::string& text, const std::string& device);
 
 // "512MiB", "4GiB", "1.5G", "1000000" → bytes; nullopt when malformed or not positive.
 std::optional<int64_t> parse_bytes(const std::string& text);

@@ -7,8 +7,6 @@
 #include <cmath>
 #include <span>
 
-#include "backend/cpu_attention.h"
-
 namespace kvp {
 
 const char* finish_reason_name(FinishReason reason) {
@@ -41,18 +39,14 @@ const char* session_tier_name(SessionTier tier) {
 
 namespace {
 
-CacheSpec make_cache_spec(const ModelRunner& runner, const EngineConfig& config) {
-  const ModelSpec& spec = runner.spec();
+Result<CacheSpec> make_cache_spec(const ModelSpec& spec, const EngineConfig& config) {
   std::vector<LayerAttention> attention;
   for (int32_t l = 0; l < spec.num_layers; ++l) {
     attention.push_back(spec.layer_is_sliding[l] ? LayerAttention::sliding(spec.sliding_window)
                                                  : LayerAttention::global());
   }
-  auto cache_spec =
-      CacheSpec::create(architecture_name(spec.architecture), spec.num_layers, spec.num_kv_heads,
-                        spec.head_dim, config.kv_dtype, config.block_size, std::move(attention));
-  KVP_CHECK(cache_spec.is_ok(), "{}", cache_spec.status().to_string());
-  return std::move(cache_spec).value();
+  return CacheSpec::create(architecture_name(spec.architecture), spec.num_layers, spec.num_kv_heads,
+                           spec.head_dim, config.kv_dtype, config.block_size, std::move(attention));
 }
 
 // The weight hash of a cache file: the caller's hash of the weights mixed with the model's
@@ -75,6 +69,13 @@ ModelFingerprint make_fingerprint(const ModelSpec& spec, const EngineConfig& con
   return ModelFingerprint{architecture_name(spec.architecture), h};
 }
 
+// The cache spec of a config that passes Engine::check_config (aborts otherwise).
+CacheSpec checked_cache_spec(const ForwardBackend& backend, const EngineConfig& config) {
+  const Status config_ok = Engine::check_config(backend, config);
+  KVP_CHECK(config_ok.is_ok(), "{}", config_ok.to_string());
+  return make_cache_spec(backend.spec(), config).value();
+}
+
 }  // namespace
 
 Status EngineConfig::validate() const {
@@ -95,40 +96,85 @@ Status EngineConfig::validate() const {
   return Status::ok();
 }
 
-Engine::Engine(ModelRunner* runner, EngineConfig config)
-    : runner_(runner),
+Status Engine::check_config(const ForwardBackend& backend, const EngineConfig& config) {
+  KVP_RETURN_IF_ERROR(config.validate());
+  Status dtype_ok = backend.check_kv_dtype(config.kv_dtype);
+  if (!dtype_ok.is_ok()) {
+    return Status::invalid_argument("engine: KV dtype on {}: {}", backend.device_name(),
+                                    dtype_ok.message());
+  }
+  Result<CacheSpec> cache_spec = make_cache_spec(backend.spec(), config);
+  if (!cache_spec.is_ok()) {
+    return Status::invalid_argument("engine: the KV pool of this model: {}",
+                                    cache_spec.status().message());
+  }
+  if (cache_spec->num_groups() != backend.num_cache_groups()) {
+    return Status::invalid_argument("engine: the cache spec has {} groups, the backend {}",
+                                    cache_spec->num_groups(), backend.num_cache_groups());
+  }
+  for (int32_t g = 0; g < backend.num_cache_groups(); ++g) {
+    if (backend.group_layout(g, config.num_blocks, config.block_size, config.kv_dtype) !=
+        cache_spec->group_layout(g, config.num_blocks)) {
+      // host copies and cache files assume the cache spec's layout (block images)
+      return Status::invalid_argument(
+          "engine: group {}: the backend's KV layout differs from the cache spec's", g);
+    }
+  }
+  return Status::ok();
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(ForwardBackend* backend, EngineConfig config) {
+  KVP_CHECK(backend != nullptr, "an engine needs a backend");
+  KVP_RETURN_IF_ERROR(check_config(*backend, config));
+  std::unique_ptr<Engine> engine(new Engine(backend, std::move(config), Unallocated{}));
+  KVP_RETURN_IF_ERROR(engine->allocate_pool());
+  return engine;
+}
+
+Engine::Engine(ForwardBackend* backend, EngineConfig config)
+    : Engine(backend, std::move(config), Unallocated{}) {
+  const Status allocated = allocate_pool();
+  KVP_CHECK(allocated.is_ok(), "{}", allocated.to_string());
+}
+
+Engine::Engine(ForwardBackend* backend, EngineConfig config, Unallocated)
+    : backend_(backend),
       config_(std::move(config)),
-      cache_spec_(make_cache_spec(*runner, config_)),
-      fingerprint_(make_fingerprint(runner->spec(), config_)) {
-  KVP_CHECK(config_.validate().is_ok(), "{}", config_.validate().to_string());
+      cache_spec_(checked_cache_spec(*backend_, config_)),
+      fingerprint_(make_fingerprint(backend_->spec(), config_)) {
   static std::atomic<uint64_t> num_engines{0};
   instance_id_ = num_engines.fetch_add(1);
-  KVP_CHECK(cache_spec_.num_groups() == runner_->num_cache_groups(),
-            "cache spec has {} groups, the runner {}", cache_spec_.num_groups(),
-            runner_->num_cache_groups());
   std::vector<CacheGroupConfig> groups;
-  for (int32_t g = 0; g < runner_->num_cache_groups(); ++g) {
+  for (int32_t g = 0; g < backend_->num_cache_groups(); ++g) {
     CacheGroupConfig group;
     group.num_blocks = config_.num_blocks;
     group.block_size = config_.block_size;
-    group.window_tokens = runner_->group_is_sliding(g) ? runner_->spec().sliding_window : 0;
+    group.window_tokens = backend_->group_is_sliding(g) ? backend_->spec().sliding_window : 0;
     groups.push_back(group);
-    HostKvSlab slab;
-    slab.layout =
-        runner_->group_layout(g, config_.num_blocks, config_.block_size, config_.kv_dtype);
-    KVP_CHECK(slab.layout == cache_spec_.group_layout(g, config_.num_blocks),
-              "group {}: the runner's KV layout differs from the cache spec's", g);
-    slab.bytes.resize(slab.layout.size_bytes());
-    slabs_.push_back(std::move(slab));
   }
   std::optional<uint64_t> salt;
   if (config_.prefix_caching) {
     // the salt ties cached blocks to this model geometry and KV dtype
-    const ModelSpec& spec = runner_->spec();
+    const ModelSpec& spec = backend_->spec();
     salt = (uint64_t(spec.num_layers) << 40) ^ (uint64_t(spec.hidden_size) << 20) ^
            (uint64_t(spec.vocab_size) << 4) ^ uint64_t(config_.kv_dtype);
   }
   cache_ = std::make_unique<KvCacheManager>(groups, salt);
+}
+
+Status Engine::allocate_pool() {
+  std::vector<KvLayout> layouts;
+  for (int32_t g = 0; g < backend_->num_cache_groups(); ++g) {
+    layouts.push_back(cache_spec_.group_layout(g, config_.num_blocks));
+  }
+  Status allocated = backend_->allocate_kv(layouts);
+  if (!allocated.is_ok()) {
+    return Status(
+        allocated.code(),
+        fmt::format("engine: a KV pool of {} blocks of {} tokens on {}: {}", config_.num_blocks,
+                    config_.block_size, backend_->device_name(), allocated.message()));
+  }
+  return Status::ok();
 }
 
 Engine::~Engine() {
@@ -144,7 +190,7 @@ int32_t Engine::total_tokens_needed(int32_t num_tokens) const {
 }
 
 Result<RequestId> Engine::submit(Request request) {
-  const ModelSpec& spec = runner_->spec();
+  const ModelSpec& spec = backend_->spec();
   SessionState* session = nullptr;
   if (request.session) {
     if (request.session->empty()) return Status::invalid_argument("request: empty session name");
@@ -193,7 +239,7 @@ Result<RequestId> Engine::submit(Request request) {
   KVP_RETURN_IF_ERROR(validate_sampling_params(request.sampling));
   const int32_t history = session ? static_cast<int32_t>(session->tokens.size()) : 0;
   const int32_t total = history + static_cast<int32_t>(request.prompt_tokens.size());
-  if (!runner_->group_is_sliding(0)) {
+  if (!backend_->group_is_sliding(0)) {
     const int64_t blocks = total_tokens_needed(total) +
                            int64_t{request.n} * (total_tokens_needed(request.max_tokens) + 1);
     if (blocks > config_.num_blocks) {
@@ -458,11 +504,15 @@ void Engine::flush_copies() {
   for (int32_t g = 0; g < cache_->num_groups(); ++g) {
     std::vector<BlockCopy> group_copies;
     for (const GroupBlockCopy& c : pending_copies_) {
-      if (c.group == g) group_copies.push_back(c.copy);
+      if (c.group != g) continue;
+      group_copies.push_back(c.copy);
+      group_copies.back().group = g;  // the manager's copies name their group outside the op
     }
     if (!group_copies.empty()) {
-      Status st = cpu::copy_blocks(slabs_[g].layout, slabs_[g].bytes.data(), group_copies);
-      KVP_CHECK(st.is_ok(), "{}", st.to_string());
+      // the engine's own block ids: a refusal is a broken backend or a bug, not bad input
+      Status st = backend_->copy_blocks(g, group_copies);
+      KVP_CHECK(st.is_ok(), "copy-on-write refused by the {} backend: {}", backend_->device_name(),
+                st.to_string());
     }
   }
   pending_copies_.clear();
@@ -506,10 +556,11 @@ void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* 
     batch.groups.push_back({slots[g], tables[g], max_blocks[g]});
   }
   batch.logit_rows = logit_rows;
-  const int32_t vocab = runner_->spec().vocab_size;
+  const int32_t vocab = backend_->spec().vocab_size;
   logits->assign(logit_rows.size() * vocab, 0.0f);
-  Status st = runner_->forward(batch, slabs_, *logits);
-  KVP_CHECK(st.is_ok(), "engine batch refused by the model runner: {}", st.to_string());
+  Status st = backend_->forward(batch, *logits);
+  KVP_CHECK(st.is_ok(), "engine batch refused by the {} backend: {}", backend_->device_name(),
+            st.to_string());
 }
 
 std::vector<EngineEvent> Engine::step() {
@@ -583,7 +634,7 @@ std::vector<EngineEvent> Engine::step() {
   }
   std::vector<float> logits;
   run_model(entries, &logits);
-  const int32_t vocab = runner_->spec().vocab_size;
+  const int32_t vocab = backend_->spec().vocab_size;
   ++stats_.num_steps;
 
   // 4. bookkeeping, sampling, events
@@ -616,7 +667,7 @@ std::vector<EngineEvent> Engine::step() {
       std::vector<float> masked;
       if (x.num_generated < r.request.min_tokens) {
         masked.assign(row.begin(), row.end());
-        for (int32_t t : runner_->spec().eos_token_ids) masked[t] = -INFINITY;
+        for (int32_t t : backend_->spec().eos_token_ids) masked[t] = -INFINITY;
         for (int32_t t : r.request.stop_token_ids) masked[t] = -INFINITY;
         sample_row = masked;
       }
@@ -633,7 +684,7 @@ std::vector<EngineEvent> Engine::step() {
       e.logprob = tok.logprob;
       e.top_logprobs = std::move(tok.top_logprobs);
       events.push_back(std::move(e));
-      const auto& eos = runner_->spec().eos_token_ids;
+      const auto& eos = backend_->spec().eos_token_ids;
       const auto& stops = r.request.stop_token_ids;
       const bool stop =
           (!r.request.ignore_eos && std::find(eos.begin(), eos.end(), tok.token_id) != eos.end()) ||

@@ -17,6 +17,10 @@
 //              blocks (registered ones stay cached), or stay with their session
 // Sessions between requests sit in one tier (SessionTier): the pool, a host copy, a cache file,
 // or none (recompute); save_session / load_session move them to and from files.
+// The model runs behind a ForwardBackend (model/forward_backend.h), which also holds the KV
+// bytes: the engine allocates the pool there, runs one forward pass per step, asks for the
+// copy-on-write copies, and moves whole blocks to and from host memory as block images (session
+// tiers, cache files). The engine itself holds only bookkeeping and host copies.
 // One thread calls submit/step/cancel and the session calls (the engine loop); EngineFront
 // (engine_front.h) is the thread-safe wrapper.
 #pragma once
@@ -38,15 +42,15 @@
 #include "common/status.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
-#include "model/model_runner.h"
+#include "model/forward_backend.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvp {
 
 struct EngineConfig {
-  int32_t block_size = 16;    // tokens per KV block
-  int32_t num_blocks = 1024;  // blocks per cache group
-  DType kv_dtype = DType::F32;
+  int32_t block_size = 16;        // tokens per KV block
+  int32_t num_blocks = 1024;      // blocks per cache group
+  DType kv_dtype = DType::F32;    // one the backend holds (ForwardBackend::check_kv_dtype)
   int32_t max_num_seqs = 64;      // sequences in one step
   int32_t max_step_tokens = 512;  // tokens in one step (decodes + prefill chunks)
   bool prefix_caching = true;     // every cache group (window groups: in-window blocks)
@@ -122,8 +126,17 @@ struct EngineSessionInfo {
 
 class Engine {
  public:
-  // runner: not owned, outlives the engine. requires: config.validate() is ok.
-  Engine(ModelRunner* runner, EngineConfig config);
+  // Checks config (validate(), the backend's check_kv_dtype) and allocates the KV pool on the
+  // backend. Errors: invalid_argument naming the option and the reason; resource_exhausted
+  // when the backend cannot hold the pool.
+  // backend: not owned, outlives the engine; one engine per backend at a time (the pool is the
+  // backend's: a second engine's allocate_kv replaces the first's KV).
+  static Result<std::unique_ptr<Engine>> create(ForwardBackend* backend, EngineConfig config);
+  // As create, for callers whose config is known good: aborts on create's errors.
+  Engine(ForwardBackend* backend, EngineConfig config);
+  // create's checks short of allocating: config.validate(), then what depends on the backend
+  // (its KV dtypes; its KV layouts must be the cache spec's, which block images assume).
+  static Status check_config(const ForwardBackend& backend, const EngineConfig& config);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -177,6 +190,12 @@ class Engine {
     bool wants_logits = false;
   };
 
+  // config checked, pool not yet allocated (allocate_pool)
+  struct Unallocated {};
+  Engine(ForwardBackend* backend, EngineConfig config, Unallocated);
+  // Allocates every cache group's KV on the backend.
+  Status allocate_pool();
+
   int32_t total_tokens_needed(int32_t num_tokens) const;
   // Whether token_id, just sampled by sid, makes its text contain a stop string of r.
   bool completes_stop_string(RequestState& r, SeqId sid, int32_t token_id);
@@ -202,15 +221,16 @@ class Engine {
   std::span<const int32_t> computed_tokens(const Sequence& seq) const;
   void fork_samples(Sequence& parent);
   Sequence& seq(SeqId id) { return *sequences_.at(id); }
-  // Runs the pending copy-on-write copies (before any other write into the pool: a block they
-  // read may be freed and handed out again within the step).
+  // Runs the pending copy-on-write copies on the backend (before any other write into the pool:
+  // a block they read may be freed and handed out again within the step).
   void flush_copies();
   // Pending copies, then one forward pass; logits: [rows wanting logits][vocab].
   void run_model(std::span<const BatchEntry> entries, std::vector<float>* logits);
 
   // session tiers (engine_tiers.cc)
-  // The session's KV copied out of the pool's blocks of sequence seq_id (which stays).
-  // nullptr if the host memory cannot be had.
+  // The session's KV copied out of the pool's blocks of sequence seq_id (which stays), through
+  // the backend's block images. nullptr if the host memory cannot be had or the backend
+  // cannot read the blocks.
   std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens) const;
   // A cache file, validated whole (and its token ids against the vocabulary), as a host copy;
   // *tokens (if not null) receives its token ids. Errors name the file and the reason.
@@ -239,11 +259,10 @@ class Engine {
   uint64_t file_size_bytes(int32_t num_tokens) const;
   std::filesystem::path spill_path(const SessionState& session) const;
 
-  ModelRunner* runner_;
+  ForwardBackend* backend_;
   EngineConfig config_;
   std::unique_ptr<KvCacheManager> cache_;
-  std::vector<HostKvSlab> slabs_;  // [num_cache_groups]
-  CacheSpec cache_spec_;           // the pool's geometry, for host copies and cache files
+  CacheSpec cache_spec_;  // the pool's geometry, for host copies and cache files
   ModelFingerprint fingerprint_;
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;

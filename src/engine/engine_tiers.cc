@@ -7,18 +7,54 @@
 //     ◀──────────── restore_session: on the session's next admission ─────────┘ (host or disk)
 //
 // A host copy holds the session's live blocks block for block (same KvLayout as the pool, fewer
-// blocks), so moving out and in is one memcpy per block and layer; a cache file re-blocks
-// (docs/cache-files.md). Coming back, the session first takes what the prefix cache holds of its
-// tokens (a shared system prompt stays one set of blocks) and copies in only the rest.
+// blocks); moving out and in is one block image per cache group through the backend
+// (ForwardBackend::read_blocks / write_blocks) and one memcpy per block and layer between the
+// image and the host copy; a cache file re-blocks (docs/cache-files.md), so files are the same
+// whichever backend wrote them. Coming back, the session first takes what the prefix cache holds of
+// its tokens (a shared system prompt stays one set of blocks) and copies in only the rest.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "engine/engine.h"
 #include "engine/engine_internal.h"
 
 namespace kvp {
+
+namespace {
+
+// A block image (model/forward_backend.h: per block, per layer, one block_pitch run) of
+// `num_blocks` blocks <-> blocks first .. first + num_blocks - 1 of a host slab of the same
+// layout but fewer blocks ([layer][block][K|V]...).
+void image_to_host(const KvLayout& host, std::span<const std::byte> image, std::byte* slab,
+                   int32_t first, int32_t num_blocks) {
+  const size_t elem_bytes = dtype_size_bytes(host.dtype);
+  const size_t run_bytes = static_cast<size_t>(host.block_pitch()) * elem_bytes;
+  const std::byte* in = image.data();
+  for (int32_t b = first; b < first + num_blocks; ++b) {
+    for (int32_t layer = 0; layer < host.num_layers; ++layer) {
+      std::memcpy(slab + host.block_offset(layer, b, 0) * elem_bytes, in, run_bytes);
+      in += run_bytes;
+    }
+  }
+}
+
+void host_to_image(const KvLayout& host, const std::byte* slab, std::span<const BlockId> blocks,
+                   std::span<std::byte> image) {
+  const size_t elem_bytes = dtype_size_bytes(host.dtype);
+  const size_t run_bytes = static_cast<size_t>(host.block_pitch()) * elem_bytes;
+  std::byte* out = image.data();
+  for (const BlockId b : blocks) {
+    for (int32_t layer = 0; layer < host.num_layers; ++layer) {
+      std::memcpy(out, slab + host.block_offset(layer, b.value, 0) * elem_bytes, run_bytes);
+      out += run_bytes;
+    }
+  }
+}
+
+}  // namespace
 
 std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens) const {
   const int32_t num_groups = cache_->num_groups();
@@ -31,23 +67,23 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
   if (!storage.is_ok()) return nullptr;
   auto kv = std::make_unique<HostKv>(std::move(storage).value());
   kv->num_tokens = num_tokens;
+  std::vector<std::byte> image;
   for (int32_t g = 0; g < num_groups; ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
-    const KvLayout& pool = slabs_[g].layout;
     const KvLayout& host = kv->storage.layout(g);
-    const size_t elem_bytes = dtype_size_bytes(pool.dtype);
-    const size_t run_bytes = static_cast<size_t>(pool.block_pitch()) * elem_bytes;  // K and V
+    const std::span<const BlockId> live = table.blocks().subspan(table.num_dropped_blocks());
     std::vector<BlockId> host_table(table.num_blocks(), HostKv::kNoBlock);
-    std::byte* dst = kv->storage.slab(g).data();
-    const std::byte* src = slabs_[g].bytes.data();
     for (int32_t i = table.num_dropped_blocks(); i < table.num_blocks(); ++i) {
       host_table[i] = BlockId{i - table.num_dropped_blocks()};
-      for (int32_t layer = 0; layer < pool.num_layers; ++layer) {
-        std::memcpy(dst + host.block_offset(layer, host_table[i].value, 0) * elem_bytes,
-                    src + pool.block_offset(layer, table.blocks()[i].value, 0) * elem_bytes,
-                    run_bytes);
-      }
     }
+    // the live blocks as one image from the backend, then block for block into the host slab
+    try {
+      image.resize(live.size() * host.block_size_bytes());
+    } catch (const std::bad_alloc&) {
+      return nullptr;
+    }
+    if (!backend_->read_blocks(g, live, image).is_ok()) return nullptr;
+    image_to_host(host, image, kv->storage.slab(g).data(), 0, static_cast<int32_t>(live.size()));
     kv->tables.push_back(std::move(host_table));
     kv->size_bytes += host.size_bytes();
   }
@@ -58,7 +94,7 @@ Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem:
                                                           std::vector<int32_t>* tokens) const {
   auto file = CacheFile::read(path, fingerprint_, cache_spec_);
   if (!file.is_ok()) return file.status();
-  const int32_t vocab = runner_->spec().vocab_size;
+  const int32_t vocab = backend_->spec().vocab_size;
   for (int32_t t : file->token_ids()) {
     if (t < 0 || t >= vocab) {
       return Status::corruption("cache file '{}': token id {} outside the vocabulary of {}",
@@ -126,23 +162,26 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, const HostKv
     done += step;
   }
   KVP_CHECK(copies.empty(), "fresh blocks needed {} copies", copies.size());
+  std::vector<BlockId> host_blocks, pool_blocks;
+  std::vector<std::byte> image;
   for (int32_t g = 0; g < cache_->num_groups(); ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
-    const KvLayout& pool = slabs_[g].layout;
-    const KvLayout& host = kv.storage.layout(g);
-    const size_t elem_bytes = dtype_size_bytes(pool.dtype);
-    const size_t run_bytes = static_cast<size_t>(pool.block_pitch()) * elem_bytes;
-    const std::byte* src = kv.storage.slab(g).data();
-    std::byte* dst = slabs_[g].bytes.data();
     const int32_t first = std::max(table.num_dropped_blocks(), num_matched / config_.block_size);
+    host_blocks.clear();
+    pool_blocks.clear();
     for (int32_t i = first; i < table.num_blocks(); ++i) {
-      const BlockId from = kv.tables[g][i];
-      KVP_CHECK(from != HostKv::kNoBlock, "group {} entry {}: the host copy lacks it", g, i);
-      for (int32_t layer = 0; layer < pool.num_layers; ++layer) {
-        std::memcpy(dst + pool.block_offset(layer, table.blocks()[i].value, 0) * elem_bytes,
-                    src + host.block_offset(layer, from.value, 0) * elem_bytes, run_bytes);
-      }
+      KVP_CHECK(kv.tables[g][i] != HostKv::kNoBlock, "group {} entry {}: the host copy lacks it", g,
+                i);
+      host_blocks.push_back(kv.tables[g][i]);
+      pool_blocks.push_back(table.blocks()[i]);
     }
+    const KvLayout& host = kv.storage.layout(g);
+    image.resize(host_blocks.size() * host.block_size_bytes());
+    host_to_image(host, kv.storage.slab(g).data(), host_blocks, image);
+    // fresh blocks of this engine's own table: a refusal is a broken backend or a bug
+    const Status written = backend_->write_blocks(g, pool_blocks, image);
+    KVP_CHECK(written.is_ok(), "the {} backend refused a session's blocks: {}",
+              backend_->device_name(), written.to_string());
   }
   *num_shared = num_matched;
   return true;

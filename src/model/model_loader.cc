@@ -1,14 +1,60 @@
 #include "model/model_loader.h"
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 
+#include "model/cpu_forward_backend.h"
 #include "model/gguf_model.h"
+#include "model/random_model.h"
 #include "model/safetensors_weights.h"
+#if defined(KVP_HAVE_CUDA)
+#include "model/cuda/cuda_forward_backend.h"
+#endif
 
 namespace kvp {
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// A model's spec and where its weights are read from.
+struct OpenedModel {
+  ModelSpec spec;
+  std::unique_ptr<WeightSource> weights;
+};
+
+Result<OpenedModel> open_model(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) {
+    return Status::not_found("model '{}': no such file or directory", path);
+  }
+  OpenedModel model;
+  if (fs::is_regular_file(path, ec) && is_gguf_file(path)) {
+    KVP_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::open(path));
+    auto file = std::make_shared<const GgufFile>(std::move(gguf));
+    KVP_ASSIGN_OR_RETURN(model.spec, model_spec_from_gguf(*file));
+    model.weights = std::make_unique<GgufWeights>(file, model.spec.architecture);
+    return model;
+  }
+  if (!fs::is_directory(path, ec)) {
+    return Status::unsupported(
+        "model '{}': expected a GGUF file or a Hugging Face model directory (config.json + "
+        "*.safetensors)",
+        path);
+  }
+  KVP_ASSIGN_OR_RETURN(model.spec, load_hf_config((fs::path(path) / "config.json").string()));
+  KVP_ASSIGN_OR_RETURN(model.weights, SafetensorsWeights::open(path));
+  return model;
+}
+
+#if !defined(KVP_HAVE_CUDA)
+Status no_cuda_build(const std::string& device) {
+  return Status::unsupported("device '{}': kvpool was built without CUDA (make cuda)", device);
+}
+#endif
+
+}  // namespace
 
 bool is_gguf_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -18,29 +64,67 @@ bool is_gguf_file(const std::string& path) {
 
 Result<std::unique_ptr<ModelRunner>> load_model(const std::string& path, ThreadPool* pool,
                                                 const LoadProgress& progress) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    return Status::not_found("model '{}': no such file or directory", path);
+  KVP_ASSIGN_OR_RETURN(OpenedModel model, open_model(path));
+  KVP_ASSIGN_OR_RETURN(ModelWeights weights,
+                       load_model_weights(model.spec, *model.weights, progress));
+  return std::make_unique<ModelRunner>(std::move(model.spec), std::move(weights), pool);
+}
+
+Result<Device> parse_device(const std::string& text) {
+  if (text == "cpu") return Device{Device::Kind::kCpu, 0};
+  if (text == "cuda") return Device{Device::Kind::kCuda, 0};
+  constexpr std::string_view kCudaPrefix = "cuda:";
+  if (text.starts_with(kCudaPrefix) && text.size() > kCudaPrefix.size()) {
+    int32_t index = -1;
+    const char* begin = text.data() + kCudaPrefix.size();
+    const char* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(begin, end, index);
+    if (ec == std::errc() && ptr == end && index >= 0) return Device{Device::Kind::kCuda, index};
   }
-  if (fs::is_regular_file(path, ec) && is_gguf_file(path)) {
-    KVP_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::open(path));
-    auto file = std::make_shared<const GgufFile>(std::move(gguf));
-    KVP_ASSIGN_OR_RETURN(ModelSpec spec, model_spec_from_gguf(*file));
-    const GgufWeights weights_file(file, spec.architecture);
-    KVP_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(spec, weights_file, progress));
-    return std::make_unique<ModelRunner>(std::move(spec), std::move(weights), pool);
+  return Status::invalid_argument("device '{}': unknown (cpu, cuda or cuda:N)", text);
+}
+
+Result<std::unique_ptr<ForwardBackend>> load_backend(const std::string& path,
+                                                     const std::string& device, ThreadPool* pool,
+                                                     const LoadProgress& progress) {
+  KVP_ASSIGN_OR_RETURN(Device where, parse_device(device));
+  if (where.kind == Device::Kind::kCpu) {
+    KVP_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, load_model(path, pool, progress));
+    return std::unique_ptr<ForwardBackend>(
+        std::make_unique<CpuForwardBackend>(std::shared_ptr<ModelRunner>(std::move(runner))));
   }
-  if (!fs::is_directory(path, ec)) {
-    return Status::unsupported(
-        "model '{}': expected a GGUF file or a Hugging Face model directory (config.json + "
-        "*.safetensors)",
-        path);
+#if defined(KVP_HAVE_CUDA)
+  // the weight source is needed only while the factory uploads the weights
+  KVP_ASSIGN_OR_RETURN(OpenedModel model, open_model(path));
+  return cuda::make_cuda_backend(model.spec, *model.weights, progress, where.index);
+#else
+  return no_cuda_build(device);
+#endif
+}
+
+Result<std::unique_ptr<ForwardBackend>> make_random_backend(const std::string& shape,
+                                                            const std::string& device,
+                                                            uint64_t seed, ThreadPool* pool) {
+  KVP_ASSIGN_OR_RETURN(Device where, parse_device(device));
+  KVP_ASSIGN_OR_RETURN(ModelSpec spec, random_model_spec(shape));
+  if (where.kind == Device::Kind::kCpu) {
+    const uint64_t weight_bytes = model_f32_weight_bytes(spec);
+    if (weight_bytes > kMaxRandomCpuWeightBytes) {
+      return Status::invalid_argument(
+          "random model '{}' on cpu: {:.1f} GiB of f32 weights, more than the {} GiB a random "
+          "CPU model may take (use --device cuda, or a smaller shape)",
+          shape, static_cast<double>(weight_bytes) / (1 << 30), kMaxRandomCpuWeightBytes >> 30);
+    }
+    const RandomWeightSource source(spec, seed);
+    KVP_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(spec, source));
+    return std::unique_ptr<ForwardBackend>(std::make_unique<CpuForwardBackend>(
+        std::make_shared<ModelRunner>(std::move(spec), std::move(weights), pool)));
   }
-  KVP_ASSIGN_OR_RETURN(ModelSpec spec, load_hf_config((fs::path(path) / "config.json").string()));
-  KVP_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWeights> weights_file,
-                       SafetensorsWeights::open(path));
-  KVP_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(spec, *weights_file, progress));
-  return std::make_unique<ModelRunner>(std::move(spec), std::move(weights), pool);
+#if defined(KVP_HAVE_CUDA)
+  return cuda::make_random_cuda_backend(spec, seed, where.index);
+#else
+  return no_cuda_build(device);
+#endif
 }
 
 Result<Tokenizer> load_tokenizer(const std::string& path) {

@@ -27,7 +27,8 @@ class EngineGoldenTest : public ::testing::TestWithParam<const char*> {};
 TEST_P(EngineGoldenTest, AloneMatchesTransformersGreedy) {
   auto runner = load(GetParam());
   for (int p = 0; p < 4; ++p) {
-    Engine engine(runner.get(), small_config(64));
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, small_config(64));
     auto prompt = golden_ids(GetParam(), "prompt_" + std::to_string(p));
     auto id = engine.submit(greedy_request(prompt, 32));
     ASSERT_TRUE(id.is_ok()) << id.status().to_string();
@@ -41,7 +42,8 @@ TEST_P(EngineGoldenTest, AloneMatchesTransformersGreedy) {
 
 TEST_P(EngineGoldenTest, BatchedWith31OthersOfMixedLengthsMatchesAlone) {
   auto runner = load(GetParam());
-  Engine engine(runner.get(), small_config(1024));
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(1024));
   std::mt19937 rng(11);
   std::map<int64_t, int> golden_of;  // request id -> golden prompt index
   std::vector<int64_t> others;
@@ -70,7 +72,8 @@ TEST_P(EngineGoldenTest, BatchedWith31OthersOfMixedLengthsMatchesAlone) {
 TEST_P(EngineGoldenTest, PreemptedRequestsRecomputeToTheSameOutput) {
   auto runner = load(GetParam());
   // 24 blocks of 4 tokens: the four golden requests (up to 45 + 32 tokens each) cannot all fit
-  Engine engine(runner.get(), small_config(24));
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(24));
   std::map<int64_t, int> golden_of;
   for (int p = 0; p < 4; ++p) {
     auto id =
@@ -92,7 +95,8 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::Values("llama", "g
 
 TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutput) {
   auto runner = load("llama");
-  Engine engine(runner.get(), small_config(256));
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(256));
   auto prompt = golden_ids("llama", "prompt_3");  // 45 tokens: 11 full blocks of 4
   auto first = engine.submit(greedy_request(prompt, 32));
   auto out1 = run_all(engine);
@@ -120,7 +124,8 @@ TEST(Engine, PrefixCacheHitAcrossGlobalAndWindowGroupsKeepsOutput) {
   for (int32_t t : golden_ids("gemma3", "prompt_2")) other.push_back(t);
   ASSERT_NE(other[shared], prompt[shared]);
 
-  Engine engine(runner.get(), config);
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, config);
   auto first = engine.submit(greedy_request(other, 8));
   ASSERT_TRUE(first.is_ok());
   auto out1 = run_all(engine);
@@ -151,7 +156,8 @@ TEST(Engine, PrefixCacheHitAcrossGlobalAndWindowGroupsKeepsOutput) {
 TEST(Engine, ParallelSamplesForkAndAreReproducible) {
   auto runner = load("llama");
   auto run = [&](uint64_t seed) {
-    Engine engine(runner.get(), small_config(256));
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, small_config(256));
     Request r;
     r.prompt_tokens = golden_ids("llama", "prompt_2");
     r.sampling.temperature = 1.0f;
@@ -189,7 +195,8 @@ TEST(Engine, ParallelSamplesForkAndAreReproducible) {
 TEST(Engine, SessionResumesWithoutReencodingAndMatchesFullPrompt) {
   for (bool evict_between : {false, true}) {
     auto runner = load("llama");
-    Engine engine(runner.get(), small_config(128));
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, small_config(128));
     const auto turn1 = golden_ids("llama", "prompt_1");
     const auto turn2 = golden_ids("llama", "prompt_2");
     Request r1 = greedy_request(turn1, 8);
@@ -216,7 +223,8 @@ TEST(Engine, SessionResumesWithoutReencodingAndMatchesFullPrompt) {
     std::vector<int32_t> whole = turn1;
     whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
     whole.insert(whole.end(), turn2.begin(), turn2.end());
-    Engine reference(runner.get(), small_config(128));
+    CpuForwardBackend reference_backend(runner);
+    Engine reference(&reference_backend, small_config(128));
     auto ref_id = reference.submit(greedy_request(whole, 16));
     auto ref_out = run_all(reference);
     EXPECT_EQ(out2[id2->value].tokens, ref_out[ref_id->value].tokens) << evict_between;
@@ -231,8 +239,9 @@ TEST(Engine, SessionResumesWithoutReencodingAndMatchesFullPrompt) {
 }
 
 TEST(Engine, SessionsNeedingFiveTimesThePoolAllCompleteWithoutLeaks) {
-  auto runner = load("gemma3");                   // two cache groups, one of them windowed
-  Engine engine(runner.get(), small_config(64));  // 256 tokens per group
+  auto runner = load("gemma3");  // two cache groups, one of them windowed
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(64));  // 256 tokens per group
   std::mt19937 rng(5);
   std::map<std::string, std::vector<int32_t>> expected_history;
   const int kAgents = 10, kTurns = 4;
@@ -275,7 +284,8 @@ TEST(Engine, SessionsNeedingFiveTimesThePoolAllCompleteWithoutLeaks) {
 
 TEST(Engine, BadRequestsAreRefusedAndTheEngineKeepsServing) {
   auto runner = load("llama");
-  Engine engine(runner.get(), small_config(16));
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(16));
   auto expect_error = [&](Request r, const char* needle) {
     auto id = engine.submit(r);
     ASSERT_FALSE(id.is_ok()) << needle;
@@ -299,7 +309,8 @@ TEST(Engine, BadRequestsAreRefusedAndTheEngineKeepsServing) {
 
 TEST(Engine, CancelFinishesARunningRequest) {
   auto runner = load("llama");
-  Engine engine(runner.get(), small_config(64));
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(64));
   auto id = engine.submit(greedy_request(golden_ids("llama", "prompt_2"), 32));
   engine.step();
   engine.step();
@@ -325,11 +336,13 @@ TEST(Engine, StopStringEndsTheSampleAtTheTokenThatCompletesIt) {
   const std::string golden_text = golden.at("text").get<std::string>();
   auto tokenizer = load_tokenizer(path);
   ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().to_string();
-  auto runner = load_model(path, nullptr);
-  ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
+  auto loaded = load_model(path, nullptr);
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  std::shared_ptr<ModelRunner> runner = std::move(loaded).value();
   EngineConfig config = small_config(256, 16);
   config.tokenizer = &*tokenizer;
-  Engine engine(runner->get(), config);
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, config);
 
   for (const std::string stop : {"\n\n", "answer", "Paris."}) {
     SCOPED_TRACE(stop);
@@ -358,7 +371,8 @@ TEST(Engine, StopStringEndsTheSampleAtTheTokenThatCompletesIt) {
   engine.check_integrity();
 
   // no tokenizer, or an empty stop string: refused
-  Engine bare(runner->get(), small_config(64, 16));
+  CpuForwardBackend bare_backend(runner);
+  Engine bare(&bare_backend, small_config(64, 16));
   Request r = greedy_request(golden.at("prompt_ids").get<std::vector<int32_t>>(), 4);
   r.stop_strings = {"x"};
   EXPECT_EQ(bare.submit(r).status().code(), StatusCode::kInvalidArgument);
@@ -374,7 +388,8 @@ namespace {
 
 TEST(EngineFront, StreamsEventsToManyCallerThreads) {
   auto runner = load("llama");
-  EngineFront front(std::make_unique<Engine>(runner.get(), small_config(256)));
+  CpuForwardBackend backend(runner);
+  EngineFront front(std::make_unique<Engine>(&backend, small_config(256)));
   std::vector<std::thread> callers;
   std::vector<std::vector<int32_t>> outputs(4);
   for (int p = 0; p < 4; ++p) {
@@ -398,7 +413,8 @@ TEST(EngineFront, StreamsEventsToManyCallerThreads) {
 
 TEST(EngineFront, CancelEndsTheStream) {
   auto runner = load("llama");
-  EngineFront front(std::make_unique<Engine>(runner.get(), small_config(256)));
+  CpuForwardBackend backend(runner);
+  EngineFront front(std::make_unique<Engine>(&backend, small_config(256)));
   Request r = greedy_request(golden_ids("llama", "prompt_3"), 30);
   r.n = 3;
   r.sampling.temperature = 0.8f;
@@ -432,7 +448,8 @@ TEST(Bench, AgentsWithSessionsPrefillOnlyNewTokens) {
   int64_t prefilled[2] = {0, 0};
   for (bool sessions : {true, false}) {
     config.sessions = sessions;
-    Engine engine(runner.get(), small_config(512));
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, small_config(512));
     auto report = run_bench(engine, runner->spec().vocab_size, config);
     ASSERT_TRUE(report.is_ok()) << report.status().to_string();
     EXPECT_EQ(report->num_requests, 9);
@@ -463,7 +480,8 @@ TEST(Bench, ClosedLoopReachesItsTokenTarget) {
   config.prompt_tokens_max = 30;
   config.output_tokens_min = 5;
   config.output_tokens_max = 20;
-  Engine engine(runner.get(), small_config(512));
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(512));
   auto report = run_bench(engine, runner->spec().vocab_size, config);
   ASSERT_TRUE(report.is_ok());
   EXPECT_GE(report->output_tokens, 100);

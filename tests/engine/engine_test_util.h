@@ -1,5 +1,7 @@
 // Helpers of the engine tests: the tiny transformers-made models, their goldens, a greedy
-// request, and a loop that steps an engine to the end checking its integrity.
+// request, and a loop that steps an engine to the end checking its integrity. An engine runs
+// on a CpuForwardBackend of its own (its own KV pool) over a runner that tests share:
+//   auto runner = load("llama");  CpuForwardBackend backend(runner);  Engine engine(&backend, …);
 #pragma once
 
 #include <map>
@@ -8,12 +10,13 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/cpu_forward_backend.h"
 #include "model/model_loader.h"
 #include "model/safetensors_weights.h"
 
 namespace kvp::engine_test {
 
-inline std::unique_ptr<ModelRunner> load(const std::string& name) {
+inline std::shared_ptr<ModelRunner> load(const std::string& name) {
   auto runner = load_model("tests/model/fixtures/tiny/" + name, nullptr);
   KVP_CHECK(runner.is_ok(), "{}", runner.status().to_string());
   return std::move(runner).value();

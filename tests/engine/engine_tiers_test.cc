@@ -47,9 +47,10 @@ EngineSessionInfo session_info(const Engine& engine, const std::string& name) {
 }
 
 // Output of one request holding the whole conversation, in a fresh engine.
-std::vector<int32_t> reference_output(ModelRunner* runner, const std::vector<int32_t>& prompt,
-                                      int32_t max_tokens) {
-  Engine reference(runner, small_config(256));
+std::vector<int32_t> reference_output(const std::shared_ptr<ModelRunner>& runner,
+                                      const std::vector<int32_t>& prompt, int32_t max_tokens) {
+  CpuForwardBackend backend(runner);
+  Engine reference(&backend, small_config(256));
   auto id = reference.submit(greedy_request(prompt, max_tokens));
   KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
   return run_all(reference)[id->value].tokens;
@@ -79,7 +80,8 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
     config.disk_dir = dir.path().string();
     config.disk_tier_bytes = 64 << 20;
   }
-  Engine engine(runner.get(), config);
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, config);
   const auto turn1 = golden_ids(model, "prompt_1");
   // a short turn: its last token attends to restored KV in the window layers too
   const auto prompt2 = golden_ids(model, "prompt_2");
@@ -117,7 +119,7 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
   std::vector<int32_t> whole = turn1;
   whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
   whole.insert(whole.end(), turn2.begin(), turn2.end());
-  EXPECT_EQ(out2[id2->value].tokens, reference_output(runner.get(), whole, 16));
+  EXPECT_EQ(out2[id2->value].tokens, reference_output(runner, whole, 16));
   // only the new turn runs: its tokens and the last output of turn 1
   const Usage& usage = out2[id2->value].usage;
   EXPECT_EQ(usage.prefilled_tokens, static_cast<int32_t>(turn2.size()) + 1);
@@ -153,7 +155,8 @@ TEST_P(EngineSaveLoadTest, SavedSessionContinuesInAFreshEngineAsIfItHadStayed) {
   const std::filesystem::path file = dir.path() / "agent.kvc";
   std::vector<int32_t> reply1;
   {
-    Engine engine(runner.get(), small_config(128));
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, small_config(128));
     Request r1 = greedy_request(turn1, 8);
     r1.session = "agent";
     auto id1 = engine.submit(r1);
@@ -162,7 +165,8 @@ TEST_P(EngineSaveLoadTest, SavedSessionContinuesInAFreshEngineAsIfItHadStayed) {
     ASSERT_TRUE(engine.save_session("agent", file).is_ok());
     engine.check_integrity();
   }
-  Engine engine(runner.get(), small_config(128));
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(128));
   Status loaded = engine.load_session("agent", file);
   ASSERT_TRUE(loaded.is_ok()) << loaded.to_string();
   const int32_t history = static_cast<int32_t>(turn1.size() + reply1.size());
@@ -177,7 +181,7 @@ TEST_P(EngineSaveLoadTest, SavedSessionContinuesInAFreshEngineAsIfItHadStayed) {
   std::vector<int32_t> whole = turn1;
   whole.insert(whole.end(), reply1.begin(), reply1.end());
   whole.insert(whole.end(), turn2.begin(), turn2.end());
-  EXPECT_EQ(out2[id2->value].tokens, reference_output(runner.get(), whole, 16));
+  EXPECT_EQ(out2[id2->value].tokens, reference_output(runner, whole, 16));
   EXPECT_EQ(out2[id2->value].usage.prefilled_tokens, static_cast<int32_t>(turn2.size()));
   EXPECT_EQ(out2[id2->value].usage.cached_tokens, history);
   EXPECT_TRUE(std::filesystem::exists(file));  // a loaded file is the caller's: it stays
@@ -191,7 +195,8 @@ TEST(EngineTiers, FilesOfOtherModelsAndCorruptFilesAreRefusedAndTheEngineKeepsSe
   TempDir dir("refuse");
   const std::filesystem::path file = dir.path() / "llama.kvc";
   {
-    Engine engine(llama.get(), small_config(64));
+    CpuForwardBackend backend(llama);
+    Engine engine(&backend, small_config(64));
     Request r = greedy_request(golden_ids("llama", "prompt_2"), 4);
     r.session = "agent";
     ASSERT_TRUE(engine.submit(r).is_ok());
@@ -200,7 +205,8 @@ TEST(EngineTiers, FilesOfOtherModelsAndCorruptFilesAreRefusedAndTheEngineKeepsSe
   }
   for (const char* other : {"gemma3", "qwen2"}) {
     auto runner = load(other);
-    Engine engine(runner.get(), small_config(64));
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, small_config(64));
     Status st = engine.load_session("agent", file);
     EXPECT_EQ(st.code(), StatusCode::kMismatch) << st.to_string();
     EXPECT_NE(st.message().find("agent"), std::string::npos) << st.to_string();
@@ -212,11 +218,13 @@ TEST(EngineTiers, FilesOfOtherModelsAndCorruptFilesAreRefusedAndTheEngineKeepsSe
     EXPECT_EQ(run_all(engine)[id->value].tokens, golden_ids(other, "greedy_1")) << other;
   }
 
-  Engine engine(llama.get(), small_config(64));
+  CpuForwardBackend backend(llama);
+  Engine engine(&backend, small_config(64));
   // the same architecture with other weights (the caller's weight hash) is another model
   EngineConfig other_weights = small_config(64);
   other_weights.model_weight_hash = 42;
-  Engine other_engine(llama.get(), other_weights);
+  CpuForwardBackend other_engine_backend(llama);
+  Engine other_engine(&other_engine_backend, other_weights);
   EXPECT_EQ(other_engine.load_session("agent", file).code(), StatusCode::kMismatch);
   // unknown sessions and missing files
   EXPECT_EQ(engine.load_session("agent", dir.path() / "nobody.kvc").code(), StatusCode::kNotFound);
@@ -250,7 +258,8 @@ TEST(EngineTiers, RestoredSessionsShareTheirSystemPromptBlocks) {
   auto runner = load("llama");
   EngineConfig config = small_config(128);
   config.host_tier_bytes = 64 << 20;
-  Engine engine(runner.get(), config);
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, config);
   std::vector<int32_t> system(40);
   for (int32_t i = 0; i < 40; ++i) system[i] = 20 + i;
   const int kAgents = 3;
@@ -297,8 +306,10 @@ TEST(EngineTiers, SessionsNeedingFiveTimesThePoolMoveThroughEveryTierWithOutputs
   auto runner = load("gemma3");
   TempDir dir("pressure");
   const int kAgents = 10, kTurns = 4;
+  std::vector<std::unique_ptr<CpuForwardBackend>> backends;  // one per engine, outliving it
   auto run = [&](const EngineConfig& config, std::unique_ptr<Engine>* holder) {
-    *holder = std::make_unique<Engine>(runner.get(), config);
+    backends.push_back(std::make_unique<CpuForwardBackend>(runner));
+    *holder = std::make_unique<Engine>(backends.back().get(), config);
     Engine& engine = **holder;
     std::mt19937 rng(5);
     std::map<std::string, std::vector<std::vector<int32_t>>> replies;
@@ -370,7 +381,8 @@ namespace {
 TEST(EngineFrontTiers, SessionsAreSavedDeletedAndLoadedThroughTheFront) {
   auto runner = load("llama");
   TempDir dir("front");
-  EngineFront front(std::make_unique<Engine>(runner.get(), small_config(64)));
+  CpuForwardBackend backend(runner);
+  EngineFront front(std::make_unique<Engine>(&backend, small_config(64)));
   Request r = greedy_request(golden_ids("llama", "prompt_1"), 4);
   r.session = "agent";
   auto stream = front.submit(r);
