@@ -454,6 +454,8 @@ Status CudaModelRunner::forward(const ForwardBatch& batch, std::span<DeviceKvPoo
   }
   KVP_RETURN_IF_ERROR(reserve(num_tokens, num_rows, bytes));
   if (num_tokens == 0) return Status::ok();
+  // an earlier call that failed midway may still be reading the staging buffer
+  KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
 
   int32_t* h32 = meta_host_.as<int32_t>();
   int32_t max_q_len = 0, max_kv_len = 0;
