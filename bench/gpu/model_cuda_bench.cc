@@ -9,7 +9,9 @@
 //   smollm2-135m shape : 30 layers, hidden 576, 9 q / 3 KV heads, head dim 64, intermediate 1536,
 //                vocab 49152, tied
 // Cases: decode steps (one new token per sequence, logits for each) at batch {1, 4, 64} x
-// context {512, 4096}; prefill of 2048 tokens in one sequence (logits for its last token).
+// context {512, 4096}, launched eagerly and as CUDA graphs; batch 64 with logits for one row
+// (the cost of the 33 MB of logits); prefill of 2048 tokens in one sequence (logits for its last
+// token).
 // Each step is one ForwardBackend::forward call, timed on the wall clock (host checks, metadata
 // upload, every launch, the logits' copy back): median of the timed calls after warm-ups.
 // Ceilings measured in the same run:
@@ -180,8 +182,8 @@ double matmul_flops_per_token(const ModelSpec& s) {
 }
 
 struct Row {
-  std::string model, kind;
-  int batch = 0, context = 0, tokens = 0;
+  std::string model, kind, mode;
+  int batch = 0, context = 0, tokens = 0, logit_rows = 0;
   double step_us = 0, tok_per_s = 0, bound_us = 0, ratio = 0;
   std::string bound;
 };
@@ -211,8 +213,11 @@ class ModelBench {
                 layout.size_bytes() / 1e9);
   }
 
-  // Decode: `batch` sequences with `context` tokens after the step.
-  Row decode(int batch, int context) {
+  // Decode: `batch` sequences with `context` tokens after the step, logits for `logit_rows` of
+  // them (0: all), as CUDA graphs or eagerly launched.
+  Row decode(int batch, int context, bool graphs, int logit_rows = 0) {
+    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(graphs);
+    if (logit_rows == 0) logit_rows = batch;
     const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
     std::vector<int32_t> tokens(batch), query_start(batch + 1), kv_lens(batch, context),
         rows(batch), tables(static_cast<size_t>(batch) * blocks_per_seq);
@@ -229,6 +234,7 @@ class ModelBench {
           int64_t{tables[static_cast<size_t>(i) * blocks_per_seq + pos / kBlockSize]} * kBlockSize +
           pos % kBlockSize;
     }
+    rows.resize(logit_rows);
     const double us = time_step(tokens, query_start, kv_lens, slots, tables, blocks_per_seq, rows,
                                 quick_ ? 5 : 30);
     // bytes one step must read: every weight matrix once (the embedding only for its rows when
@@ -242,6 +248,8 @@ class ModelBench {
     Row r;
     r.model = name_;
     r.kind = "decode";
+    r.mode = graphs ? "graph" : "eager";
+    r.logit_rows = logit_rows;
     r.batch = batch;
     r.context = context;
     r.tokens = batch;
@@ -255,6 +263,7 @@ class ModelBench {
 
   // Prefill: one sequence of `length` tokens, logits for its last one.
   Row prefill(int length) {
+    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(false);
     const int32_t blocks_per_seq = (length + kBlockSize - 1) / kBlockSize;
     std::vector<int32_t> tokens(length), query_start = {0, length}, kv_lens = {length},
                                          rows = {length - 1}, tables(blocks_per_seq);
@@ -274,6 +283,8 @@ class ModelBench {
     Row r;
     r.model = name_;
     r.kind = "prefill";
+    r.mode = "eager";
+    r.logit_rows = 1;
     r.batch = 1;
     r.context = length;
     r.tokens = length;
@@ -347,26 +358,35 @@ int run(int argc, char** argv) {
       prop.name, bandwidth / 1e9, matmul / 1e12);
   std::vector<Row> rows;
   const auto print = [](const Row& r) {
-    std::printf("%-14s %-8s batch %3d ctx %5d : %10.1f us  %10.0f tok/s  %s %9.1f us  ratio %.2f\n",
-                r.model.c_str(), r.kind.c_str(), r.batch, r.context, r.step_us, r.tok_per_s,
-                r.kind == "decode" ? "floor  " : "ceiling", r.bound_us, r.ratio);
+    std::printf(
+        "%-13s %-7s %-5s batch %3d ctx %5d rows %3d : %9.1f us %9.0f tok/s  %s %8.1f us  ratio "
+        "%.2f\n",
+        r.model.c_str(), r.kind.c_str(), r.mode.c_str(), r.batch, r.context, r.logit_rows,
+        r.step_us, r.tok_per_s, r.kind == "decode" ? "floor  " : "ceiling", r.bound_us, r.ratio);
     std::fflush(stdout);
   };
   {
     ModelBench bench("llama31-8b", llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, quick);
     for (int batch : {1, 4, 64}) {
       for (int context : {512, 4096}) {
-        rows.push_back(bench.decode(batch, context));
-        print(rows.back());
+        for (bool graphs : {false, true}) {
+          rows.push_back(bench.decode(batch, context, graphs));
+          print(rows.back());
+        }
       }
     }
+    // the same step with one logit row: what copying 64 x 128256 f32 logits to the host costs
+    rows.push_back(bench.decode(64, 512, true, 1));
+    print(rows.back());
     rows.push_back(bench.prefill(2048));
     print(rows.back());
   }
   {
     ModelBench bench("smollm2-135m", smollm2_135m(), 4096, bandwidth, matmul, quick);
-    rows.push_back(bench.decode(1, 512));
-    print(rows.back());
+    for (bool graphs : {false, true}) {
+      rows.push_back(bench.decode(1, 512, graphs));
+      print(rows.back());
+    }
     rows.push_back(bench.prefill(2048));
     print(rows.back());
   }
@@ -376,12 +396,13 @@ int run(int argc, char** argv) {
     return 1;
   }
   std::fprintf(csv,
-               "device,model,kind,batch,context,tokens,step_us,tok_per_s,bound_us,ratio,bound,"
-               "copy_gbps,gemm_tflops\n");
+               "device,model,kind,mode,batch,context,tokens,logit_rows,step_us,tok_per_s,bound_us,"
+               "ratio,bound,copy_gbps,gemm_tflops\n");
   for (const Row& r : rows) {
-    std::fprintf(csv, "%s,%s,%s,%d,%d,%d,%.2f,%.1f,%.2f,%.3f,%s,%.1f,%.1f\n", prop.name,
-                 r.model.c_str(), r.kind.c_str(), r.batch, r.context, r.tokens, r.step_us,
-                 r.tok_per_s, r.bound_us, r.ratio, r.bound.c_str(), bandwidth / 1e9, matmul / 1e12);
+    std::fprintf(csv, "%s,%s,%s,%s,%d,%d,%d,%d,%.2f,%.1f,%.2f,%.3f,%s,%.1f,%.1f\n", prop.name,
+                 r.model.c_str(), r.kind.c_str(), r.mode.c_str(), r.batch, r.context, r.tokens,
+                 r.logit_rows, r.step_us, r.tok_per_s, r.bound_us, r.ratio, r.bound.c_str(),
+                 bandwidth / 1e9, matmul / 1e12);
   }
   std::fclose(csv);
   return 0;

@@ -29,10 +29,10 @@ ldd "$tests" | grep -E "cublas|not found" > "$out/model-env.txt" 2>&1
 
 echo "== model gpu tests"
 timeout 300 "$tests" > "$out/model-tests.log" 2>&1 || status=1
-grep -E "^\[ (prefill|teacher|greedy|mixed|blocks|f16 kv) " "$out/model-tests.log"
+grep -E "^\[ (prefill|teacher|greedy|mixed|blocks|f16 kv|graphs) " "$out/model-tests.log"
 tail -4 "$out/model-tests.log"
 
-filter='*CudaTinyModel.PrefillLogits*/0:*CudaMixedBatch.*/1:CudaForwardBackendBlocks.*:CudaForwardBackendErrors.*'
+filter='*CudaTinyModel.PrefillLogits*/0:*CudaMixedBatch.*/1:CudaForwardBackendBlocks.*:CudaForwardBackendErrors.*:CudaForwardBackendGraphs.*'
 echo "== compute-sanitizer memcheck, model tests (filter $filter)"
 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$tests" \
   --gtest_filter="$filter" --gtest_brief=1 > "$out/model-sanitizer.log" 2>&1 \

@@ -46,6 +46,7 @@ class CudaForwardBackend final : public ForwardBackend {
 
   // For benchmarks and tests: the runner, and every pool filled with uniform values in [-1, 1).
   const CudaModelRunner& runner() const { return *runner_; }
+  CudaModelRunner& runner() { return *runner_; }
   Status fill_kv_random(uint64_t seed);
 
  private:

@@ -5,8 +5,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "backend/attention.h"
 #include "backend/cuda/cuda_status.h"
@@ -34,6 +37,12 @@ int32_t padded_head_dim_for(int32_t head_dim) {
 }
 
 size_t align8(size_t n) { return (n + 7) & ~size_t{7}; }
+
+int32_t next_pow2(int32_t n) {
+  int32_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
 
 std::vector<uint16_t> to_bf16_bits(std::span<const float> values) {
   std::vector<uint16_t> out(values.size());
@@ -81,6 +90,7 @@ Result<DeviceBuffer> upload_f32(std::span<const float> values) {
 
 CudaModelRunner::~CudaModelRunner() {
   if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+  clear_graphs();
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -98,6 +108,8 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   spec_ = spec;
   device_ = device;
   padded_head_dim_ = padded_head_dim_for(spec.head_dim);
+  const char* graphs = std::getenv("KVP_CUDA_GRAPHS");
+  graphs_enabled_ = graphs == nullptr || std::string(graphs) != "0";
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   KVP_RETURN_IF_ERROR(cublas_status(cublasCreate(&cublas_), "cublasCreate"));
@@ -387,6 +399,7 @@ Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceK
 Status CudaModelRunner::reserve(int64_t num_tokens, int64_t num_rows, size_t meta_bytes) {
   if (meta_host_.size_bytes() < meta_bytes) {
     KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    clear_graphs();  // graphs hold the old buffers' addresses
     KVP_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(2 * meta_bytes));
     KVP_ASSIGN_OR_RETURN(meta_device_, DeviceBuffer::allocate(2 * meta_bytes));
   }
@@ -394,6 +407,7 @@ Status CudaModelRunner::reserve(int64_t num_tokens, int64_t num_rows, size_t met
   const int64_t dp = padded_head_dim_;
   if (num_tokens > token_capacity_) {
     KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    clear_graphs();  // graphs hold the old buffers' addresses
     const int64_t t = std::max<int64_t>(num_tokens, 16);
     const int64_t qkv_dim = int64_t{spec_.num_q_heads + 2 * spec_.num_kv_heads} * spec_.head_dim;
     KVP_ASSIGN_OR_RETURN(x_, DeviceBuffer::allocate(t * hidden * 4));
@@ -410,6 +424,7 @@ Status CudaModelRunner::reserve(int64_t num_tokens, int64_t num_rows, size_t met
   }
   if (num_rows > row_capacity_) {
     KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    clear_graphs();  // graphs hold the old buffers' addresses
     const int64_t r = std::max<int64_t>(num_rows, 8);
     KVP_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(r * spec_.vocab_size * 4));
     KVP_ASSIGN_OR_RETURN(logits_host_, PinnedBuffer::allocate(r * spec_.vocab_size * 4));
@@ -434,56 +449,151 @@ Status CudaModelRunner::forward(const ForwardBatch& batch, std::span<DeviceKvPoo
                                 std::span<float> logits) {
   KVP_RETURN_IF_ERROR(check_batch(batch, pools, logits));
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-  const auto num_tokens = static_cast<int64_t>(batch.token_ids.size());
+  const auto num_tokens = static_cast<int32_t>(batch.token_ids.size());
   const auto num_seqs = static_cast<int32_t>(batch.kv_lens.size());
-  const auto num_rows = static_cast<int64_t>(batch.logit_rows.size());
+  const auto num_rows = static_cast<int32_t>(batch.logit_rows.size());
   const int32_t num_groups = num_cache_groups();
+  if (num_tokens == 0) return Status::ok();
+
+  StepShape shape;
+  for (int32_t s = 0; s < num_seqs; ++s) {
+    shape.max_q_len = std::max(shape.max_q_len, batch.query_start[s + 1] - batch.query_start[s]);
+    shape.max_kv_len = std::max(shape.max_kv_len, batch.kv_lens[s]);
+  }
+  // Decode-only batches run as CUDA graphs, keyed by a padded shape: sequences, logit rows and
+  // block-table width rounded up to powers of two, max_kv_len to a power of two (an upper bound
+  // is all the attention kernels need). Padding sequences bring token 0 with kv_len 1, a
+  // skipped slot (-1) and block 0: their rows are computed and dropped.
+  const bool use_graph = graphs_enabled_ && shape.max_q_len == 1;
+  shape.num_seqs = use_graph ? next_pow2(num_seqs) : num_seqs;
+  shape.num_tokens = use_graph ? shape.num_seqs : num_tokens;
+  shape.num_rows = use_graph ? next_pow2(std::max(num_rows, 1)) : num_rows;
+  if (use_graph) shape.max_kv_len = next_pow2(std::max(shape.max_kv_len, 64));
+  shape.kv_dtype = pools[0].layout().dtype;
 
   // metadata staging: int32 [tokens | positions | query_start | kv_lens | logit_rows |
   // block tables of each group], then (8-aligned) int64 slot mappings of each group
-  size_t n32 = 2 * num_tokens + (num_seqs + 1) + num_seqs + num_rows;
-  std::vector<size_t> table_offset(num_groups), slot_offset(num_groups);
+  size_t n32 =
+      2 * size_t(shape.num_tokens) + (shape.num_seqs + 1) + shape.num_seqs + shape.num_rows;
   for (int32_t g = 0; g < num_groups; ++g) {
-    table_offset[g] = n32;
-    n32 += batch.groups[g].block_tables.size();
+    const int32_t width = batch.groups[g].max_blocks_per_seq;
+    shape.max_blocks[g] = use_graph ? next_pow2(std::max(width, 1)) : width;
+    shape.table_offset[g] = n32;
+    n32 += size_t(shape.num_seqs) * shape.max_blocks[g];
   }
-  size_t bytes = align8(n32 * 4);
+  shape.bytes = align8(n32 * 4);
   for (int32_t g = 0; g < num_groups; ++g) {
-    slot_offset[g] = bytes;
-    bytes += num_tokens * 8;
+    shape.slot_offset[g] = shape.bytes;
+    shape.bytes += size_t(shape.num_tokens) * 8;
   }
-  KVP_RETURN_IF_ERROR(reserve(num_tokens, num_rows, bytes));
-  if (num_tokens == 0) return Status::ok();
+  KVP_RETURN_IF_ERROR(reserve(shape.num_tokens, shape.num_rows, shape.bytes));
   // an earlier call that failed midway may still be reading the staging buffer
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
 
+  std::byte* base = meta_host_.as<std::byte>();
+  std::memset(base, 0, shape.bytes);
   int32_t* h32 = meta_host_.as<int32_t>();
-  int32_t max_q_len = 0, max_kv_len = 0;
   {
-    int32_t* positions = h32 + num_tokens;
-    std::memcpy(h32, batch.token_ids.data(), num_tokens * 4);
+    int32_t* positions = h32 + shape.num_tokens;
+    std::memcpy(h32, batch.token_ids.data(), size_t(num_tokens) * 4);
     for (int32_t s = 0; s < num_seqs; ++s) {
       const int32_t q_len = batch.query_start[s + 1] - batch.query_start[s];
       for (int32_t t = 0; t < q_len; ++t) {
         positions[batch.query_start[s] + t] = batch.kv_lens[s] - q_len + t;
       }
-      max_q_len = std::max(max_q_len, q_len);
-      max_kv_len = std::max(max_kv_len, batch.kv_lens[s]);
     }
-    int32_t* p = h32 + 2 * num_tokens;
-    std::memcpy(p, batch.query_start.data(), (num_seqs + 1) * 4);
-    p += num_seqs + 1;
-    std::memcpy(p, batch.kv_lens.data(), num_seqs * 4);
-    p += num_seqs;
-    std::memcpy(p, batch.logit_rows.data(), num_rows * 4);
+    int32_t* query_start = h32 + 2 * shape.num_tokens;
+    std::memcpy(query_start, batch.query_start.data(), size_t(num_seqs + 1) * 4);
+    int32_t* kv_lens = query_start + shape.num_seqs + 1;
+    std::memcpy(kv_lens, batch.kv_lens.data(), size_t(num_seqs) * 4);
+    for (int32_t s = num_seqs; s < shape.num_seqs; ++s) {  // padding sequences (graphs only)
+      query_start[s + 1] = query_start[s] + 1;
+      kv_lens[s] = 1;
+    }
+    std::memcpy(kv_lens + shape.num_seqs, batch.logit_rows.data(), size_t(num_rows) * 4);
     for (int32_t g = 0; g < num_groups; ++g) {
-      std::memcpy(h32 + table_offset[g], batch.groups[g].block_tables.data(),
-                  batch.groups[g].block_tables.size() * 4);
-      std::memcpy(meta_host_.as<std::byte>() + slot_offset[g], batch.groups[g].slot_mapping.data(),
-                  num_tokens * 8);
+      const ForwardBatch::Group& group = batch.groups[g];
+      for (int32_t s = 0; s < num_seqs; ++s) {
+        std::memcpy(h32 + shape.table_offset[g] + size_t(s) * shape.max_blocks[g],
+                    group.block_tables.data() + size_t(s) * group.max_blocks_per_seq,
+                    size_t(group.max_blocks_per_seq) * 4);
+      }
+      auto* slots = reinterpret_cast<int64_t*>(base + shape.slot_offset[g]);
+      std::memcpy(slots, group.slot_mapping.data(), size_t(num_tokens) * 8);
+      for (int32_t t = num_tokens; t < shape.num_tokens; ++t) slots[t] = -1;
     }
   }
-  KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_device_.data(), meta_host_.data(), bytes,
+
+  if (!use_graph) {
+    KVP_RETURN_IF_ERROR(enqueue_step(shape, pools));
+  } else {
+    GraphKey key;
+    key.num_seqs = shape.num_seqs;
+    key.num_rows = shape.num_rows;
+    key.max_kv_len = shape.max_kv_len;
+    key.kv_dtype = shape.kv_dtype;
+    for (int32_t g = 0; g < num_groups; ++g) {
+      key.max_blocks[g] = shape.max_blocks[g];
+      key.slab[g] = pools[g].slab();
+      key.num_blocks[g] = pools[g].layout().num_blocks;
+      key.block_size[g] = pools[g].layout().block_size;
+    }
+    auto it = std::find_if(graphs_.begin(), graphs_.end(),
+                           [&](const GraphEntry& e) { return e.key == key; });
+    if (it != graphs_.end() && it->exec != nullptr) {
+      KVP_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->exec, stream_));
+    } else {
+      // first time: run eagerly (which sizes every buffer and the attention workspace), then
+      // capture the same launches for the next steps of this shape
+      const bool known = it != graphs_.end();
+      const void* workspace_before = attention_workspace_.data();
+      KVP_RETURN_IF_ERROR(enqueue_step(shape, pools));
+      KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      if (attention_workspace_.data() != workspace_before) clear_graphs();
+      if (!known || graphs_.empty()) {
+        if (graphs_.size() >= kMaxGraphs) clear_graphs();
+        capture(shape, pools, key);
+      }
+    }
+  }
+  KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (num_rows > 0) std::memcpy(logits.data(), logits_host_.data(), logits.size() * 4);
+  return Status::ok();
+}
+
+void CudaModelRunner::capture(const StepShape& shape, std::span<DeviceKvPool> pools,
+                              const GraphKey& key) {
+  GraphEntry entry;
+  entry.key = key;
+  if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    const Status enqueued = enqueue_step(shape, pools);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (enqueued.is_ok() && ended == cudaSuccess && graph != nullptr &&
+        cudaGraphInstantiate(&entry.exec, graph, 0) != cudaSuccess) {
+      entry.exec = nullptr;
+    }
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
+  // a failed capture is a missed optimisation, not an error: this shape stays eager (exec null)
+  cudaGetLastError();
+  graphs_.push_back(entry);
+}
+
+void CudaModelRunner::clear_graphs() {
+  for (GraphEntry& e : graphs_) {
+    if (e.exec != nullptr) cudaGraphExecDestroy(e.exec);
+  }
+  graphs_.clear();
+}
+
+Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvPool> pools) {
+  const int64_t num_tokens = shape.num_tokens, num_rows = shape.num_rows;
+  const int32_t num_seqs = shape.num_seqs;
+  const std::array<size_t, 2>& slot_offset = shape.slot_offset;
+  const std::array<size_t, 2>& table_offset = shape.table_offset;
+  const int32_t max_q_len = shape.max_q_len, max_kv_len = shape.max_kv_len;
+  KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(meta_device_.data(), meta_host_.data(), shape.bytes,
                                            cudaMemcpyHostToDevice, stream_));
   const int32_t* d32 = meta_device_.as<const int32_t>();
   const int32_t* d_tokens = d32;
@@ -496,7 +606,7 @@ Status CudaModelRunner::forward(const ForwardBatch& batch, std::span<DeviceKvPoo
   const int64_t dp = padded_head_dim_;
   const int64_t qkv_dim = int64_t{spec_.num_q_heads + 2 * spec_.num_kv_heads} * spec_.head_dim;
   const float eps = spec_.rms_norm_eps;
-  const DType kv_dtype = pools[0].layout().dtype;
+  const DType kv_dtype = shape.kv_dtype;
   const auto T = static_cast<int32_t>(num_tokens);
 
   KVP_RETURN_IF_ERROR(
@@ -553,7 +663,7 @@ Status CudaModelRunner::forward(const ForwardBatch& batch, std::span<DeviceKvPoo
     ab.query_start = d_query_start;
     ab.kv_lens = d_kv_lens;
     ab.block_tables = d32 + table_offset[g];
-    ab.max_blocks_per_seq = batch.groups[g].max_blocks_per_seq;
+    ab.max_blocks_per_seq = shape.max_blocks[g];
     ab.max_q_len = max_q_len;
     ab.max_kv_len = max_kv_len;
     KVP_RETURN_IF_ERROR(paged_attention(params, ab, kv, q_.data(), kv_dtype, attn_.data(),
@@ -600,17 +710,15 @@ Status CudaModelRunner::forward(const ForwardBatch& batch, std::span<DeviceKvPoo
     const DeviceBuffer& head = lm_head_.data() != nullptr ? lm_head_ : embed_;
     KVP_RETURN_IF_ERROR(gemm(xn_.data(), head.data(), logits_.data(), true, num_rows, hidden,
                              spec_.vocab_size, "lm_head"));
+    const int64_t count = num_rows * spec_.vocab_size;
     if (spec_.final_logit_softcap > 0.0f) {
-      KVP_RETURN_IF_ERROR(
-          cuda_status(detail::launch_soft_cap(logits_.as<float>(), num_rows * spec_.vocab_size,
-                                              spec_.final_logit_softcap, stream_),
-                      "soft_cap_kernel"));
+      KVP_RETURN_IF_ERROR(cuda_status(
+          detail::launch_soft_cap(logits_.as<float>(), count, spec_.final_logit_softcap, stream_),
+          "soft_cap_kernel"));
     }
-    KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(), logits.size() * 4,
+    KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(), count * 4,
                                              cudaMemcpyDeviceToHost, stream_));
   }
-  KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  if (num_rows > 0) std::memcpy(logits.data(), logits_host_.data(), logits.size() * 4);
   return Status::ok();
 }
 

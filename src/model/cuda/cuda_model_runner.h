@@ -20,6 +20,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -79,9 +80,50 @@ class CudaModelRunner {
   // Returns when logits (host) are filled.
   Status forward(const ForwardBatch& batch, std::span<DeviceKvPool> pools, std::span<float> logits);
 
+  // Whether decode-only batches run as CUDA graphs (default on; the environment variable
+  // KVP_CUDA_GRAPHS=0 turns them off, as does this setter, for benchmarks that compare).
+  void set_graphs_enabled(bool enabled) {
+    graphs_enabled_ = enabled;
+    if (!enabled) clear_graphs();
+  }
+  // Captured decode graphs (those whose capture succeeded).
+  int32_t num_graphs() const {
+    int32_t n = 0;
+    for (const GraphEntry& e : graphs_) n += e.exec != nullptr ? 1 : 0;
+    return n;
+  }
+
  private:
+  // The device shape of one step (padded for graphs) and where its metadata sits in the
+  // staging buffer.
+  struct StepShape {
+    int32_t num_tokens = 0, num_seqs = 0, num_rows = 0, max_q_len = 0, max_kv_len = 0;
+    std::array<int32_t, 2> max_blocks{};   // block-table width per group
+    std::array<size_t, 2> table_offset{};  // int32 elements
+    std::array<size_t, 2> slot_offset{};   // bytes
+    size_t bytes = 0;
+    DType kv_dtype = DType::BF16;
+  };
+  struct GraphKey {
+    int32_t num_seqs = 0, num_rows = 0, max_kv_len = 0;
+    DType kv_dtype = DType::BF16;
+    std::array<int32_t, 2> max_blocks{}, num_blocks{}, block_size{};
+    std::array<void*, 2> slab{};
+    friend bool operator==(const GraphKey&, const GraphKey&) = default;
+  };
+  struct GraphEntry {
+    GraphKey key;
+    cudaGraphExec_t exec = nullptr;  // null: capture failed, this shape runs eagerly
+  };
+  static constexpr size_t kMaxGraphs = 64;
+
   CudaModelRunner() = default;
   Status init(const ModelSpec& spec, int device);
+  // Enqueues one step (metadata upload, every launch, logits download) on stream_.
+  Status enqueue_step(const StepShape& shape, std::span<DeviceKvPool> pools);
+  // Captures enqueue_step as a graph for `key` (a failed capture leaves the shape eager).
+  void capture(const StepShape& shape, std::span<DeviceKvPool> pools, const GraphKey& key);
+  void clear_graphs();
   Status check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                      std::span<float> logits) const;
   Status reserve(int64_t num_tokens, int64_t num_rows, size_t meta_bytes);
@@ -121,6 +163,8 @@ class CudaModelRunner {
   DeviceBuffer logits_;       // [rows][vocab] f32
   PinnedBuffer logits_host_;  // [rows][vocab] f32
   AttentionWorkspace attention_workspace_;
+  bool graphs_enabled_ = true;
+  std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)
 };
 
 }  // namespace kvp::cuda
