@@ -1,6 +1,8 @@
 // GPU benchmark of the CUDA model runner (docs/perf/model-cuda.md holds the numbers).
 //
 //   model_cuda_bench OUT.csv [--quick]
+//   model_cuda_bench OUT.csv --profile-decode   # one eager 8B decode step (batch 1, context
+//                                               # 512) between cudaProfilerStart/Stop, for ncu
 //
 // Models with random bf16 weights made on the device (make_random_cuda_backend) and a KV pool
 // filled with random values:
@@ -20,6 +22,7 @@
 // Decode floor = (weight bytes read + KV bytes read) / bandwidth; prefill ceiling = model FLOPs
 // / matmul rate. One fixed-format line per case on stdout, all of them in OUT.csv.
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -261,6 +264,13 @@ class ModelBench {
     return r;
   }
 
+  // One eager decode step inside cudaProfilerStart/Stop (after warm-ups), for ncu.
+  void profile_decode(int batch, int context) {
+    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(false);
+    profile_next_ = true;
+    decode(batch, context, false);
+  }
+
   // Prefill: one sequence of `length` tokens, logits for its last one.
   Row prefill(int length) {
     static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(false);
@@ -311,6 +321,13 @@ class ModelBench {
     batch.logit_rows = rows;
     std::vector<float> logits(rows.size() * spec_.vocab_size);
     for (int i = 0; i < 3; ++i) check_status(backend_->forward(batch, logits), "forward");
+    if (profile_next_) {
+      cudaProfilerStart();
+      check_status(backend_->forward(batch, logits), "forward");
+      cudaProfilerStop();
+      profile_next_ = false;
+      return 0.0;
+    }
     std::vector<double> us;
     for (int i = 0; i < iterations; ++i) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -331,6 +348,7 @@ class ModelBench {
   ModelSpec spec_;
   double bandwidth_, matmul_rate_;
   bool quick_;
+  bool profile_next_ = false;
   std::unique_ptr<ForwardBackend> backend_;
   int32_t num_blocks_ = 0;
   std::vector<int32_t> block_order_;
@@ -343,6 +361,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
+  const bool profile = argc > 2 && std::string(argv[2]) == "--profile-decode";
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "model_cuda_bench: no CUDA device\n");
@@ -350,6 +369,11 @@ int run(int argc, char** argv) {
   }
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
+  if (profile) {
+    ModelBench bench("llama31-8b", llama31_8b(), 4096, 1.0, 1.0, true);
+    bench.profile_decode(1, 512);
+    return 0;
+  }
   const double bandwidth = copy_bandwidth();
   const double matmul = gemm_rate(2048, 14336, 4096);
   std::printf(

@@ -124,6 +124,8 @@ class CudaModelRunner {
   // Captures enqueue_step as a graph for `key` (a failed capture leaves the shape eager).
   void capture(const StepShape& shape, std::span<DeviceKvPool> pools, const GraphKey& key);
   void clear_graphs();
+  // logits_host_ → the caller's buffer (several threads for large copies).
+  void copy_logits_out(std::span<float> logits) const;
   Status check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                      std::span<float> logits) const;
   Status reserve(int64_t num_tokens, int64_t num_rows, size_t meta_bytes);
