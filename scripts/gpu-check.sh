@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the CUDA backend's checks on a machine with an NVIDIA GPU, from a build copied there
 # (docs/cuda.md): the gpu tests, compute-sanitizer memcheck and racecheck over a reduced set of
-# them, then the GPU benchmark and its torch peer, writing logs and CSV into OUTDIR.
+# them, then the GPU benchmark and its torch peer, then the model runner's checks
+# (scripts/gpu/model-check.sh: model gpu tests, memcheck, model benchmark), writing logs and CSV
+# into OUTDIR. Run it from the repository root (the model tests read tests/model/fixtures/).
 #
 #   scripts/gpu-check.sh OUTDIR [--tests-only]
 #
@@ -23,6 +25,8 @@ find_bin() {
 }
 tests=$(find_bin kvp_backend_gpu_tests)
 bench=$(find_bin attention_cuda_bench)
+model_tests=$(find_bin kvp_model_gpu_tests)
+model_bench=$(find_bin model_cuda_bench)
 [ -n "${KVP_GPU_LIB:-}" ] && export LD_LIBRARY_PATH="$KVP_GPU_LIB:${LD_LIBRARY_PATH:-}"
 mkdir -p "$out"
 status=0
@@ -64,4 +68,8 @@ if [ "$mode" != "--tests-only" ]; then
   python3 "$here/gpu/compare.py" "$out/bench.csv" "$out/sdpa.csv" > "$out/summary.md" 2>&1
   cat "$out/summary.md"
 fi
+
+model_check=$here/gpu/model-check.sh
+[ -f "$model_check" ] || model_check=$here/model-check.sh
+bash "$model_check" "$out" "$model_tests" "$model_bench" "$mode" || status=1
 exit $status

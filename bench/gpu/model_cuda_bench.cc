@@ -1,0 +1,438 @@
+// GPU benchmark of the CUDA model runner (docs/perf/model-cuda.md holds the numbers).
+//
+//   model_cuda_bench OUT.csv [--quick]
+//   model_cuda_bench OUT.csv --profile-decode   # one eager 8B decode step (batch 1, context
+//                                               # 512) between cudaProfilerStart/Stop, for ncu
+//
+// Models with random bf16 weights made on the device (make_random_cuda_backend) and a KV pool
+// filled with random values:
+//   llama31-8b : 32 layers, hidden 4096, 32 q / 8 KV heads, head dim 128, intermediate 14336,
+//                vocab 128256, untied
+//   smollm2-135m shape : 30 layers, hidden 576, 9 q / 3 KV heads, head dim 64, intermediate 1536,
+//                vocab 49152, tied
+// Cases: decode steps (one new token per sequence, logits for each) at batch {1, 4, 64} x
+// context {512, 4096}, launched eagerly and as CUDA graphs; batch 64 with logits for one row
+// (the cost of the 33 MB of logits); prefill of 2048 tokens in one sequence (logits for its last
+// token).
+// Each step is one ForwardBackend::forward call, timed on the wall clock (host checks, metadata
+// upload, every launch, the logits' copy back): median of the timed calls after warm-ups.
+// Ceilings measured in the same run:
+//   bandwidth : device-to-device copy of a 2 GiB buffer (bytes read + written)
+//   matmul    : cuBLAS bf16 GEMM 2048 x 14336 x 4096, f32 accumulation
+// Decode floor = (weight bytes read + KV bytes read) / bandwidth; prefill ceiling = model FLOPs
+// / matmul rate. One fixed-format line per case on stdout, all of them in OUT.csv.
+#include <cublas_v2.h>
+#include <cuda_profiler_api.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/kernels.h"
+#include "model/cuda/cuda_forward_backend.h"
+
+namespace kvp::cuda {
+namespace {
+
+void check_status(const Status& s, const char* what) {
+  if (!s.is_ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, s.to_string().c_str());
+    std::exit(1);
+  }
+}
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s failed: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+template <typename T>
+T value_or_die(Result<T> r, const char* what) {
+  check_status(r.status(), what);
+  return std::move(r).value();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Bytes per second of a device-to-device copy, counting bytes read and written.
+double copy_bandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  DeviceBuffer a = value_or_die(DeviceBuffer::allocate(bytes), "copy buffer");
+  DeviceBuffer b = value_or_die(DeviceBuffer::allocate(bytes), "copy buffer");
+  check_cuda(cudaMemset(a.data(), 1, bytes), "cudaMemset");
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> rates;
+  for (int i = 0; i < 12; ++i) {
+    cudaEventRecord(start);
+    check_cuda(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice), "copy");
+    cudaEventRecord(stop);
+    check_cuda(cudaEventSynchronize(stop), "copy sync");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (i >= 2) rates.push_back(2.0 * bytes / (ms * 1e-3));
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return median(rates);
+}
+
+// FLOP/s of a cuBLAS bf16 GEMM [m][k] x [n][k]^T with f32 accumulation and bf16 output.
+double gemm_rate(int64_t m, int64_t n, int64_t k) {
+  DeviceBuffer x = value_or_die(DeviceBuffer::allocate(m * k * 2), "gemm x");
+  DeviceBuffer w = value_or_die(DeviceBuffer::allocate(n * k * 2), "gemm w");
+  DeviceBuffer y = value_or_die(DeviceBuffer::allocate(m * n * 2), "gemm y");
+  check_cuda(detail::launch_fill_uniform(x.data(), true, m * k, 1, -1, 1, nullptr), "fill");
+  check_cuda(detail::launch_fill_uniform(w.data(), true, n * k, 2, -0.02f, 0.02f, nullptr), "fill");
+  cublasHandle_t h;
+  cublasCreate(&h);
+  const float alpha = 1, beta = 0;
+  auto run = [&] {
+    const cublasStatus_t st =
+        cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &alpha, w.data(), CUDA_R_16BF, static_cast<int>(k),
+                     x.data(), CUDA_R_16BF, static_cast<int>(k), &beta, y.data(), CUDA_R_16BF,
+                     static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) {
+      std::fprintf(stderr, "cublasGemmEx failed: %d\n", static_cast<int>(st));
+      std::exit(1);
+    }
+  };
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (int i = 0; i < 5; ++i) run();
+  std::vector<double> rates;
+  for (int i = 0; i < 10; ++i) {
+    cudaEventRecord(start);
+    for (int j = 0; j < 10; ++j) run();
+    cudaEventRecord(stop);
+    check_cuda(cudaEventSynchronize(stop), "gemm sync");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    rates.push_back(10.0 * 2.0 * m * n * k / (ms * 1e-3));
+  }
+  cublasDestroy(h);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return median(rates);
+}
+
+ModelSpec llama31_8b() {
+  ModelSpec s;
+  s.architecture = Architecture::kLlama;
+  s.vocab_size = 128256;
+  s.hidden_size = 4096;
+  s.intermediate_size = 14336;
+  s.num_layers = 32;
+  s.num_q_heads = 32;
+  s.num_kv_heads = 8;
+  s.head_dim = 128;
+  s.rms_norm_eps = 1e-5f;
+  s.attention_scale = 1.0f / std::sqrt(128.0f);
+  s.rope_global.theta = 500000.0;
+  s.rope_global.scaling.kind = cpu::RopeScaling::Kind::kLlama3;
+  s.rope_global.scaling.factor = 8.0;
+  s.rope_global.scaling.low_freq_factor = 1.0;
+  s.rope_global.scaling.high_freq_factor = 4.0;
+  s.rope_global.scaling.original_max_position_embeddings = 8192;
+  s.rope_local = s.rope_global;
+  s.layer_is_sliding.assign(s.num_layers, false);
+  s.eos_token_ids = {128001};
+  return s;
+}
+
+ModelSpec smollm2_135m() {
+  ModelSpec s;
+  s.architecture = Architecture::kLlama;
+  s.vocab_size = 49152;
+  s.hidden_size = 576;
+  s.intermediate_size = 1536;
+  s.num_layers = 30;
+  s.num_q_heads = 9;
+  s.num_kv_heads = 3;
+  s.head_dim = 64;
+  s.rms_norm_eps = 1e-5f;
+  s.tie_word_embeddings = true;
+  s.attention_scale = 1.0f / 8.0f;
+  s.rope_global.theta = 100000.0;
+  s.rope_local = s.rope_global;
+  s.layer_is_sliding.assign(s.num_layers, false);
+  s.eos_token_ids = {2};
+  return s;
+}
+
+// FLOPs of the weight matrices for one token (2 per multiply-add), lm_head excluded.
+double matmul_flops_per_token(const ModelSpec& s) {
+  const double h = s.hidden_size, d = s.head_dim, i = s.intermediate_size;
+  const double per_layer =
+      h * (s.num_q_heads + 2.0 * s.num_kv_heads) * d + s.num_q_heads * d * h + 3.0 * h * i;
+  return 2.0 * per_layer * s.num_layers;
+}
+
+struct Row {
+  std::string model, kind, mode;
+  int batch = 0, context = 0, tokens = 0, logit_rows = 0;
+  double step_us = 0, tok_per_s = 0, bound_us = 0, ratio = 0;
+  std::string bound;
+};
+
+class ModelBench {
+ public:
+  ModelBench(std::string name, const ModelSpec& spec, int32_t max_tokens, double bandwidth,
+             double matmul_rate, bool quick)
+      : name_(std::move(name)),
+        spec_(spec),
+        bandwidth_(bandwidth),
+        matmul_rate_(matmul_rate),
+        quick_(quick) {
+    backend_ = value_or_die(make_random_cuda_backend(spec, 1234), "make_random_cuda_backend");
+    num_blocks_ = (max_tokens + kBlockSize - 1) / kBlockSize + 64;
+    const KvLayout layout = backend_->group_layout(0, num_blocks_, kBlockSize, DType::BF16);
+    check_status(backend_->allocate_kv(std::span(&layout, 1)), "allocate_kv");
+    check_status(static_cast<CudaForwardBackend&>(*backend_).fill_kv_random(7), "fill_kv_random");
+    // blocks handed out in a shuffled order, as a long-running pool would
+    block_order_.resize(num_blocks_);
+    std::iota(block_order_.begin(), block_order_.end(), 0);
+    std::shuffle(block_order_.begin(), block_order_.end(), std::mt19937_64(42));
+    const auto& runner = static_cast<CudaForwardBackend&>(*backend_).runner();
+    weight_bytes_ = runner.weight_bytes();
+    std::printf("%s: %.2f GB of bf16 weights, KV pool %d blocks of %d tokens (%.2f GB)\n",
+                name_.c_str(), weight_bytes_ / 1e9, num_blocks_, kBlockSize,
+                layout.size_bytes() / 1e9);
+  }
+
+  // Decode: `batch` sequences with `context` tokens after the step, logits for `logit_rows` of
+  // them (0: all), as CUDA graphs or eagerly launched.
+  Row decode(int batch, int context, bool graphs, int logit_rows = 0) {
+    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(graphs);
+    if (logit_rows == 0) logit_rows = batch;
+    const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
+    std::vector<int32_t> tokens(batch), query_start(batch + 1), kv_lens(batch, context),
+        rows(batch), tables(static_cast<size_t>(batch) * blocks_per_seq);
+    std::vector<int64_t> slots(batch);
+    for (int i = 0; i < batch; ++i) {
+      tokens[i] = (i * 7919 + 11) % spec_.vocab_size;
+      query_start[i + 1] = i + 1;
+      rows[i] = i;
+      for (int b = 0; b < blocks_per_seq; ++b) {
+        tables[static_cast<size_t>(i) * blocks_per_seq + b] = block_order_[i * blocks_per_seq + b];
+      }
+      const int32_t pos = context - 1;
+      slots[i] =
+          int64_t{tables[static_cast<size_t>(i) * blocks_per_seq + pos / kBlockSize]} * kBlockSize +
+          pos % kBlockSize;
+    }
+    rows.resize(logit_rows);
+    const double us = time_step(tokens, query_start, kv_lens, slots, tables, blocks_per_seq, rows,
+                                quick_ ? 5 : 30);
+    // bytes one step must read: every weight matrix once (the embedding only for its rows when
+    // the lm_head is separate), every cached K and V once
+    const double embed_bytes = 2.0 * spec_.vocab_size * spec_.hidden_size;
+    const double weights_read = spec_.tie_word_embeddings
+                                    ? weight_bytes_
+                                    : weight_bytes_ - embed_bytes + 2.0 * batch * spec_.hidden_size;
+    const double kv_read =
+        2.0 * batch * context * spec_.num_layers * 2.0 * spec_.num_kv_heads * spec_.head_dim;
+    Row r;
+    r.model = name_;
+    r.kind = "decode";
+    r.mode = graphs ? "graph" : "eager";
+    r.logit_rows = logit_rows;
+    r.batch = batch;
+    r.context = context;
+    r.tokens = batch;
+    r.step_us = us;
+    r.tok_per_s = batch / (us * 1e-6);
+    r.bound_us = (weights_read + kv_read) / bandwidth_ * 1e6;
+    r.ratio = us / r.bound_us;
+    r.bound = "floor: (weights + KV bytes) / copy bandwidth";
+    return r;
+  }
+
+  // One eager decode step inside cudaProfilerStart/Stop (after warm-ups), for ncu.
+  void profile_decode(int batch, int context) {
+    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(false);
+    profile_next_ = true;
+    decode(batch, context, false);
+  }
+
+  // Prefill: one sequence of `length` tokens, logits for its last one.
+  Row prefill(int length) {
+    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(false);
+    const int32_t blocks_per_seq = (length + kBlockSize - 1) / kBlockSize;
+    std::vector<int32_t> tokens(length), query_start = {0, length}, kv_lens = {length},
+                                         rows = {length - 1}, tables(blocks_per_seq);
+    std::vector<int64_t> slots(length);
+    for (int b = 0; b < blocks_per_seq; ++b) tables[b] = block_order_[b];
+    for (int t = 0; t < length; ++t) {
+      tokens[t] = (t * 31 + 5) % spec_.vocab_size;
+      slots[t] = int64_t{tables[t / kBlockSize]} * kBlockSize + t % kBlockSize;
+    }
+    const double us = time_step(tokens, query_start, kv_lens, slots, tables, blocks_per_seq, rows,
+                                quick_ ? 3 : 10);
+    // causal attention: q·k and p·v over length²/2 pairs per head
+    const double attn_flops =
+        2.0 * 2.0 * length * (length / 2.0) * spec_.num_q_heads * spec_.head_dim * spec_.num_layers;
+    const double flops = matmul_flops_per_token(spec_) * length + attn_flops +
+                         2.0 * spec_.hidden_size * spec_.vocab_size;
+    Row r;
+    r.model = name_;
+    r.kind = "prefill";
+    r.mode = "eager";
+    r.logit_rows = 1;
+    r.batch = 1;
+    r.context = length;
+    r.tokens = length;
+    r.step_us = us;
+    r.tok_per_s = length / (us * 1e-6);
+    r.bound_us = flops / matmul_rate_ * 1e6;
+    r.ratio = us / r.bound_us;
+    r.bound = "ceiling: model FLOPs / cuBLAS bf16 GEMM rate";
+    return r;
+  }
+
+ private:
+  static constexpr int32_t kBlockSize = 16;
+
+  double time_step(const std::vector<int32_t>& tokens, const std::vector<int32_t>& query_start,
+                   const std::vector<int32_t>& kv_lens, const std::vector<int64_t>& slots,
+                   const std::vector<int32_t>& tables, int32_t max_blocks,
+                   const std::vector<int32_t>& rows, int iterations) {
+    ForwardBatch batch;
+    batch.token_ids = tokens;
+    batch.query_start = query_start;
+    batch.kv_lens = kv_lens;
+    batch.groups.push_back({slots, tables, max_blocks});
+    batch.logit_rows = rows;
+    std::vector<float> logits(rows.size() * spec_.vocab_size);
+    for (int i = 0; i < 3; ++i) check_status(backend_->forward(batch, logits), "forward");
+    if (profile_next_) {
+      cudaProfilerStart();
+      check_status(backend_->forward(batch, logits), "forward");
+      cudaProfilerStop();
+      profile_next_ = false;
+      return 0.0;
+    }
+    std::vector<double> us;
+    for (int i = 0; i < iterations; ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      check_status(backend_->forward(batch, logits), "forward");
+      const auto t1 = std::chrono::steady_clock::now();
+      us.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    }
+    for (float v : logits) {
+      if (!std::isfinite(v)) {
+        std::fprintf(stderr, "%s: non-finite logit\n", name_.c_str());
+        std::exit(1);
+      }
+    }
+    return median(us);
+  }
+
+  std::string name_;
+  ModelSpec spec_;
+  double bandwidth_, matmul_rate_;
+  bool quick_;
+  bool profile_next_ = false;
+  std::unique_ptr<ForwardBackend> backend_;
+  int32_t num_blocks_ = 0;
+  std::vector<int32_t> block_order_;
+  double weight_bytes_ = 0;
+};
+
+int run(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: model_cuda_bench OUT.csv [--quick]\n");
+    return 2;
+  }
+  const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
+  const bool profile = argc > 2 && std::string(argv[2]) == "--profile-decode";
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "model_cuda_bench: no CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  if (profile) {
+    ModelBench bench("llama31-8b", llama31_8b(), 4096, 1.0, 1.0, true);
+    bench.profile_decode(1, 512);
+    return 0;
+  }
+  const double bandwidth = copy_bandwidth();
+  const double matmul = gemm_rate(2048, 14336, 4096);
+  std::printf(
+      "device: %s\nceilings: copy bandwidth %.0f GB/s (read + written), cuBLAS bf16 GEMM "
+      "2048x14336x4096 %.1f TFLOP/s\n",
+      prop.name, bandwidth / 1e9, matmul / 1e12);
+  std::vector<Row> rows;
+  const auto print = [](const Row& r) {
+    std::printf(
+        "%-13s %-7s %-5s batch %3d ctx %5d rows %3d : %9.1f us %9.0f tok/s  %s %8.1f us  ratio "
+        "%.2f\n",
+        r.model.c_str(), r.kind.c_str(), r.mode.c_str(), r.batch, r.context, r.logit_rows,
+        r.step_us, r.tok_per_s, r.kind == "decode" ? "floor  " : "ceiling", r.bound_us, r.ratio);
+    std::fflush(stdout);
+  };
+  {
+    ModelBench bench("llama31-8b", llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, quick);
+    for (int batch : {1, 4, 64}) {
+      for (int context : {512, 4096}) {
+        for (bool graphs : {false, true}) {
+          rows.push_back(bench.decode(batch, context, graphs));
+          print(rows.back());
+        }
+      }
+    }
+    // the same step with one logit row: what copying 64 x 128256 f32 logits to the host costs
+    rows.push_back(bench.decode(64, 512, true, 1));
+    print(rows.back());
+    rows.push_back(bench.prefill(2048));
+    print(rows.back());
+  }
+  {
+    ModelBench bench("smollm2-135m", smollm2_135m(), 4096, bandwidth, matmul, quick);
+    for (bool graphs : {false, true}) {
+      rows.push_back(bench.decode(1, 512, graphs));
+      print(rows.back());
+    }
+    rows.push_back(bench.prefill(2048));
+    print(rows.back());
+  }
+  FILE* csv = std::fopen(argv[1], "w");
+  if (csv == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", argv[1]);
+    return 1;
+  }
+  std::fprintf(csv,
+               "device,model,kind,mode,batch,context,tokens,logit_rows,step_us,tok_per_s,bound_us,"
+               "ratio,bound,copy_gbps,gemm_tflops\n");
+  for (const Row& r : rows) {
+    std::fprintf(csv, "%s,%s,%s,%s,%d,%d,%d,%d,%.2f,%.1f,%.2f,%.3f,%s,%.1f,%.1f\n", prop.name,
+                 r.model.c_str(), r.kind.c_str(), r.mode.c_str(), r.batch, r.context, r.tokens,
+                 r.logit_rows, r.step_us, r.tok_per_s, r.bound_us, r.ratio, r.bound.c_str(),
+                 bandwidth / 1e9, matmul / 1e12);
+  }
+  std::fclose(csv);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvp::cuda
+
+int main(int argc, char** argv) { return kvp::cuda::run(argc, argv); }

@@ -1,0 +1,212 @@
+// CudaForwardBackend (cuda_forward_backend.h): pools, block moves with layout conversion.
+#include "model/cuda/cuda_forward_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "backend/cuda/cuda_status.h"
+#include "backend/cuda/kernels.h"
+
+namespace kvp::cuda {
+
+CudaForwardBackend::CudaForwardBackend(std::unique_ptr<CudaModelRunner> runner)
+    : runner_(std::move(runner)) {}
+
+CudaForwardBackend::~CudaForwardBackend() {
+  if (runner_ != nullptr) cudaStreamSynchronize(runner_->stream());
+}
+
+std::string CudaForwardBackend::device_name() const {
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, runner_->device()) != cudaSuccess) {
+    cudaGetLastError();
+    return fmt::format("cuda:{}", runner_->device());
+  }
+  return fmt::format("cuda:{} ({})", runner_->device(), prop.name);
+}
+
+int32_t CudaForwardBackend::num_group_layers(int32_t group) const {
+  return static_cast<int32_t>(runner_->group_layers(group).size());
+}
+
+KvLayout CudaForwardBackend::group_layout(int32_t group, int32_t num_blocks, int32_t block_size,
+                                          DType dtype) const {
+  KvLayout layout;
+  layout.num_layers = num_group_layers(group);
+  layout.num_blocks = num_blocks;
+  layout.num_kv_heads = runner_->spec().num_kv_heads;
+  layout.block_size = block_size;
+  layout.head_dim = runner_->spec().head_dim;
+  layout.dtype = dtype;
+  return layout;
+}
+
+Status CudaForwardBackend::check_kv_dtype(DType dtype) const {
+  if (dtype == DType::BF16 || dtype == DType::F16) return Status::ok();
+  return Status::invalid_argument("KV dtype {} is not supported by the cuda backend (bf16, f16)",
+                                  dtype_name(dtype));
+}
+
+Status CudaForwardBackend::allocate_kv(std::span<const KvLayout> layouts) {
+  if (static_cast<int32_t>(layouts.size()) != num_cache_groups()) {
+    return Status::invalid_argument("cuda allocate_kv: {} layouts for {} cache groups",
+                                    layouts.size(), num_cache_groups());
+  }
+  for (int32_t g = 0; g < num_cache_groups(); ++g) {
+    KVP_RETURN_IF_ERROR(check_kv_dtype(layouts[g].dtype));
+    if (layouts[g].num_blocks <= 0 || layouts[g].block_size <= 0 ||
+        layouts[g] !=
+            group_layout(g, layouts[g].num_blocks, layouts[g].block_size, layouts[g].dtype)) {
+      return Status::invalid_argument(
+          "cuda allocate_kv: layout of cache group {} (layers {}, kv heads {}, head dim {}, "
+          "blocks {}, block size {}) does not fit the model",
+          g, layouts[g].num_layers, layouts[g].num_kv_heads, layouts[g].head_dim,
+          layouts[g].num_blocks, layouts[g].block_size);
+    }
+  }
+  KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(runner_->stream()));
+  pools_.clear();  // free the old pools before the new ones take their room
+  layouts_.clear();
+  std::vector<DeviceKvPool> pools;
+  for (const KvLayout& logical : layouts) {
+    KvLayout device = logical;
+    device.head_dim = runner_->padded_head_dim();
+    KVP_ASSIGN_OR_RETURN(DeviceKvPool pool, DeviceKvPool::create(device));
+    pools.push_back(std::move(pool));
+  }
+  pools_ = std::move(pools);
+  layouts_.assign(layouts.begin(), layouts.end());
+  return Status::ok();
+}
+
+Status CudaForwardBackend::check_group(int32_t group, const char* what) const {
+  if (group < 0 || group >= static_cast<int32_t>(pools_.size())) {
+    return Status::invalid_argument("cuda {}: cache group {} has no KV pool ({} allocated)", what,
+                                    group, pools_.size());
+  }
+  return Status::ok();
+}
+
+Status CudaForwardBackend::forward(const ForwardBatch& batch, std::span<float> logits) {
+  if (static_cast<int32_t>(pools_.size()) != num_cache_groups()) {
+    return Status::invalid_argument("cuda forward: no KV pools (call allocate_kv first)");
+  }
+  return runner_->forward(batch, pools_, logits);
+}
+
+Status CudaForwardBackend::copy_blocks(int32_t group, std::span<const BlockCopy> ops) {
+  KVP_RETURN_IF_ERROR(check_group(group, "copy_blocks"));
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].group != group) {
+      return Status::invalid_argument("cuda copy_blocks: op {} is for group {}, not group {}", i,
+                                      ops[i].group, group);
+    }
+  }
+  KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_RETURN_IF_ERROR(pools_[group].copy_blocks(ops, runner_->stream()));
+  return cuda_status(cudaStreamSynchronize(runner_->stream()), "cudaStreamSynchronize");
+}
+
+Status CudaForwardBackend::reserve_staging(size_t bytes) const {
+  if (staging_.size_bytes() >= bytes) return Status::ok();
+  KVP_ASSIGN_OR_RETURN(staging_, PinnedBuffer::allocate(bytes));
+  return Status::ok();
+}
+
+Status CudaForwardBackend::read_blocks(int32_t group, std::span<const BlockId> blocks,
+                                       std::span<std::byte> image) const {
+  KVP_RETURN_IF_ERROR(check_group(group, "read_blocks"));
+  const KvLayout& logical = layouts_[group];
+  const KvLayout& device = pools_[group].layout();
+  if (image.size() != blocks.size() * logical.block_size_bytes()) {
+    return Status::invalid_argument("cuda read_blocks: image of {} bytes for {} blocks of {} bytes",
+                                    image.size(), blocks.size(), logical.block_size_bytes());
+  }
+  if (blocks.empty()) return Status::ok();
+  KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_RETURN_IF_ERROR(reserve_staging(blocks.size() * device.block_size_bytes()));
+  KVP_RETURN_IF_ERROR(pools_[group].copy_blocks_to_host(blocks, staging_, runner_->stream()));
+  KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(runner_->stream()));
+  if (device.head_dim == logical.head_dim) {
+    std::memcpy(image.data(), staging_.data(), image.size());
+    return Status::ok();
+  }
+  // [rows of head vectors]: drop each row's pad lanes
+  const size_t elem = dtype_size_bytes(logical.dtype);
+  const size_t rows = blocks.size() * logical.block_size_bytes() / (logical.head_dim * elem);
+  const std::byte* src = staging_.as<const std::byte>();
+  for (size_t r = 0; r < rows; ++r) {
+    std::memcpy(image.data() + r * logical.head_dim * elem, src + r * device.head_dim * elem,
+                logical.head_dim * elem);
+  }
+  return Status::ok();
+}
+
+Status CudaForwardBackend::write_blocks(int32_t group, std::span<const BlockId> blocks,
+                                        std::span<const std::byte> image) {
+  KVP_RETURN_IF_ERROR(check_group(group, "write_blocks"));
+  const KvLayout& logical = layouts_[group];
+  const KvLayout& device = pools_[group].layout();
+  if (image.size() != blocks.size() * logical.block_size_bytes()) {
+    return Status::invalid_argument(
+        "cuda write_blocks: image of {} bytes for {} blocks of {} bytes", image.size(),
+        blocks.size(), logical.block_size_bytes());
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i].value < 0 || blocks[i].value >= logical.num_blocks) {
+      return Status::invalid_argument(
+          "cuda write_blocks: entry {} is block {}, outside the pool of {}", i, blocks[i].value,
+          logical.num_blocks);
+    }
+  }
+  if (blocks.empty()) return Status::ok();
+  KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_RETURN_IF_ERROR(reserve_staging(blocks.size() * device.block_size_bytes()));
+  if (device.head_dim == logical.head_dim) {
+    std::memcpy(staging_.data(), image.data(), image.size());
+  } else {
+    const size_t elem = dtype_size_bytes(logical.dtype);
+    const size_t rows = blocks.size() * logical.block_size_bytes() / (logical.head_dim * elem);
+    std::byte* dst = staging_.as<std::byte>();
+    std::memset(dst, 0, rows * device.head_dim * elem);
+    for (size_t r = 0; r < rows; ++r) {
+      std::memcpy(dst + r * device.head_dim * elem, image.data() + r * logical.head_dim * elem,
+                  logical.head_dim * elem);
+    }
+  }
+  KVP_RETURN_IF_ERROR(pools_[group].copy_blocks_from_host(staging_, blocks, runner_->stream()));
+  return cuda_status(cudaStreamSynchronize(runner_->stream()), "cudaStreamSynchronize");
+}
+
+Status CudaForwardBackend::fill_kv_random(uint64_t seed) {
+  KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  for (size_t g = 0; g < pools_.size(); ++g) {
+    const KvLayout& layout = pools_[g].layout();
+    KVP_RETURN_IF_ERROR(cuda_status(
+        detail::launch_fill_uniform(pools_[g].slab(), layout.dtype == DType::BF16,
+                                    layout.size_elems(), seed + g, -1.0f, 1.0f, runner_->stream()),
+        "fill_uniform_kernel"));
+  }
+  return cuda_status(cudaStreamSynchronize(runner_->stream()), "cudaStreamSynchronize");
+}
+
+Result<std::unique_ptr<ForwardBackend>> make_cuda_backend(const ModelSpec& spec,
+                                                          const WeightSource& source,
+                                                          const LoadProgress& progress,
+                                                          int device) {
+  KVP_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
+                       CudaModelRunner::load(spec, source, progress, device));
+  return std::unique_ptr<ForwardBackend>(new CudaForwardBackend(std::move(runner)));
+}
+
+Result<std::unique_ptr<ForwardBackend>> make_random_cuda_backend(const ModelSpec& spec,
+                                                                 uint64_t seed, int device) {
+  KVP_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
+                       CudaModelRunner::random(spec, seed, device));
+  return std::unique_ptr<ForwardBackend>(new CudaForwardBackend(std::move(runner)));
+}
+
+}  // namespace kvp::cuda

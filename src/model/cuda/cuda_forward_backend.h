@@ -1,0 +1,72 @@
+// CudaForwardBackend: model/forward_backend.h on one CUDA device — a CudaModelRunner plus one
+// cuda::DeviceKvPool per cache group. KVP_CUDA builds only (compile definition
+// KVP_HAVE_CUDA_MODEL).
+//
+// Layouts: group_layout, kv_layout and the host block images of read_blocks/write_blocks are the
+// model's LOGICAL layout (real head_dim), so cache files and session tiers do not depend on the
+// device. When the runner pads head_dim (tiny models: head_dim < 64), the device pool holds
+//   [layers][blocks][2][kv_heads][block_size][padded_head_dim]
+// and read_blocks/write_blocks convert on the host (pad lanes written as zero).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/kv_pool.h"
+#include "model/cuda/cuda_model_runner.h"
+#include "model/forward_backend.h"
+
+namespace kvp::cuda {
+
+class CudaForwardBackend final : public ForwardBackend {
+ public:
+  explicit CudaForwardBackend(std::unique_ptr<CudaModelRunner> runner);
+  ~CudaForwardBackend() override;
+
+  const ModelSpec& spec() const override { return runner_->spec(); }
+  std::string device_name() const override;
+  int32_t num_cache_groups() const override { return runner_->num_cache_groups(); }
+  int32_t num_group_layers(int32_t group) const override;
+  bool group_is_sliding(int32_t group) const override { return runner_->group_is_sliding(group); }
+  KvLayout group_layout(int32_t group, int32_t num_blocks, int32_t block_size,
+                        DType dtype) const override;
+  Status check_kv_dtype(DType dtype) const override;
+  Status allocate_kv(std::span<const KvLayout> layouts) override;
+  const KvLayout& kv_layout(int32_t group) const override { return layouts_[group]; }
+  Status forward(const ForwardBatch& batch, std::span<float> logits) override;
+  Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) override;
+  Status read_blocks(int32_t group, std::span<const BlockId> blocks,
+                     std::span<std::byte> image) const override;
+  Status write_blocks(int32_t group, std::span<const BlockId> blocks,
+                      std::span<const std::byte> image) override;
+
+  // For benchmarks and tests: the runner, and every pool filled with uniform values in [-1, 1).
+  const CudaModelRunner& runner() const { return *runner_; }
+  CudaModelRunner& runner() { return *runner_; }
+  Status fill_kv_random(uint64_t seed);
+
+ private:
+  Status check_group(int32_t group, const char* what) const;
+  Status reserve_staging(size_t bytes) const;
+
+  std::unique_ptr<CudaModelRunner> runner_;
+  std::vector<KvLayout> layouts_;    // logical, one per group (empty before allocate_kv)
+  std::vector<DeviceKvPool> pools_;  // device, head_dim = runner_->padded_head_dim()
+  mutable PinnedBuffer staging_;     // block images in the device layout
+};
+
+// Loads `spec`'s weights from `source` onto `device` (bf16) and wraps them as a ForwardBackend.
+Result<std::unique_ptr<ForwardBackend>> make_cuda_backend(const ModelSpec& spec,
+                                                          const WeightSource& source,
+                                                          const LoadProgress& progress = {},
+                                                          int device = 0);
+
+// The same with random bf16 weights made on the device (benchmarks of shapes nobody downloads).
+Result<std::unique_ptr<ForwardBackend>> make_random_cuda_backend(const ModelSpec& spec,
+                                                                 uint64_t seed, int device = 0);
+
+}  // namespace kvp::cuda

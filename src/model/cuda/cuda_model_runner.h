@@ -1,0 +1,172 @@
+// CudaModelRunner: the forward pass of model/model_runner.h on one CUDA device, same semantics
+// (the CPU runner is the oracle), bf16 weights and tensor-core GEMMs.
+//
+//   per step:  host checks of the batch → one pinned staging buffer → one async upload
+//   embed(+scale) → rms_norm ─┐
+//   per layer:  GEMM qkv (f32 out) → qkv_post: +bias, q/k norm, rope, → KV dtype, pad head_dim
+//               → cuda::launch_kv_write → cuda::paged_attention → GEMM o (f32 out)
+//               → residual_norm: (+post norm) x += o, xn = norm(x)
+//               → GEMM gate_up (bf16 out) → gated activation → GEMM down (f32 out)
+//               → residual_norm: (+post norm) x += down, xn = next layer's norm(x)
+//   logit rows: gather + final norm → GEMM lm_head (f32 out) → soft cap → host
+//
+// The residual stream x stays f32; GEMM inputs are bf16 with f32 accumulation (cuBLAS).
+// Head dims the attention kernels lack (not 64/128/256) are zero-padded to the next supported
+// one inside the runner: q and k pad lanes are zero (q·k unchanged), v pad lanes are dropped by
+// zero columns in the padded o matrix. The device pools therefore hold padded_head_dim();
+// CudaForwardBackend converts to the model's logical layout at its block image boundary.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/kv_pool.h"
+#include "backend/cuda/paged_attention.h"
+#include "model/model_runner.h"
+#include "model/model_spec.h"
+#include "model/weight_source.h"
+
+namespace kvp::cuda {
+
+struct DeviceLayerWeights {
+  DeviceBuffer attn_norm;       // [hidden] f32 (Gemma's 1 + w folded in)
+  DeviceBuffer qkv;             // [q_dim + 2 kv_dim][hidden] bf16: q rows, k rows, v rows
+  DeviceBuffer qkv_bias;        // [q_dim + 2 kv_dim] f32 or empty
+  DeviceBuffer q_norm, k_norm;  // [head_dim] f32 or empty
+  DeviceBuffer o;               // [hidden][num_q_heads * padded_head_dim] bf16, pad columns 0
+  DeviceBuffer post_attn_norm;  // [hidden] f32 or empty
+  DeviceBuffer mlp_norm;        // [hidden] f32
+  DeviceBuffer gate_up;         // [2 * intermediate][hidden] bf16: gate rows, then up rows
+  DeviceBuffer down;            // [hidden][intermediate] bf16
+  DeviceBuffer post_mlp_norm;   // [hidden] f32 or empty
+};
+
+class CudaModelRunner {
+ public:
+  // Reads each tensor through source.read_f32, converts it to bf16 and uploads it before reading
+  // the next, so host memory holds at most one f32 tensor. Errors name the tensor (from the
+  // source) or the CUDA call.
+  static Result<std::unique_ptr<CudaModelRunner>> load(const ModelSpec& spec,
+                                                       const WeightSource& source,
+                                                       const LoadProgress& progress, int device);
+  // Random bf16 weights made on the device (uniform, scaled by 1/sqrt(fan-in); norms 1), for
+  // benchmarks of shapes nobody downloads.
+  static Result<std::unique_ptr<CudaModelRunner>> random(const ModelSpec& spec, uint64_t seed,
+                                                         int device);
+  ~CudaModelRunner();
+  CudaModelRunner(const CudaModelRunner&) = delete;
+  CudaModelRunner& operator=(const CudaModelRunner&) = delete;
+
+  const ModelSpec& spec() const { return spec_; }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  int32_t padded_head_dim() const { return padded_head_dim_; }
+  // Bytes of every weight matrix and vector on the device.
+  size_t weight_bytes() const { return weight_bytes_; }
+
+  int32_t num_cache_groups() const { return static_cast<int32_t>(group_layers_.size()); }
+  const std::vector<int32_t>& group_layers(int32_t group) const { return group_layers_[group]; }
+  bool group_is_sliding(int32_t group) const;
+
+  // Same contract as ModelRunner::forward, with each group's KV in pools[g] (head_dim
+  // padded_head_dim(), bf16 or f16). Bad batches → invalid_argument, nothing enqueued.
+  // Returns when logits (host) are filled.
+  Status forward(const ForwardBatch& batch, std::span<DeviceKvPool> pools, std::span<float> logits);
+
+  // Whether decode-only batches run as CUDA graphs (default on; the environment variable
+  // KVP_CUDA_GRAPHS=0 turns them off, as does this setter, for benchmarks that compare).
+  void set_graphs_enabled(bool enabled) {
+    graphs_enabled_ = enabled;
+    if (!enabled) clear_graphs();
+  }
+  // Captured decode graphs (those whose capture succeeded).
+  int32_t num_graphs() const {
+    int32_t n = 0;
+    for (const GraphEntry& e : graphs_) n += e.exec != nullptr ? 1 : 0;
+    return n;
+  }
+
+ private:
+  // The device shape of one step (padded for graphs) and where its metadata sits in the
+  // staging buffer.
+  struct StepShape {
+    int32_t num_tokens = 0, num_seqs = 0, num_rows = 0, max_q_len = 0, max_kv_len = 0;
+    std::array<int32_t, 2> max_blocks{};   // block-table width per group
+    std::array<size_t, 2> table_offset{};  // int32 elements
+    std::array<size_t, 2> slot_offset{};   // bytes
+    size_t bytes = 0;
+    DType kv_dtype = DType::BF16;
+  };
+  struct GraphKey {
+    int32_t num_seqs = 0, num_rows = 0, max_kv_len = 0;
+    DType kv_dtype = DType::BF16;
+    std::array<int32_t, 2> max_blocks{}, num_blocks{}, block_size{};
+    std::array<void*, 2> slab{};
+    friend bool operator==(const GraphKey&, const GraphKey&) = default;
+  };
+  struct GraphEntry {
+    GraphKey key;
+    cudaGraphExec_t exec = nullptr;  // null: capture failed, this shape runs eagerly
+  };
+  static constexpr size_t kMaxGraphs = 64;
+
+  CudaModelRunner() = default;
+  Status init(const ModelSpec& spec, int device);
+  // Enqueues one step (metadata upload, every launch, logits download) on stream_.
+  Status enqueue_step(const StepShape& shape, std::span<DeviceKvPool> pools);
+  // Captures enqueue_step as a graph for `key` (a failed capture leaves the shape eager).
+  void capture(const StepShape& shape, std::span<DeviceKvPool> pools, const GraphKey& key);
+  void clear_graphs();
+  // logits_host_ → the caller's buffer (several threads for large copies).
+  void copy_logits_out(std::span<float> logits) const;
+  Status check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+                     std::span<float> logits) const;
+  Status reserve(int64_t num_tokens, int64_t num_rows, size_t meta_bytes);
+  Status gemm(const void* x, const void* w, void* y, bool y_f32, int64_t rows, int64_t in,
+              int64_t out, const char* what);
+
+  ModelSpec spec_;
+  int device_ = 0;
+  int32_t padded_head_dim_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  DeviceBuffer cublas_workspace_;
+  size_t weight_bytes_ = 0;
+
+  std::vector<std::vector<int32_t>> group_layers_;  // [group] -> model layer indices
+  std::vector<int32_t> layer_group_;                // [layer] -> group
+  std::vector<int32_t> layer_slot_;                 // [layer] -> index within its group
+
+  DeviceBuffer embed_;       // [vocab][hidden] bf16
+  DeviceBuffer lm_head_;     // [vocab][hidden] bf16, or empty when tied to embed_
+  DeviceBuffer final_norm_;  // [hidden] f32
+  DeviceBuffer inv_freq_global_, inv_freq_local_;  // [head_dim / 2] f32
+  std::vector<DeviceLayerWeights> layers_;
+
+  // Per-step buffers, grown on demand (capacity in tokens / logit rows).
+  int64_t token_capacity_ = 0, row_capacity_ = 0;
+  PinnedBuffer meta_host_;    // batch metadata staging (layout in forward)
+  DeviceBuffer meta_device_;  // its device copy
+  DeviceBuffer x_;            // [tokens][hidden] f32 residual stream
+  DeviceBuffer xn_;           // [tokens][max(hidden, intermediate)] bf16 GEMM input
+  DeviceBuffer qkv_;          // [tokens][q_dim + 2 kv_dim] f32
+  DeviceBuffer q_, k_, v_;    // [tokens][heads][padded_head_dim] KV dtype
+  DeviceBuffer attn_;         // [tokens][q_heads][padded_head_dim] KV dtype
+  DeviceBuffer attn_bf16_;    // the same in bf16 (f16 pools only)
+  DeviceBuffer proj_;         // [tokens][hidden] f32
+  DeviceBuffer gate_up_;      // [tokens][2 * intermediate] bf16
+  DeviceBuffer logits_;       // [rows][vocab] f32
+  PinnedBuffer logits_host_;  // [rows][vocab] f32
+  AttentionWorkspace attention_workspace_;
+  bool graphs_enabled_ = true;
+  std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)
+};
+
+}  // namespace kvp::cuda

@@ -1,0 +1,597 @@
+// The CUDA forward backend against Hugging Face transformers' goldens (tests/model/fixtures/tiny,
+// float32 eager attention) and against kvpool's CPU runner in f32, on the paged pool with
+// shuffled block tables: prefill logits, teacher-forced and free greedy decoding, a mixed
+// prefill + decode batch vs each sequence alone, block copies / reads / writes in the model's
+// logical layout (the tiny models' head dims 16, 8 and 32 are padded to 64 on the device), and
+// refusals of bad batches and KV dtypes. Skips without a CUDA device.
+#include "model/cuda/cuda_forward_backend.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+
+#include "model/model_config.h"
+#include "model/model_runner.h"
+#include "model/safetensors_weights.h"
+
+namespace kvp::cuda {
+namespace {
+
+const char* kFixtures = "tests/model/fixtures/tiny/";
+
+// bf16 weights and GEMM inputs (8 mantissa bits, relative rounding 2^-9 per value, accumulated
+// over a few layers) against f32 references: relative L2 error of whole logit tensors.
+constexpr double kBf16LogitTolerance = 3e-2;
+// The same computation on the same device with another batch composition (GEMM tiling and
+// attention split choices differ): only reduction order changes.
+constexpr double kSameDeviceTolerance = 1e-2;
+// A teacher-forced greedy step may pick another token than transformers only where the f32
+// reference's top-2 margin is below this (a near-tie that bf16 rounding can flip).
+constexpr float kNearTieMargin = 0.05f;
+
+struct Tiny {
+  ModelSpec spec;
+  std::unique_ptr<SafetensorsWeights> weights;
+  std::vector<std::vector<int32_t>> prompts, greedy;
+  std::vector<std::vector<float>> logits;  // [prompt][len * vocab]
+};
+
+Tiny load_tiny(const std::string& name) {
+  const std::string dir = kFixtures + name;
+  Tiny t;
+  t.spec = load_hf_config(dir + "/config.json").value();
+  t.weights = SafetensorsWeights::open(dir + "/model.safetensors").value();
+  auto golden = SafetensorsWeights::open(dir + "/golden.safetensors").value();
+  for (int i = 0; golden->contains("prompt_" + std::to_string(i)); ++i) {
+    const std::string s = std::to_string(i);
+    t.prompts.push_back(read_int_tensor(golden->model(), "prompt_" + s).value());
+    t.greedy.push_back(read_int_tensor(golden->model(), "greedy_" + s).value());
+    const SafetensorsTensor* logits = *golden->model().tensor("logits_" + s);
+    const std::vector<int64_t> shape(logits->shape.begin(), logits->shape.end());
+    t.logits.push_back(golden->read_f32("logits_" + s, shape).value());
+  }
+  return t;
+}
+
+double relative_error(std::span<const float> got, std::span<const float> want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+// The goldens were generated with min_new_tokens: end-of-sequence logits are -inf at every step.
+std::vector<float> masked(std::span<const float> row, const ModelSpec& spec) {
+  std::vector<float> m(row.begin(), row.end());
+  for (int32_t eos : spec.eos_token_ids) m[eos] = -INFINITY;
+  return m;
+}
+int32_t argmax(std::span<const float> row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+}
+float top2_margin(std::vector<float> row) {
+  std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());
+  return row[0] - row[1];
+}
+
+// Block tables of `num_seqs` sequences per cache group, drawn from a shuffled pool so no
+// sequence's blocks are contiguous.
+struct Tables {
+  int32_t block_size = 0, max_blocks = 0, num_blocks = 0;
+  std::vector<std::vector<int32_t>> ids;  // [group][seq * max_blocks + i]
+
+  Tables(int32_t num_groups, int32_t num_seqs, int32_t max_tokens, int32_t block_size_,
+         uint64_t seed)
+      : block_size(block_size_), max_blocks((max_tokens + block_size_ - 1) / block_size_) {
+    num_blocks = num_seqs * max_blocks + 5;
+    std::mt19937_64 rng(seed);
+    for (int32_t g = 0; g < num_groups; ++g) {
+      std::vector<int32_t> all(num_blocks);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      all.resize(static_cast<size_t>(num_seqs) * max_blocks);
+      ids.push_back(std::move(all));
+    }
+  }
+};
+
+// One step's batch: sequences `seqs` (indices into the tables) bring new_tokens[i] after
+// kv_before[i] cached tokens; logits for every row.
+struct Step {
+  std::vector<int32_t> token_ids, query_start{0}, kv_lens, logit_rows, tables_flat;
+  std::vector<std::vector<int64_t>> slots;
+  std::vector<std::vector<int32_t>> tables;
+  ForwardBatch batch;
+
+  Step(const Tables& t, const std::vector<int32_t>& seqs,
+       const std::vector<std::vector<int32_t>>& new_tokens, const std::vector<int32_t>& kv_before) {
+    const size_t num_groups = t.ids.size();
+    slots.resize(num_groups);
+    tables.resize(num_groups);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      token_ids.insert(token_ids.end(), new_tokens[i].begin(), new_tokens[i].end());
+      query_start.push_back(static_cast<int32_t>(token_ids.size()));
+      kv_lens.push_back(kv_before[i] + static_cast<int32_t>(new_tokens[i].size()));
+    }
+    for (size_t g = 0; g < num_groups; ++g) {
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const int32_t* row = t.ids[g].data() + static_cast<size_t>(seqs[i]) * t.max_blocks;
+        tables[g].insert(tables[g].end(), row, row + t.max_blocks);
+        for (size_t k = 0; k < new_tokens[i].size(); ++k) {
+          const int64_t pos = kv_before[i] + static_cast<int64_t>(k);
+          slots[g].push_back(int64_t{row[pos / t.block_size]} * t.block_size + pos % t.block_size);
+        }
+      }
+    }
+    for (int32_t r = 0; r < static_cast<int32_t>(token_ids.size()); ++r) logit_rows.push_back(r);
+    batch.token_ids = token_ids;
+    batch.query_start = query_start;
+    batch.kv_lens = kv_lens;
+    batch.logit_rows = logit_rows;
+    for (size_t g = 0; g < num_groups; ++g) {
+      batch.groups.push_back({slots[g], tables[g], t.max_blocks});
+    }
+  }
+};
+
+// The CUDA backend and the CPU runner (f32 KV unless told) side by side over the same tables.
+struct Pair {
+  Tiny tiny;
+  std::unique_ptr<ForwardBackend> gpu;
+  std::unique_ptr<ModelRunner> cpu;
+  std::vector<HostKvSlab> slabs;
+
+  Pair(const std::string& name, const Tables& t, DType gpu_dtype = DType::BF16,
+       DType cpu_dtype = DType::F32)
+      : tiny(load_tiny(name)) {
+    auto backend = make_cuda_backend(tiny.spec, *tiny.weights);
+    KVP_CHECK(backend.is_ok(), "{}", backend.status().to_string());
+    gpu = std::move(backend).value();
+    std::vector<KvLayout> layouts;
+    for (int32_t g = 0; g < gpu->num_cache_groups(); ++g) {
+      layouts.push_back(gpu->group_layout(g, t.num_blocks, t.block_size, gpu_dtype));
+    }
+    const Status st = gpu->allocate_kv(layouts);
+    KVP_CHECK(st.is_ok(), "{}", st.to_string());
+    cpu = std::make_unique<ModelRunner>(tiny.spec,
+                                        load_model_weights(tiny.spec, *tiny.weights).value());
+    for (int32_t g = 0; g < cpu->num_cache_groups(); ++g) {
+      HostKvSlab slab;
+      slab.layout = cpu->group_layout(g, t.num_blocks, t.block_size, cpu_dtype);
+      slab.bytes.assign(slab.layout.size_bytes(), std::byte{0});
+      slabs.push_back(std::move(slab));
+    }
+  }
+  int32_t vocab() const { return tiny.spec.vocab_size; }
+  std::vector<float> run_gpu(Step& s) {
+    std::vector<float> logits(s.logit_rows.size() * vocab());
+    const Status st = gpu->forward(s.batch, logits);
+    KVP_CHECK(st.is_ok(), "{}", st.to_string());
+    return logits;
+  }
+  std::vector<float> run_cpu(Step& s) {
+    std::vector<float> logits(s.logit_rows.size() * vocab());
+    const Status st = cpu->forward(s.batch, slabs, logits);
+    KVP_CHECK(st.is_ok(), "{}", st.to_string());
+    return logits;
+  }
+};
+
+bool have_gpu() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+// Cache groups of a spec (as the runners assign them).
+int32_t groups_of(const ModelSpec& spec) {
+  const auto sliding = std::count(spec.layer_is_sliding.begin(), spec.layer_is_sliding.end(), true);
+  return sliding > 0 && sliding < static_cast<long>(spec.layer_is_sliding.size()) ? 2 : 1;
+}
+
+class CudaTinyModel : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaTinyModel, PrefillLogitsMatchTransformersAndCpuRunner) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny(GetParam());
+  for (size_t p = 0; p < probe.prompts.size(); ++p) {
+    const auto& prompt = probe.prompts[p];
+    Tables t(groups_of(probe.spec), 1, static_cast<int32_t>(prompt.size()), 4, 17 + p);
+    Pair pair(GetParam(), t);
+    Step s(t, {0}, {prompt}, {0});
+    const auto gpu = pair.run_gpu(s);
+    const auto cpu = pair.run_cpu(s);
+    const double err_hf = relative_error(gpu, probe.logits[p]);
+    const double err_cpu = relative_error(gpu, cpu);
+    std::printf(
+        "[ prefill ] %s prompt %zu (%zu tokens): rel err vs transformers %.3e, vs cpu %.3e\n",
+        GetParam(), p, prompt.size(), err_hf, err_cpu);
+    EXPECT_LT(err_hf, kBf16LogitTolerance) << GetParam() << " prompt " << p;
+    EXPECT_LT(err_cpu, kBf16LogitTolerance) << GetParam() << " prompt " << p;
+  }
+}
+
+// All prompts in one batch; prefill, then 31 decode steps fed with transformers' greedy tokens
+// (teacher forcing), the CPU runner in lockstep. Every step's GPU argmax must equal
+// transformers' token unless the CPU runner's f32 top-2 margin marks a near-tie.
+TEST_P(CudaTinyModel, TeacherForcedGreedyAgreesWithTransformers) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny(GetParam());
+  const int32_t n = static_cast<int32_t>(probe.prompts.size());
+  const int32_t new_tokens = static_cast<int32_t>(probe.greedy[0].size());
+  int32_t max_len = 0;
+  for (const auto& p : probe.prompts) max_len = std::max<int32_t>(max_len, p.size() + new_tokens);
+  Tables t(groups_of(probe.spec), n, max_len, 4, 5);
+  Pair pair(GetParam(), t);
+  const int32_t vocab = pair.vocab();
+  std::vector<int32_t> seqs(n), cached(n, 0);
+  std::iota(seqs.begin(), seqs.end(), 0);
+  Step prefill(t, seqs, probe.prompts, cached);
+  auto gpu = pair.run_gpu(prefill);
+  auto cpu = pair.run_cpu(prefill);
+  std::vector<size_t> last_row(n);
+  for (int32_t i = 0; i < n; ++i) {
+    last_row[i] = prefill.query_start[i + 1] - 1;
+    cached[i] = static_cast<int32_t>(probe.prompts[i].size());
+  }
+  int32_t agree = 0, total = 0, near_ties = 0;
+  double worst_err = 0;
+  for (int32_t step = 0; step < new_tokens; ++step) {
+    for (int32_t i = 0; i < n; ++i) {
+      const auto g = masked(std::span(gpu).subspan(last_row[i] * vocab, vocab), probe.spec);
+      const auto c = masked(std::span(cpu).subspan(last_row[i] * vocab, vocab), probe.spec);
+      const int32_t want = probe.greedy[i][step];
+      ++total;
+      if (argmax(g) == want) {
+        ++agree;
+      } else {
+        const float margin = top2_margin(c);
+        EXPECT_LT(margin, kNearTieMargin)
+            << GetParam() << " prompt " << i << " step " << step << ": gpu picks " << argmax(g)
+            << ", transformers " << want << ", f32 margin " << margin;
+        ++near_ties;
+      }
+    }
+    if (step + 1 == new_tokens) break;
+    std::vector<std::vector<int32_t>> next(n);
+    for (int32_t i = 0; i < n; ++i) next[i] = {probe.greedy[i][step]};
+    Step s(t, seqs, next, cached);
+    gpu = pair.run_gpu(s);
+    cpu = pair.run_cpu(s);
+    worst_err = std::max(worst_err, relative_error(gpu, cpu));
+    for (int32_t i = 0; i < n; ++i) {
+      last_row[i] = i;
+      cached[i] += 1;
+    }
+  }
+  std::printf(
+      "[ teacher ] %s: %d/%d greedy steps agree with transformers (%d near-ties), worst "
+      "decode-step rel err vs cpu %.3e\n",
+      GetParam(), agree, total, near_ties, worst_err);
+  EXPECT_LT(worst_err, kBf16LogitTolerance);
+}
+
+// Free-running greedy decoding, all prompts batched: reported, and checked against
+// transformers' continuations up to the first step the f32 reference calls a near-tie.
+TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny(GetParam());
+  const int32_t n = static_cast<int32_t>(probe.prompts.size());
+  const int32_t new_tokens = static_cast<int32_t>(probe.greedy[0].size());
+  int32_t max_len = 0;
+  for (const auto& p : probe.prompts) max_len = std::max<int32_t>(max_len, p.size() + new_tokens);
+  Tables t(groups_of(probe.spec), n, max_len, 16, 9);
+  Pair pair(GetParam(), t);
+  const int32_t vocab = pair.vocab();
+  std::vector<int32_t> seqs(n), cached(n, 0);
+  std::iota(seqs.begin(), seqs.end(), 0);
+  Step prefill(t, seqs, probe.prompts, cached);
+  auto gpu = pair.run_gpu(prefill);
+  std::vector<std::vector<int32_t>> out(n);
+  std::vector<int32_t> next(n);
+  for (int32_t i = 0; i < n; ++i) {
+    next[i] = argmax(masked(std::span(gpu).subspan((prefill.query_start[i + 1] - 1) * vocab, vocab),
+                            probe.spec));
+    cached[i] = static_cast<int32_t>(probe.prompts[i].size());
+  }
+  for (int32_t step = 0; step < new_tokens; ++step) {
+    std::vector<std::vector<int32_t>> tok(n);
+    for (int32_t i = 0; i < n; ++i) {
+      out[i].push_back(next[i]);
+      tok[i] = {next[i]};
+    }
+    if (step + 1 == new_tokens) break;
+    Step s(t, seqs, tok, cached);
+    gpu = pair.run_gpu(s);
+    for (int32_t i = 0; i < n; ++i) {
+      cached[i] += 1;
+      next[i] = argmax(masked(std::span(gpu).subspan(i * vocab, vocab), probe.spec));
+    }
+  }
+  int32_t exact = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    size_t first_diff = 0;
+    while (first_diff < out[i].size() && out[i][first_diff] == probe.greedy[i][first_diff]) {
+      ++first_diff;
+    }
+    if (first_diff == out[i].size()) {
+      ++exact;
+      continue;
+    }
+    // The first divergence must be a near-tie of the f32 reference: replay the golden prefix
+    // through the CPU runner and read its margin at that step.
+    Tables tc(groups_of(probe.spec), 1, max_len, 16, 11);
+    Pair ref(GetParam(), tc);
+    std::vector<int32_t> prefix = probe.prompts[i];
+    prefix.insert(prefix.end(), probe.greedy[i].begin(), probe.greedy[i].begin() + first_diff);
+    Step s(tc, {0}, {prefix}, {0});
+    const auto c = ref.run_cpu(s);
+    const float margin =
+        top2_margin(masked(std::span(c).subspan((prefix.size() - 1) * vocab, vocab), probe.spec));
+    std::printf("[ greedy  ] %s prompt %d: diverges at step %zu, f32 top-2 margin there %.4f\n",
+                GetParam(), i, first_diff, margin);
+    EXPECT_LT(margin, kNearTieMargin) << GetParam() << " prompt " << i << " step " << first_diff;
+  }
+  std::printf("[ greedy  ] %s: %d/%d prompts give transformers' 32 greedy tokens exactly\n",
+              GetParam(), exact, n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyModel,
+                         ::testing::Values("llama", "qwen2", "gemma3"));
+
+// A prefill and a decode in one batch give each sequence's logits as when it runs alone.
+class CudaMixedBatch : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaMixedBatch, PrefillPlusDecodeEqualsEachAlone) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny(GetParam());
+  const auto& a = probe.prompts[2];  // prefilled in the mixed step
+  const auto& b = probe.prompts[3];  // prefilled first, decodes in the mixed step
+  const int32_t b_next = probe.greedy[3][0];
+  const int32_t max_len = static_cast<int32_t>(std::max(a.size(), b.size()) + 2);
+  Tables t(groups_of(probe.spec), 2, max_len, 4, 77);
+  Pair mixed(GetParam(), t);
+  const int32_t vocab = mixed.vocab();
+  Step b_prefill(t, {1}, {b}, {0});
+  mixed.run_gpu(b_prefill);
+  Step both(t, {0, 1}, {a, {b_next}}, {0, static_cast<int32_t>(b.size())});
+  const auto got = mixed.run_gpu(both);
+
+  Pair alone(GetParam(), t);
+  Step a_alone(t, {0}, {a}, {0});
+  const auto want_a = alone.run_gpu(a_alone);
+  alone.run_gpu(b_prefill);
+  Step b_alone(t, {1}, {{b_next}}, {static_cast<int32_t>(b.size())});
+  const auto want_b = alone.run_gpu(b_alone);
+
+  const double err_a = relative_error(std::span(got).first(a.size() * vocab), want_a);
+  const double err_b = relative_error(std::span(got).subspan(a.size() * vocab, vocab), want_b);
+  std::printf("[ mixed   ] %s: prefill rows rel err %.3e, decode row rel err %.3e\n", GetParam(),
+              err_a, err_b);
+  EXPECT_LT(err_a, kSameDeviceTolerance);
+  EXPECT_LT(err_b, kSameDeviceTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaMixedBatch, ::testing::Values("llama", "gemma3"));
+
+// Decode-only batches run as CUDA graphs (padded to 4 sequences here, and re-captured as the
+// context crosses powers of two): the same steps eagerly give the same logits.
+TEST(CudaForwardBackendGraphs, DecodeGraphsMatchEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"llama", "gemma3"}) {
+    const Tiny probe = load_tiny(name);
+    const std::vector<int32_t> members = {1, 2, 3};  // 3 sequences: one padding sequence
+    const int32_t steps = 24;
+    int32_t max_len = 0;
+    for (int32_t m : members) max_len = std::max<int32_t>(max_len, probe.prompts[m].size() + steps);
+    Tables t(groups_of(probe.spec), 3, max_len, 8, 21);
+    Pair graphs(name, t), eager(name, t);
+    static_cast<CudaForwardBackend&>(*eager.gpu).runner().set_graphs_enabled(false);
+    static_cast<CudaForwardBackend&>(*graphs.gpu).runner().set_graphs_enabled(true);
+    std::vector<int32_t> seqs = {0, 1, 2}, cached(3, 0);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int32_t m : members) prompts.push_back(probe.prompts[m]);
+    Step prefill(t, seqs, prompts, cached);
+    graphs.run_gpu(prefill);
+    eager.run_gpu(prefill);
+    for (int32_t i = 0; i < 3; ++i) cached[i] = static_cast<int32_t>(prompts[i].size());
+    double worst = 0;
+    for (int32_t step = 0; step < steps; ++step) {
+      std::vector<std::vector<int32_t>> next;
+      for (int32_t i = 0; i < 3; ++i) next.push_back({probe.greedy[members[i]][step]});
+      Step s(t, seqs, next, cached);
+      const auto a = graphs.run_gpu(s);
+      const auto b = eager.run_gpu(s);
+      worst = std::max(worst, relative_error(a, b));
+      for (int32_t& c : cached) c += 1;
+    }
+    const int32_t captured = static_cast<CudaForwardBackend&>(*graphs.gpu).runner().num_graphs();
+    std::printf("[ graphs  ] %s: %d decode graphs captured, worst rel err vs eager %.3e\n", name,
+                captured, worst);
+    EXPECT_GT(captured, 0) << name;
+    EXPECT_LT(worst, kSameDeviceTolerance) << name;
+  }
+}
+
+std::vector<BlockId> block_ids(std::span<const int32_t> ids) {
+  std::vector<BlockId> out;
+  for (int32_t id : ids) out.push_back(BlockId{id});
+  return out;
+}
+
+// Blocks leave the device in the model's logical layout (head_dim 16 while the device pads to
+// 64): the image matches the CPU runner's bf16 pool element for element (within bf16 rounding),
+// goes back in elsewhere bit for bit, copies bit for bit, and a decode over the moved blocks
+// gives the same logits.
+TEST(CudaForwardBackendBlocks, ReadWriteCopyRoundTripInLogicalLayout) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"llama", "gemma3"}) {
+    const Tiny probe = load_tiny(name);
+    const auto& prompt = probe.prompts[3];
+    const int32_t len = static_cast<int32_t>(prompt.size());
+    Tables t(groups_of(probe.spec), 3, len + 4, 4, 3);  // seq 0 used; seqs 1, 2: destinations
+    Pair pair(name, t, DType::BF16, DType::BF16);
+    Step s(t, {0}, {prompt}, {0});
+    pair.run_gpu(s);
+    pair.run_cpu(s);
+    const int32_t used = (len + t.block_size - 1) / t.block_size;
+    for (int32_t g = 0; g < pair.gpu->num_cache_groups(); ++g) {
+      const KvLayout& layout = pair.gpu->kv_layout(g);
+      ASSERT_EQ(layout.head_dim, probe.spec.head_dim) << "kv_layout must be logical";
+      const auto src = block_ids(std::span(t.ids[g]).first(used));
+      std::vector<std::byte> image(src.size() * layout.block_size_bytes());
+      ASSERT_TRUE(pair.gpu->read_blocks(g, src, image).is_ok());
+      // the CPU runner's bf16 slab, gathered the same way (only tokens < len were written)
+      std::vector<float> got, want;
+      const size_t row = layout.head_dim;
+      for (size_t i = 0; i < src.size(); ++i) {
+        for (int32_t l = 0; l < layout.num_layers; ++l) {
+          for (int32_t kv = 0; kv < 2; ++kv) {
+            for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
+              for (int32_t tok = 0; tok < layout.block_size; ++tok) {
+                if (static_cast<int32_t>(i) * layout.block_size + tok >= len) continue;
+                const int64_t img = int64_t(i) * layout.num_layers * layout.block_pitch() +
+                                    int64_t(l) * layout.block_pitch() + kv * layout.block_stride() +
+                                    (int64_t(h) * layout.block_size + tok) * row;
+                const int64_t slab = pair.slabs[g].layout.elem_offset(l, src[i].value, kv, h, tok);
+                for (size_t d = 0; d < row; ++d) {
+                  got.push_back(load_as_f32(image.data(), DType::BF16, img + d));
+                  want.push_back(load_as_f32(pair.slabs[g].bytes.data(), DType::BF16, slab + d));
+                }
+              }
+            }
+          }
+        }
+      }
+      const double err = relative_error(got, want);
+      std::printf("[ blocks  ] %s group %d: device KV image vs cpu bf16 pool rel err %.3e\n", name,
+                  g, err);
+      EXPECT_LT(err, kBf16LogitTolerance) << name << " group " << g;
+
+      // write into seq 1's blocks, read back: bit for bit
+      const auto dst = block_ids(std::span(t.ids[g]).subspan(t.max_blocks, used));
+      ASSERT_TRUE(pair.gpu->write_blocks(g, dst, image).is_ok());
+      std::vector<std::byte> back(image.size());
+      ASSERT_TRUE(pair.gpu->read_blocks(g, dst, back).is_ok());
+      EXPECT_EQ(back, image) << name << " group " << g << ": write_blocks/read_blocks";
+      // copy into seq 2's blocks: bit for bit
+      const auto copy_dst = block_ids(std::span(t.ids[g]).subspan(2 * t.max_blocks, used));
+      std::vector<BlockCopy> ops;
+      for (int32_t i = 0; i < used; ++i) ops.push_back({src[i], copy_dst[i], g});
+      ASSERT_TRUE(pair.gpu->copy_blocks(g, ops).is_ok());
+      ASSERT_TRUE(pair.gpu->read_blocks(g, copy_dst, back).is_ok());
+      EXPECT_EQ(back, image) << name << " group " << g << ": copy_blocks";
+    }
+    // a decode step over the original, the written and the copied blocks: same logits
+    const int32_t next = probe.greedy[3][0];
+    std::vector<std::vector<float>> logits;
+    for (int32_t seq = 0; seq < 3; ++seq) {
+      Step d(t, {seq}, {{next}}, {len});
+      logits.push_back(pair.run_gpu(d));
+    }
+    EXPECT_EQ(logits[1], logits[0]) << name << ": decode over written blocks";
+    EXPECT_EQ(logits[2], logits[0]) << name << ": decode over copied blocks";
+  }
+}
+
+std::vector<std::vector<std::byte>> snapshot(const ForwardBackend& backend, int32_t num_blocks) {
+  std::vector<std::vector<std::byte>> out;
+  std::vector<BlockId> all;
+  for (int32_t b = 0; b < num_blocks; ++b) all.push_back(BlockId{b});
+  for (int32_t g = 0; g < backend.num_cache_groups(); ++g) {
+    std::vector<std::byte> image(all.size() * backend.kv_layout(g).block_size_bytes());
+    KVP_CHECK(backend.read_blocks(g, all, image).is_ok(), "read_blocks");
+    out.push_back(std::move(image));
+  }
+  return out;
+}
+
+TEST(CudaForwardBackendErrors, BadBatchesAreRefusedWithThePoolUnchanged) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny("llama");
+  Tables t(1, 1, 16, 4, 1);
+  Pair pair("llama", t);
+  Step warm(t, {0}, {{5, 6, 7, 8, 9}}, {0});
+  pair.run_gpu(warm);
+  const auto before = snapshot(*pair.gpu, t.num_blocks);
+
+  Step bad(t, {0}, {{5, 300}}, {5});  // 300 is outside the 256-token vocabulary
+  std::vector<float> logits(bad.logit_rows.size() * pair.vocab());
+  Status st = pair.gpu->forward(bad.batch, logits);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+  EXPECT_NE(st.message().find("token id 300"), std::string::npos) << st.message();
+
+  Step bad_slot(t, {0}, {{5, 6}}, {5});
+  bad_slot.slots[0][1] = int64_t{t.num_blocks} * t.block_size + 3;  // past the pool
+  st = pair.gpu->forward(bad_slot.batch, logits);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+
+  Step bad_table(t, {0}, {{5, 6}}, {5});
+  bad_table.tables[0][0] = t.num_blocks + 7;  // block id outside the pool
+  st = pair.gpu->forward(bad_table.batch, logits);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+
+  Step short_kv(t, {0}, {{5, 6}}, {5});
+  short_kv.kv_lens[0] = 1;  // fewer cached tokens than new ones
+  st = pair.gpu->forward(short_kv.batch, logits);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+
+  std::vector<float> small(3);
+  Step ok(t, {0}, {{5, 6}}, {5});
+  st = pair.gpu->forward(ok.batch, small);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.to_string();
+
+  EXPECT_TRUE(snapshot(*pair.gpu, t.num_blocks) == before) << "a refused batch wrote the pool";
+
+  std::vector<std::byte> image(pair.gpu->kv_layout(0).block_size_bytes());
+  const BlockId outside{t.num_blocks};
+  EXPECT_EQ(pair.gpu->write_blocks(0, std::span(&outside, 1), image).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(pair.gpu->read_blocks(0, std::span(&outside, 1), image).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(snapshot(*pair.gpu, t.num_blocks) == before);
+}
+
+TEST(CudaForwardBackendErrors, KvDtypeF32IsRefusedAndF16Runs) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny("qwen2");
+  auto backend = make_cuda_backend(probe.spec, *probe.weights);
+  ASSERT_TRUE(backend.is_ok()) << backend.status().to_string();
+  ForwardBackend& gpu = **backend;
+  EXPECT_TRUE(gpu.check_kv_dtype(DType::BF16).is_ok());
+  EXPECT_TRUE(gpu.check_kv_dtype(DType::F16).is_ok());
+  const Status st = gpu.check_kv_dtype(DType::F32);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("f32"), std::string::npos) << st.message();
+  const KvLayout f32 = gpu.group_layout(0, 8, 4, DType::F32);
+  EXPECT_EQ(gpu.allocate_kv(std::span(&f32, 1)).code(), StatusCode::kInvalidArgument);
+  KvLayout wrong = gpu.group_layout(0, 8, 4, DType::BF16);
+  wrong.head_dim += 1;
+  EXPECT_EQ(gpu.allocate_kv(std::span(&wrong, 1)).code(), StatusCode::kInvalidArgument);
+
+  // an f16 pool gives transformers' logits too
+  const auto& prompt = probe.prompts[2];
+  Tables t(1, 1, static_cast<int32_t>(prompt.size()), 8, 4);
+  Pair pair("qwen2", t, DType::F16);
+  Step s(t, {0}, {prompt}, {0});
+  const double err = relative_error(pair.run_gpu(s), probe.logits[2]);
+  std::printf("[ f16 kv  ] qwen2 prompt 2: rel err vs transformers %.3e\n", err);
+  EXPECT_LT(err, kBf16LogitTolerance);
+}
+
+}  // namespace
+}  // namespace kvp::cuda
