@@ -122,9 +122,12 @@ Status write_bench_plot(std::span<const PlotRun> runs, const std::string& title,
   posix_spawn_file_actions_destroy(&actions);
   Status status = Status::ok();
   if (spawned != 0) {
-    status = Status::not_found(
-        "--plot {}: cannot run gnuplot ({}); scripts/setup.sh installs it (gnuplot-nox)", png_path,
-        std::strerror(spawned));
+    // the script stays, so the picture can be drawn where gnuplot is (a GPU machine has none)
+    fs::remove(errors_path, ec);
+    return Status::not_found(
+        "--plot {}: cannot run gnuplot ({}); scripts/setup.sh installs it (gnuplot-nox); the "
+        "script is kept in {}: `gnuplot {}` draws the picture",
+        png_path, std::strerror(spawned), script_path.string(), script_path.string());
   } else {
     int wait_status = 0;
     while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {

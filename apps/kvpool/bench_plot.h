@@ -22,8 +22,9 @@ struct PlotRun {
 };
 
 // Writes the PNG. Errors: no runs or a run with no requests → invalid_argument; the folder of
-// png_path missing → not_found; gnuplot not installed or failing → unavailable / internal with
-// gnuplot's own message. The file exists only if gnuplot succeeded.
+// png_path missing → not_found; gnuplot not installed → not_found, and its script is kept in
+// png_path + ".gnuplot" to be drawn elsewhere; gnuplot failing → internal with gnuplot's own
+// message. The PNG exists only if gnuplot succeeded.
 Status write_bench_plot(std::span<const PlotRun> runs, const std::string& title,
                         const std::string& png_path);
 

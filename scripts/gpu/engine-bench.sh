@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The engine on the GPU (docs/perf/engine.md, "H100"): `kvpool bench --device cuda` on the
+# Llama-3.1-8B shape with random bf16 weights made on the device, and on the SmolLM2-135M shape,
+# plus the model gpu tests of the same build. Run from a folder holding kvpool,
+# kvp_model_gpu_tests, lib/ and tests/model/fixtures/tiny (scripts/gpu/package-engine.sh):
+#   bash gpu/engine-bench.sh OUTDIR
+# The floor of one 8B decode step comes from model_cuda_bench in the same run (--quick). Last,
+# compute-sanitizer memcheck and racecheck over a few model gpu tests (the row kernels).
+set -u -o pipefail
+out=${1:?usage: engine-bench.sh OUTDIR}
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -e "$d/libcublas.so.13" ] && { export LD_LIBRARY_PATH="$d:$LD_LIBRARY_PATH"; break; }
+done
+if ! ldd ./kvpool | grep -q "libcublas.so.13 => /"; then
+  site=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)
+  [ -n "$site" ] && export LD_LIBRARY_PATH="$(dirname "$(find "$site" -name 'libcublas.so.13' | head -1)"):$LD_LIBRARY_PATH"
+fi
+status=0
+{ date -u; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; ldd ./kvpool; } \
+  > "$out/engine-env.txt" 2>&1
+echo "== model gpu tests"
+timeout 300 ./kvp_model_gpu_tests --gtest_brief=1 > "$out/model-tests.log" 2>&1 || status=1
+tail -3 "$out/model-tests.log"
+echo "== model_cuda_bench --quick (floors)"
+[ -x ./model_cuda_bench ] && timeout 200 ./model_cuda_bench "$out/model-quick.csv" --quick \
+  > "$out/model-quick.log" 2>&1
+tail -25 "$out/model-quick.log"
+b8="./kvpool bench --random-model llama3-8b --device cuda --block-size 16 --blocks 16384"
+echo "== 8B offline, 64 requests"
+timeout 240 $b8 --workload offline --requests 64 --prompt-tokens-min 256 --prompt-tokens-max 1024 \
+  --output-tokens-min 128 --output-tokens-max 128 --max-seqs 64 --step-tokens 4096 \
+  --csv "$out/8b-offline.csv" 2>&1 | tee "$out/8b-offline.log" || status=1
+echo "== 8B agents: sessions vs resend vs re-prefill"
+timeout 300 $b8 --workload agents --agents 16 --turns 4 --system-prompt-tokens 1024 \
+  --turn-tokens 256 --reply-tokens 64 --max-seqs 64 --step-tokens 4096 --compare-sessions \
+  --csv "$out/8b-agents.csv" --plot "$out/8b-agents.png" 2>&1 | tee "$out/8b-agents.log" || status=1
+echo "== SmolLM2-135M shape offline, 64 requests"
+timeout 120 ./kvpool bench --random-model smollm2-135m --device cuda --blocks 16384 \
+  --workload offline --requests 64 --prompt-tokens-min 256 --prompt-tokens-max 1024 \
+  --output-tokens-min 128 --output-tokens-max 128 --max-seqs 64 --step-tokens 4096 \
+  2>&1 | tee "$out/smollm2-offline.log" || status=1
+filter='*CudaTinyModel.PrefillLogits*/0:*CudaMixedBatch.*/1:CudaForwardBackendGraphs.*'
+echo "== compute-sanitizer memcheck / racecheck, model tests (filter $filter)"
+for tool in memcheck racecheck; do
+  timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 ./kvp_model_gpu_tests \
+    --gtest_filter="$filter" --gtest_brief=1 > "$out/model-$tool.log" 2>&1 \
+    || { echo "model $tool FAILED (rc $?)"; status=1; }
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$out/model-$tool.log" | tail -3
+done
+exit $status
