@@ -28,6 +28,9 @@ echo "== model_cuda_bench --quick (floors)"
 [ -x ./model_cuda_bench ] && timeout 200 ./model_cuda_bench "$out/model-quick.csv" --quick \
   > "$out/model-quick.log" 2>&1
 tail -25 "$out/model-quick.log"
+echo "== sampler_bench (host side of every step: one 128256-logit row per sequence)"
+[ -x ./sampler_bench ] && timeout 60 ./sampler_bench --benchmark_min_time=0.2 2>&1 \
+  | tee "$out/sampler-bench.log" | tail -7
 b8="./kvpool bench --random-model llama3-8b --device cuda --block-size 16 --blocks 16384"
 echo "== 8B offline, 64 requests"
 timeout 240 $b8 --workload offline --requests 64 --prompt-tokens-min 256 --prompt-tokens-max 1024 \
@@ -44,10 +47,12 @@ timeout 120 ./kvpool bench --random-model smollm2-135m --device cuda --blocks 16
   2>&1 | tee "$out/smollm2-offline.log" || status=1
 filter='*CudaTinyModel.PrefillLogits*/0:*CudaMixedBatch.*/1:CudaForwardBackendGraphs.*'
 echo "== compute-sanitizer memcheck / racecheck, model tests (filter $filter)"
-for tool in memcheck racecheck; do
-  timeout 150 compute-sanitizer --tool $tool --error-exitcode 9 ./kvp_model_gpu_tests \
-    --gtest_filter="$filter" --gtest_brief=1 > "$out/model-$tool.log" 2>&1 \
-    || { echo "model $tool FAILED (rc $?)"; status=1; }
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$out/model-$tool.log" | tail -3
+# racecheck is slow (shared-memory tracking): one prefill test covers every row kernel
+for run in "memcheck $filter" "racecheck *CudaTinyModel.PrefillLogits*/0"; do
+  set -- $run
+  timeout 200 compute-sanitizer --tool "$1" --error-exitcode 9 ./kvp_model_gpu_tests \
+    --gtest_filter="$2" --gtest_brief=1 > "$out/model-$1.log" 2>&1 \
+    || { echo "model $1 FAILED (rc $?)"; status=1; }
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$out/model-$1.log" | tail -3
 done
 exit $status

@@ -8,7 +8,7 @@ build=${KVP_BUILD:-build/cuda}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/lib" "$tmp/gpu" "$tmp/tests/model/fixtures" "$dest"
-for b in apps/kvpool tests/kvp_model_gpu_tests bench/model_cuda_bench; do
+for b in apps/kvpool tests/kvp_model_gpu_tests bench/model_cuda_bench bench/sampler_bench; do
   [ -x "$build/$b" ] || continue
   cp "$build/$b" "$tmp/"
   strip --strip-debug "$tmp/$(basename "$b")"

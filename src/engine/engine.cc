@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <span>
+#include <thread>
 
 namespace kvp {
 
@@ -88,6 +89,9 @@ Status EngineConfig::validate() const {
   if (max_step_tokens < 1) {
     return Status::invalid_argument("engine: max_step_tokens {}", max_step_tokens);
   }
+  if (sampler_threads < 0) {
+    return Status::invalid_argument("engine: sampler_threads {} (0: automatic)", sampler_threads);
+  }
   if (disk_dir.empty() != (disk_tier_bytes == 0)) {
     return Status::invalid_argument(
         "engine: the disk tier needs both a directory ('{}') and a byte budget ({})", disk_dir,
@@ -144,6 +148,11 @@ Engine::Engine(ForwardBackend* backend, EngineConfig config, Unallocated)
       fingerprint_(make_fingerprint(backend_->spec(), config_)) {
   static std::atomic<uint64_t> num_engines{0};
   instance_id_ = num_engines.fetch_add(1);
+  int32_t sampler_threads = config_.sampler_threads;
+  if (sampler_threads == 0) {
+    sampler_threads = static_cast<int32_t>(std::min(8u, std::thread::hardware_concurrency()));
+  }
+  if (sampler_threads > 1) sampler_pool_ = std::make_unique<ThreadPool>(sampler_threads);
   std::vector<CacheGroupConfig> groups;
   for (int32_t g = 0; g < backend_->num_cache_groups(); ++g) {
     CacheGroupConfig group;
@@ -637,9 +646,16 @@ std::vector<EngineEvent> Engine::step() {
   const int32_t vocab = backend_->spec().vocab_size;
   ++stats_.num_steps;
 
-  // 4. bookkeeping, sampling, events
+  // 4. bookkeeping; then every row's samples, drawn in parallel (each sequence reads its row and
+  // owns its history and generator); then the tokens, events and stops, in plan order.
+  struct SampleJob {
+    Sequence* seq;
+    RequestState* request;
+    std::span<const float> row;
+    SampledToken token;
+  };
+  std::vector<SampleJob> jobs;
   size_t logit_index = 0;
-  std::vector<std::pair<SeqId, FinishReason>> to_finish;
   for (const Planned& p : plan) {
     Sequence& s = seq(p.id);
     RequestState& r = *requests_.at(s.request_id);
@@ -661,41 +677,53 @@ std::vector<EngineEvent> Engine::step() {
     if (r.forked && s.sample_index == 0 && s.num_generated == 0) {
       samplers.assign(r.seqs.begin(), r.seqs.end());
     }
-    for (SeqId sid : samplers) {
-      Sequence& x = seq(sid);
-      std::span<const float> sample_row = row;
-      std::vector<float> masked;
-      if (x.num_generated < r.request.min_tokens) {
-        masked.assign(row.begin(), row.end());
-        for (int32_t t : backend_->spec().eos_token_ids) masked[t] = -INFINITY;
-        for (int32_t t : r.request.stop_token_ids) masked[t] = -INFINITY;
-        sample_row = masked;
-      }
-      SampledToken tok = sample_token(sample_row, r.request.sampling, x.history, x.rng);
-      x.tokens.push_back(tok.token_id);
-      x.history.add_output(tok.token_id);
-      ++x.num_generated;
-      ++r.usage.completion_tokens;
-      EngineEvent e;
-      e.kind = EngineEvent::Kind::kToken;
-      e.request_id = r.id;
-      e.sample_index = x.sample_index;
-      e.token_id = tok.token_id;
-      e.logprob = tok.logprob;
-      e.top_logprobs = std::move(tok.top_logprobs);
-      events.push_back(std::move(e));
-      const auto& eos = backend_->spec().eos_token_ids;
-      const auto& stops = r.request.stop_token_ids;
-      const bool stop =
-          (!r.request.ignore_eos && std::find(eos.begin(), eos.end(), tok.token_id) != eos.end()) ||
-          std::find(stops.begin(), stops.end(), tok.token_id) != stops.end() ||
-          completes_stop_string(r, sid, tok.token_id);
-      // finished below, after every sample of the row is drawn
-      if (stop) {
-        to_finish.emplace_back(sid, FinishReason::kStop);
-      } else if (x.num_generated >= r.request.max_tokens) {
-        to_finish.emplace_back(sid, FinishReason::kLength);
-      }
+    for (SeqId sid : samplers) jobs.push_back({&seq(sid), &r, row, {}});
+  }
+  parallel_for(jobs.size() > 1 ? sampler_pool_.get() : nullptr, static_cast<int64_t>(jobs.size()),
+               [&](int64_t i, int) {
+                 SampleJob& job = jobs[i];
+                 Sequence& x = *job.seq;
+                 const Request& request = job.request->request;
+                 std::span<const float> sample_row = job.row;
+                 std::vector<float> masked;
+                 if (x.num_generated < request.min_tokens) {
+                   masked.assign(job.row.begin(), job.row.end());
+                   for (int32_t t : backend_->spec().eos_token_ids) masked[t] = -INFINITY;
+                   for (int32_t t : request.stop_token_ids) masked[t] = -INFINITY;
+                   sample_row = masked;
+                 }
+                 job.token = sample_token(sample_row, request.sampling, x.history, x.rng);
+               });
+
+  std::vector<std::pair<SeqId, FinishReason>> to_finish;
+  for (SampleJob& job : jobs) {
+    Sequence& x = *job.seq;
+    RequestState& r = *job.request;
+    SampledToken& tok = job.token;
+    const SeqId sid = x.id;
+    x.tokens.push_back(tok.token_id);
+    x.history.add_output(tok.token_id);
+    ++x.num_generated;
+    ++r.usage.completion_tokens;
+    EngineEvent e;
+    e.kind = EngineEvent::Kind::kToken;
+    e.request_id = r.id;
+    e.sample_index = x.sample_index;
+    e.token_id = tok.token_id;
+    e.logprob = tok.logprob;
+    e.top_logprobs = std::move(tok.top_logprobs);
+    events.push_back(std::move(e));
+    const auto& eos = backend_->spec().eos_token_ids;
+    const auto& stops = r.request.stop_token_ids;
+    const bool stop =
+        (!r.request.ignore_eos && std::find(eos.begin(), eos.end(), tok.token_id) != eos.end()) ||
+        std::find(stops.begin(), stops.end(), tok.token_id) != stops.end() ||
+        completes_stop_string(r, sid, tok.token_id);
+    // finished below, after every sample of the step is drawn
+    if (stop) {
+      to_finish.emplace_back(sid, FinishReason::kStop);
+    } else if (x.num_generated >= r.request.max_tokens) {
+      to_finish.emplace_back(sid, FinishReason::kLength);
     }
   }
   for (const auto& [sid, reason] : to_finish) finish(seq(sid), reason, &events);

@@ -40,6 +40,7 @@
 #include "cache/cache_spec.h"
 #include "cache/kv_cache_manager.h"
 #include "common/status.h"
+#include "common/thread_pool.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "model/forward_backend.h"
@@ -55,6 +56,10 @@ struct EngineConfig {
   int32_t max_step_tokens = 512;  // tokens in one step (decodes + prefill chunks)
   bool prefix_caching = true;     // every cache group (window groups: in-window blocks)
   uint64_t seed = 0;              // seeds requests that bring none (mixed with the request id)
+  // Threads that sample a step's logits rows (one row per sequence, the caller included); 0:
+  // min(8, hardware threads). Each sequence has its own generator, so the output does not
+  // depend on this.
+  int32_t sampler_threads = 0;
   // Detokenizes samples for stop strings; not owned, outlives the engine. null: requests with
   // stop strings are refused.
   const Tokenizer* tokenizer = nullptr;
@@ -276,6 +281,7 @@ class Engine {
   int64_t session_clock_ = 0;
   uint64_t instance_id_ = 0;  // names this engine's spill files
   EngineStats stats_;
+  std::unique_ptr<ThreadPool> sampler_pool_;  // null: sample on the calling thread
 };
 
 }  // namespace kvp

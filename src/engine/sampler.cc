@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <numeric>
+
+#include "engine/sampler_kernels.h"
 
 namespace kvp {
 
@@ -78,21 +81,14 @@ std::vector<float> penalized_logits(std::span<const float> logits, const Samplin
   return out;
 }
 
-int32_t argmax(std::span<const float> values) {
-  // first maximum: ties go to the lowest id, NaN never wins
-  int32_t best = 0;
-  for (int32_t i = 1; i < static_cast<int32_t>(values.size()); ++i) {
-    if (values[i] > values[best] || std::isnan(values[best])) best = i;
-  }
-  return best;
-}
-
 struct Candidate {
   int32_t token_id;
   float prob;
 };
 
-// The kept candidates with unnormalised probabilities, most likely first (ties: lower id).
+// The kept candidates with unnormalised probabilities (relative to the most likely token's 1),
+// in an order that depends only on the logits (id order, or top-k's selection order, then under
+// top-p the boundary tokens most likely first). Sampling walks them in that order.
 std::vector<Candidate> truncated_candidates(std::span<const float> logits, const SamplingParams& p,
                                             const TokenHistory& history) {
   std::vector<float> scaled = penalized_logits(logits, p, history);
@@ -100,42 +96,85 @@ std::vector<Candidate> truncated_candidates(std::span<const float> logits, const
   for (float& l : scaled) l *= inv_t;
 
   const auto vocab_size = static_cast<int32_t>(scaled.size());
-  std::vector<int32_t> ids(vocab_size);
-  std::iota(ids.begin(), ids.end(), 0);
   auto more_likely = [&](int32_t a, int32_t b) {
     return scaled[a] > scaled[b] || (scaled[a] == scaled[b] && a < b);
   };
+  std::vector<int32_t> ids;  // top-k's survivors (first num_kept); empty without top-k
   int32_t num_kept = vocab_size;
   if (p.top_k > 0 && p.top_k < vocab_size) {
+    ids.resize(vocab_size);
+    std::iota(ids.begin(), ids.end(), 0);
     std::nth_element(ids.begin(), ids.begin() + p.top_k, ids.end(), more_likely);
     num_kept = p.top_k;
   }
-  // Sort the survivors most likely first. With top-p alone, try the best 1024 first: their
-  // mass almost always reaches top_p, and a full sort of a 256K vocabulary is costly.
-  int32_t num_sorted = num_kept;
-  if (p.top_k == 0 && p.top_p < 1.0f && num_kept > 1024) num_sorted = 1024;
-  std::partial_sort(ids.begin(), ids.begin() + num_sorted, ids.begin() + num_kept, more_likely);
-
-  const float max_logit = scaled[ids[0]];
+  // The most likely survivor; with top-k, the unnormalised mass of the survivors.
+  float max_logit = -std::numeric_limits<float>::infinity();
   double total = 0.0;
-  for (int32_t i = 0; i < num_kept; ++i) total += std::exp(double(scaled[ids[i]]) - max_logit);
+  if (num_kept == vocab_size) {
+    max_logit = sampler_kernels::max_value(scaled);
+  } else {
+    for (int32_t i = 0; i < num_kept; ++i) max_logit = std::max(max_logit, scaled[ids[i]]);
+    for (int32_t i = 0; i < num_kept; ++i) total += std::exp(double(scaled[ids[i]]) - max_logit);
+  }
 
   std::vector<Candidate> kept;
-  kept.reserve(std::min(num_kept, 1024));
-  if (p.top_p < 1.0f) {
+  if (p.top_p < 1.0f && num_kept == vocab_size) {
+    // Top-p over the whole vocabulary, without sorting it: bucket the tokens by how much less
+    // likely they are than the best (max_logit - logit, monotone in the logit), add up each
+    // bucket's mass, and sort only the bucket where the running mass reaches top_p. The kept set
+    // is the one a full most-likely-first sort would keep.
+    constexpr int32_t kBuckets = 2048;
+    constexpr float kRange = 87.0f;  // beyond it exp() is below float's normal range
+    std::vector<float> probs(scaled.size());
+    sampler_kernels::exp_shifted(scaled, max_logit, probs);
+    std::vector<uint16_t> bucket_of(scaled.size());
+    std::vector<double> bucket_mass(kBuckets, 0.0);
+    double all_mass = 0.0;
+    for (int32_t i = 0; i < vocab_size; ++i) {
+      const float gap = (max_logit - scaled[i]) * (kBuckets / kRange);
+      const int32_t b = gap < float(kBuckets - 1) ? static_cast<int32_t>(gap) : kBuckets - 1;
+      bucket_of[i] = static_cast<uint16_t>(b);  // NaN logits land in the last bucket
+      bucket_mass[b] += probs[i];
+      all_mass += probs[i];
+    }
+    const double target = p.top_p * all_mass;
+    double mass = 0.0;
+    int32_t last = 0;  // the bucket where the mass reaches target
+    while (last < kBuckets - 1 && mass + bucket_mass[last] < target) mass += bucket_mass[last++];
+    std::vector<int32_t> boundary;
+    for (int32_t i = 0; i < vocab_size; ++i) {
+      if (bucket_of[i] < last) {
+        kept.push_back({i, probs[i]});
+      } else if (bucket_of[i] == last) {
+        boundary.push_back(i);
+      }
+    }
+    std::sort(boundary.begin(), boundary.end(), more_likely);
+    for (int32_t id : boundary) {
+      kept.push_back({id, probs[id]});
+      mass += probs[id];
+      if (mass >= target) break;
+    }
+  } else if (p.top_p < 1.0f) {
+    // top-k survivors, most likely first, until their mass reaches top_p
+    std::sort(ids.begin(), ids.begin() + num_kept, more_likely);
+    kept.reserve(num_kept);
     const double target = p.top_p * total;
     double mass = 0.0;
     for (int32_t i = 0; i < num_kept; ++i) {
-      if (i == num_sorted) {  // the best 1024 were not enough: sort the rest
-        std::sort(ids.begin() + num_sorted, ids.begin() + num_kept, more_likely);
-        num_sorted = num_kept;
-      }
       const float prob = static_cast<float>(std::exp(double(scaled[ids[i]]) - max_logit));
       kept.push_back({ids[i], prob});
       mass += prob;
       if (mass >= target) break;
     }
+  } else if (num_kept == vocab_size) {
+    // No truncation by mass: every token, in id order (no sort), probabilities in one pass.
+    std::vector<float> probs(scaled.size());
+    sampler_kernels::exp_shifted(scaled, max_logit, probs);
+    kept.reserve(probs.size());
+    for (int32_t i = 0; i < vocab_size; ++i) kept.push_back({i, probs[i]});
   } else {
+    kept.reserve(num_kept);
     for (int32_t i = 0; i < num_kept; ++i) {
       kept.push_back({ids[i], static_cast<float>(std::exp(double(scaled[ids[i]]) - max_logit))});
     }
@@ -143,9 +182,7 @@ std::vector<Candidate> truncated_candidates(std::span<const float> logits, const
   if (p.min_p > 0.0f) {
     // relative to the most likely token, whose unnormalised probability is exp(0) = 1
     const float threshold = p.min_p;
-    auto first_dropped = std::find_if(kept.begin(), kept.end(),
-                                      [&](const Candidate& c) { return c.prob < threshold; });
-    kept.erase(first_dropped, kept.end());
+    std::erase_if(kept, [&](const Candidate& c) { return c.prob < threshold; });
   }
   return kept;
 }
@@ -172,9 +209,9 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
   SampledToken result;
   if (p.temperature == 0.0f) {
     if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) {
-      result.token_id = argmax(logits);
+      result.token_id = sampler_kernels::argmax(logits);
     } else {
-      result.token_id = argmax(penalized_logits(logits, p, history));
+      result.token_id = sampler_kernels::argmax(penalized_logits(logits, p, history));
     }
   } else {
     std::vector<Candidate> kept = truncated_candidates(logits, p, history);
@@ -193,10 +230,8 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
   }
 
   // logprobs under the raw model distribution
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double sum = 0.0;
-  for (float l : logits) sum += std::exp(double(l) - max_logit);
-  const double log_z = max_logit + std::log(sum);
+  const float max_logit = sampler_kernels::max_value(logits);
+  const double log_z = max_logit + std::log(sampler_kernels::exp_shifted(logits, max_logit, {}));
   result.logprob = static_cast<float>(logits[result.token_id] - log_z);
   if (p.num_logprobs > 0) {
     const int32_t n = std::min<int32_t>(p.num_logprobs, static_cast<int32_t>(logits.size()));

@@ -190,6 +190,45 @@ TEST(Engine, ParallelSamplesForkAndAreReproducible) {
   EXPECT_GT(distinct, 0);
 }
 
+// Rows are sampled in parallel; each sequence has its own generator, so sampled outputs of a
+// mixed batch (temperature, top-k, top-p, min-p, penalties, logprobs) do not depend on how many
+// threads drew them.
+TEST(Engine, SampledOutputsDoNotDependOnSamplerThreads) {
+  auto runner = load("llama");
+  auto run = [&](int32_t threads) {
+    CpuForwardBackend backend(runner);
+    EngineConfig config = small_config(512);
+    config.sampler_threads = threads;
+    Engine engine(&backend, config);
+    for (int i = 0; i < 12; ++i) {
+      Request r;
+      r.prompt_tokens = golden_ids("llama", i % 2 == 0 ? "prompt_1" : "prompt_2");
+      r.sampling.temperature = 0.7f + 0.1f * float(i % 4);
+      r.sampling.top_k = i % 3 == 0 ? 20 : 0;
+      r.sampling.top_p = i % 4 == 1 ? 0.9f : 1.0f;
+      r.sampling.min_p = i % 5 == 2 ? 0.05f : 0.0f;
+      r.sampling.repetition_penalty = i % 6 == 3 ? 1.2f : 1.0f;
+      r.sampling.num_logprobs = i % 2;
+      r.sampling.seed = 100 + i;
+      r.max_tokens = 10;
+      r.ignore_eos = true;
+      KVP_CHECK(engine.submit(r).is_ok(), "submit");
+    }
+    std::map<int64_t, std::vector<std::pair<int32_t, float>>> out;  // by request id
+    while (engine.has_unfinished()) {
+      for (const EngineEvent& e : engine.step()) {
+        if (e.kind == EngineEvent::Kind::kToken)
+          out[e.request_id.value].emplace_back(e.token_id, e.logprob);
+      }
+    }
+    return out;
+  };
+  const auto one = run(1);
+  const auto four = run(4);
+  ASSERT_EQ(one.size(), 12u);
+  EXPECT_EQ(one, four);
+}
+
 // A session's second turn equals one request holding the whole conversation, and prefills
 // only the new tokens (plus the last output, whose KV did not exist yet) while resident.
 TEST(Engine, SessionResumesWithoutReencodingAndMatchesFullPrompt) {

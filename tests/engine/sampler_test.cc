@@ -1,12 +1,15 @@
 // Sampler behaviour: exact distributions on hand-computed cases, a naive reference for the
 // truncations, a chi-square test of the draws, determinism by seed, and argument errors.
 #include "engine/sampler.h"
+#include "engine/sampler_kernels.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
+#include <random>
 
 namespace kvp {
 namespace {
@@ -210,6 +213,46 @@ TEST(Sampler, RejectsOutOfRangeParameters) {
   EXPECT_FALSE(bad([](SamplingParams& p) { p.frequency_penalty = -3; }).is_ok());
   EXPECT_FALSE(bad([](SamplingParams& p) { p.num_logprobs = 21; }).is_ok());
   EXPECT_FALSE(bad([](SamplingParams& p) { p.temperature = NAN; }).is_ok());
+}
+
+// The vectorised row passes against plain loops, at lengths around every vector width (tails),
+// with ties, NaN and -inf placed in the vector part and in the tail.
+TEST(SamplerKernels, MatchPlainLoopsAtEveryLengthWithTiesNanAndInfinities) {
+  std::mt19937 gen(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (size_t n : {1, 2, 3, 7, 15, 16, 17, 31, 33, 63, 65, 4095, 4096, 4097, 10007, 128256}) {
+    std::vector<float> v(n);
+    for (float& x : v) x = dist(gen);
+    // a tie for the maximum: the first one must win
+    const size_t a = n / 3, b = n - 1;
+    v[a] = v[b] = 40.0f;
+    if (n > 4) v[1] = std::numeric_limits<float>::quiet_NaN();
+    if (n > 5) v[n - 2] = -inf;
+    int32_t want_arg = 0;
+    float want_max = -inf;
+    for (size_t i = 0; i < n; ++i) {
+      if (v[i] > want_max) want_max = v[i], want_arg = static_cast<int32_t>(i);
+    }
+    EXPECT_EQ(sampler_kernels::max_value(v), want_max) << n;
+    EXPECT_EQ(sampler_kernels::argmax(v), want_arg) << n;
+
+    std::vector<float> finite = v;
+    if (n > 4) finite[1] = 0.5f;  // exp of NaN is NaN either way: compare on finite rows
+    double want_sum = 0.0;
+    for (float x : finite) want_sum += std::exp(double(x) - 40.0);
+    std::vector<float> out(n);
+    const double got_sum = sampler_kernels::exp_shifted(finite, 40.0f, out);
+    EXPECT_NEAR(got_sum / want_sum, 1.0, 1e-6) << n;
+    for (size_t i = 0; i < n; ++i) {
+      const double want = std::exp(double(finite[i]) - 40.0);
+      // x - shift is rounded to float first: relative error up to |x - shift| * 2^-24 (~5e-6)
+      ASSERT_NEAR(out[i], want, 2e-5 * want + 1e-37) << n << " at " << i;
+    }
+  }
+  const std::vector<float> nans(37, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_EQ(sampler_kernels::argmax(nans), 0);
+  EXPECT_EQ(sampler_kernels::max_value(nans), -inf);
 }
 
 }  // namespace

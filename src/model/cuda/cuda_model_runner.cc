@@ -106,6 +106,10 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
     return Status::unsupported("cuda model runner: head dim {} (even and at most 256)",
                                spec.head_dim);
   }
+  if (!detail::row_kernels_support(spec.hidden_size)) {
+    return Status::unsupported("cuda model runner: hidden size {} (a multiple of 4, at most 16384)",
+                               spec.hidden_size);
+  }
   spec_ = spec;
   device_ = device;
   padded_head_dim_ = padded_head_dim_for(spec.head_dim);

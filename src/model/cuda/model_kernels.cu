@@ -17,18 +17,6 @@ __device__ float warp_sum(float v) {
   return v;
 }
 
-// Sum over the CTA (kRowThreads threads); every thread gets the result.
-__device__ float block_sum(float v, float* scratch) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = 0.0f;
-  for (int w = 0; w < kRowThreads / 32; ++w) total += scratch[w];
-  return total;
-}
-
 __global__ void embed_kernel(const __nv_bfloat16* table, const int32_t* token_ids, int32_t hidden,
                              float scale, float* x) {
   const int64_t t = blockIdx.x;
@@ -38,45 +26,112 @@ __global__ void embed_kernel(const __nv_bfloat16* table, const int32_t* token_id
   }
 }
 
-__global__ void rms_norm_rows_kernel(const float* x, const int32_t* rows, int32_t hidden,
-                                     const float* w, float eps, __nv_bfloat16* out) {
-  __shared__ float scratch[kRowThreads / 32];
+// The row kernels below give one CTA to a row and keep the row in registers: each thread holds
+// up to kRowMaxVecs float4s (hidden <= 4 * 1024 * kRowMaxVecs), so a row is read once, every
+// load of a thread is issued before the first reduction, and a decode step's single row finishes
+// in a few memory latencies instead of a loop of dependent ones.
+constexpr int kRowMaxThreads = 1024;
+constexpr int kRowMaxVecs = 4;
+
+// Sum over the CTA (any multiple of 32 threads up to 1024); every thread gets the result.
+__device__ float block_sum_any(float v, float* scratch /* [32] */) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.0f);
+}
+
+__device__ float4 load4(const float* p, int32_t j) { return reinterpret_cast<const float4*>(p)[j]; }
+__device__ float dot4(float4 a, float4 b) { return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w; }
+__device__ float4 scale4(float4 a, float s, float4 w) {
+  return make_float4(a.x * s * w.x, a.y * s * w.y, a.z * s * w.z, a.w * s * w.w);
+}
+__device__ void store_bf16x4(__nv_bfloat16* out, int32_t j, float4 v) {
+  auto* o = reinterpret_cast<__nv_bfloat162*>(out) + 2 * int64_t{j};
+  o[0] = __floats2bfloat162_rn(v.x, v.y);
+  o[1] = __floats2bfloat162_rn(v.z, v.w);
+}
+
+template <int kVecs>
+__global__ void __launch_bounds__(kRowMaxThreads)
+    rms_norm_rows_kernel(const float* __restrict__ x, const int32_t* __restrict__ rows,
+                         int32_t hidden, const float* __restrict__ w, float eps,
+                         __nv_bfloat16* __restrict__ out) {
+  __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const float* in = x + int64_t{rows != nullptr ? rows[r] : static_cast<int32_t>(r)} * hidden;
+  const int32_t vecs = hidden / 4;
+  float4 v[kVecs];
   float ss = 0.0f;
-  for (int32_t i = threadIdx.x; i < hidden; i += kRowThreads) ss += in[i] * in[i];
-  const float inv = rsqrtf(block_sum(ss, scratch) / hidden + eps);
-  for (int32_t i = threadIdx.x; i < hidden; i += kRowThreads) {
-    out[r * hidden + i] = __float2bfloat16_rn(in[i] * inv * w[i]);
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int32_t j = threadIdx.x + k * blockDim.x;
+    v[k] = j < vecs ? load4(in, j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    ss += dot4(v[k], v[k]);
+  }
+  const float inv = rsqrtf(block_sum_any(ss, scratch) / hidden + eps);
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int32_t j = threadIdx.x + k * blockDim.x;
+    if (j < vecs) store_bf16x4(out + r * hidden, j, scale4(v[k], inv, load4(w, j)));
   }
 }
 
-__global__ void residual_norm_kernel(float* x, const float* proj, const float* post_w,
-                                     const float* next_w, int32_t hidden, float eps,
-                                     __nv_bfloat16* xn) {
-  __shared__ float scratch[kRowThreads / 32];
+template <int kVecs>
+__global__ void __launch_bounds__(kRowMaxThreads)
+    residual_norm_kernel(float* __restrict__ x, const float* __restrict__ proj,
+                         const float* __restrict__ post_w, const float* __restrict__ next_w,
+                         int32_t hidden, float eps, __nv_bfloat16* __restrict__ xn) {
+  __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   float* xr = x + r * hidden;
   const float* pr = proj + r * hidden;
-  float post_inv = 1.0f;
-  if (post_w != nullptr) {
-    float ss = 0.0f;
-    for (int32_t i = threadIdx.x; i < hidden; i += kRowThreads) ss += pr[i] * pr[i];
-    post_inv = rsqrtf(block_sum(ss, scratch) / hidden + eps);
-  }
+  const int32_t vecs = hidden / 4;
+  const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float4 p[kVecs], s[kVecs];
   float ss = 0.0f;
-  for (int32_t i = threadIdx.x; i < hidden; i += kRowThreads) {
-    const float v = post_w != nullptr ? pr[i] * post_inv * post_w[i] : pr[i];
-    const float sum = xr[i] + v;
-    xr[i] = sum;
-    ss += sum * sum;
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int32_t j = threadIdx.x + k * blockDim.x;
+    p[k] = j < vecs ? load4(pr, j) : zero;
+    s[k] = j < vecs ? load4(xr, j) : zero;
+    ss += dot4(p[k], p[k]);
+  }
+  if (post_w != nullptr) {
+    const float post_inv = rsqrtf(block_sum_any(ss, scratch) / hidden + eps);
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int32_t j = threadIdx.x + k * blockDim.x;
+      if (j < vecs) p[k] = scale4(p[k], post_inv, load4(post_w, j));
+    }
+  }
+  ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int32_t j = threadIdx.x + k * blockDim.x;
+    s[k] = make_float4(s[k].x + p[k].x, s[k].y + p[k].y, s[k].z + p[k].z, s[k].w + p[k].w);
+    if (j < vecs) reinterpret_cast<float4*>(xr)[j] = s[k];
+    ss += dot4(s[k], s[k]);
   }
   if (next_w == nullptr) return;
-  const float inv = rsqrtf(block_sum(ss, scratch) / hidden + eps);
-  // each thread re-reads only the elements it wrote itself: no barrier needed for x
-  for (int32_t i = threadIdx.x; i < hidden; i += kRowThreads) {
-    xn[r * hidden + i] = __float2bfloat16_rn(xr[i] * inv * next_w[i]);
+  const float inv = rsqrtf(block_sum_any(ss, scratch) / hidden + eps);
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) {
+    const int32_t j = threadIdx.x + k * blockDim.x;
+    if (j < vecs) store_bf16x4(xn + r * hidden, j, scale4(s[k], inv, load4(next_w, j)));
   }
+}
+
+// Threads and float4s per thread for a row of `hidden` floats; false if the row kernels cannot
+// take it (hidden not a multiple of 4, or above 4 * kRowMaxThreads * kRowMaxVecs).
+bool row_shape(int32_t hidden, int* threads, int* vecs_per_thread) {
+  if (hidden <= 0 || hidden % 4 != 0) return false;
+  const int32_t vecs = hidden / 4;
+  *threads = vecs < kRowMaxThreads ? (vecs + 31) / 32 * 32 : kRowMaxThreads;
+  *vecs_per_thread = (vecs + *threads - 1) / *threads;
+  return *vecs_per_thread <= kRowMaxVecs;
 }
 
 template <typename T>
@@ -90,8 +145,9 @@ __device__ __half from_float<__half>(float v) {
   return __float2half_rn(v);
 }
 
-// One CTA per token, one warp per head. The head's vector is staged in shared memory so that
-// rope can read the partner lane of each pair whatever head_dim is (pairs straddle lanes when
+// One warp per head; a token's heads are spread over gridDim.y CTAs of kWarps heads each, so a
+// decode step's few tokens still occupy many SMs. The head's vector is staged in shared memory so
+// that rope can read the partner lane of each pair whatever head_dim is (pairs straddle lanes when
 // head_dim < 64).
 template <typename T>
 __global__ void qkv_post_kernel(QkvPostArgs a) {
@@ -104,7 +160,7 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
   const float* row = a.qkv + int64_t{t} * num_heads * D;
   const int32_t pos = a.positions[t];
   float* s = stage[warp];
-  for (int32_t h = warp; h < num_heads; h += kWarps) {
+  for (int32_t h = blockIdx.y * kWarps + warp; h < num_heads; h += kWarps * gridDim.y) {
     const bool is_q = h < a.num_q_heads;
     const bool is_v = h >= a.num_q_heads + a.num_kv_heads;
     float ss = 0.0f;
@@ -204,28 +260,70 @@ cudaError_t launch_embed(const void* table, const int32_t* token_ids, int32_t nu
 cudaError_t launch_rms_norm_rows(const float* x, const int32_t* rows, int32_t num_rows,
                                  int32_t hidden, const float* w, float eps, void* out,
                                  cudaStream_t stream) {
+  int threads = 0, vecs = 0;
+  if (!row_shape(hidden, &threads, &vecs)) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaGetLastError();
-  rms_norm_rows_kernel<<<num_rows, kRowThreads, 0, stream>>>(x, rows, hidden, w, eps,
-                                                             static_cast<__nv_bfloat16*>(out));
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  switch (vecs) {
+    case 1:
+      rms_norm_rows_kernel<1><<<num_rows, threads, 0, stream>>>(x, rows, hidden, w, eps, o);
+      break;
+    case 2:
+      rms_norm_rows_kernel<2><<<num_rows, threads, 0, stream>>>(x, rows, hidden, w, eps, o);
+      break;
+    case 3:
+      rms_norm_rows_kernel<3><<<num_rows, threads, 0, stream>>>(x, rows, hidden, w, eps, o);
+      break;
+    default:
+      rms_norm_rows_kernel<4><<<num_rows, threads, 0, stream>>>(x, rows, hidden, w, eps, o);
+      break;
+  }
   return cudaGetLastError();
 }
 
 cudaError_t launch_residual_norm(float* x, const float* proj, const float* post_w,
                                  const float* next_w, int32_t num_rows, int32_t hidden, float eps,
                                  void* xn, cudaStream_t stream) {
+  int threads = 0, vecs = 0;
+  if (!row_shape(hidden, &threads, &vecs)) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaGetLastError();
-  residual_norm_kernel<<<num_rows, kRowThreads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps,
-                                                             static_cast<__nv_bfloat16*>(xn));
+  auto* o = static_cast<__nv_bfloat16*>(xn);
+  switch (vecs) {
+    case 1:
+      residual_norm_kernel<1>
+          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o);
+      break;
+    case 2:
+      residual_norm_kernel<2>
+          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o);
+      break;
+    case 3:
+      residual_norm_kernel<3>
+          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o);
+      break;
+    default:
+      residual_norm_kernel<4>
+          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o);
+      break;
+  }
   return cudaGetLastError();
+}
+
+bool row_kernels_support(int32_t hidden) {
+  int threads = 0, vecs = 0;
+  return row_shape(hidden, &threads, &vecs);
 }
 
 cudaError_t launch_qkv_post(const QkvPostArgs& args, cudaStream_t stream) {
   if (args.num_tokens == 0) return cudaGetLastError();
   if (args.head_dim > 256 || args.padded_head_dim < args.head_dim) return cudaErrorInvalidValue;
+  const int32_t num_heads = args.num_q_heads + 2 * args.num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(args.num_tokens),
+                  static_cast<unsigned>((num_heads + kRowThreads / 32 - 1) / (kRowThreads / 32)));
   if (args.out_bf16) {
-    qkv_post_kernel<__nv_bfloat16><<<args.num_tokens, kRowThreads, 0, stream>>>(args);
+    qkv_post_kernel<__nv_bfloat16><<<grid, kRowThreads, 0, stream>>>(args);
   } else {
-    qkv_post_kernel<__half><<<args.num_tokens, kRowThreads, 0, stream>>>(args);
+    qkv_post_kernel<__half><<<grid, kRowThreads, 0, stream>>>(args);
   }
   return cudaGetLastError();
 }

@@ -15,6 +15,10 @@ namespace kvp::cuda::detail {
 cudaError_t launch_embed(const void* table, const int32_t* token_ids, int32_t num_tokens,
                          int32_t hidden, float scale, float* x, cudaStream_t stream);
 
+// Whether launch_rms_norm_rows and launch_residual_norm take rows of `hidden` floats (a multiple
+// of 4, at most 16384); they return cudaErrorInvalidValue otherwise.
+bool row_kernels_support(int32_t hidden);
+
 // out[r] (bf16) = x[rows ? rows[r] : r] / rms * w, for r < num_rows; x f32 [*][hidden],
 // w f32 [hidden] (Gemma's 1 + w already folded in).
 cudaError_t launch_rms_norm_rows(const float* x, const int32_t* rows, int32_t num_rows,
