@@ -282,6 +282,7 @@ class Engine {
   uint64_t instance_id_ = 0;  // names this engine's spill files
   EngineStats stats_;
   std::unique_ptr<ThreadPool> sampler_pool_;  // null: sample on the calling thread
+  std::vector<float> step_logits_;            // step()'s logits rows, reused across steps
 };
 
 }  // namespace kvp
