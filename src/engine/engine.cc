@@ -527,7 +527,9 @@ void Engine::flush_copies() {
   pending_copies_.clear();
 }
 
-void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* logits) {
+void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* logits,
+                       const std::vector<int32_t>* full_rows,
+                       std::vector<LogitRowSummary>* summaries) {
   flush_copies();
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> token_ids, query_start = {0}, kv_lens, logit_rows;
@@ -568,8 +570,16 @@ void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* 
   const int32_t vocab = backend_->spec().vocab_size;
   // every row is written by the backend: no zero fill (a decode step of 64 sequences on a 128K
   // vocabulary is 33 MB); a reused buffer keeps its pages
-  logits->resize(logit_rows.size() * vocab);
-  Status st = backend_->forward(batch, *logits);
+  Status st;
+  if (full_rows != nullptr && summaries != nullptr && backend_->summarizes_logits()) {
+    summaries->resize(logit_rows.size());
+    logits->resize(full_rows->size() * vocab);
+    st = backend_->forward_summarized(batch, *full_rows, *logits, *summaries);
+  } else {
+    if (summaries != nullptr) summaries->clear();
+    logits->resize(logit_rows.size() * vocab);
+    st = backend_->forward(batch, *logits);
+  }
   KVP_CHECK(st.is_ok(), "engine batch refused by the {} backend: {}", backend_->device_name(),
             st.to_string());
 }
@@ -643,8 +653,32 @@ std::vector<EngineEvent> Engine::step() {
     const Sequence& s = seq(p.id);
     entries.push_back({p.id, &s.tokens, s.num_computed, p.num_tokens, p.wants_logits});
   }
+  // Rows whose requests take the greedy choice with no penalty, logprobs list or EOS masking
+  // need only the row's summary where the backend can reduce rows itself (CUDA): their logits
+  // never leave the device.
+  std::vector<int32_t> full_rows;
+  std::vector<int32_t> compact_row;  // [logit row] -> row in `logits`, -1: summary only
+  for (const Planned& p : plan) {
+    if (!p.wants_logits) continue;
+    const Sequence& s = seq(p.id);
+    const Request& request = requests_.at(s.request_id)->request;
+    const SamplingParams& sp = request.sampling;
+    const bool greedy_only = sp.temperature == 0.0f && sp.repetition_penalty == 1.0f &&
+                             sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f &&
+                             sp.num_logprobs == 0 && s.num_generated >= request.min_tokens;
+    if (greedy_only) {
+      compact_row.push_back(-1);
+    } else {
+      compact_row.push_back(static_cast<int32_t>(full_rows.size()));
+      full_rows.push_back(static_cast<int32_t>(compact_row.size()) - 1);
+    }
+  }
   std::vector<float>& logits = step_logits_;
-  run_model(entries, &logits);
+  std::vector<LogitRowSummary>& summaries = step_summaries_;
+  run_model(entries, &logits, &full_rows, &summaries);
+  if (summaries.empty()) {  // the backend copied every row
+    for (size_t i = 0; i < compact_row.size(); ++i) compact_row[i] = static_cast<int32_t>(i);
+  }
   const int32_t vocab = backend_->spec().vocab_size;
   ++stats_.num_steps;
 
@@ -653,7 +687,8 @@ std::vector<EngineEvent> Engine::step() {
   struct SampleJob {
     Sequence* seq;
     RequestState* request;
-    std::span<const float> row;
+    std::span<const float> row;  // empty: greedy from the summary
+    const LogitRowSummary* summary;
     SampledToken token;
   };
   std::vector<SampleJob> jobs;
@@ -671,7 +706,11 @@ std::vector<EngineEvent> Engine::step() {
     s.num_computed += p.num_tokens;
     register_full_blocks(s);
     if (!p.wants_logits) continue;
-    const std::span<const float> row(logits.data() + logit_index * vocab, vocab);
+    const int32_t compact = compact_row[logit_index];
+    const LogitRowSummary* summary = compact < 0 ? &summaries[logit_index] : nullptr;
+    const std::span<const float> row =
+        compact < 0 ? std::span<const float>()
+                    : std::span<const float>(logits.data() + size_t(compact) * vocab, vocab);
     ++logit_index;
     if (r.request.n > 1 && !r.forked) fork_samples(s);
     // the parent and (after a fork) its children sample from the same row
@@ -679,11 +718,16 @@ std::vector<EngineEvent> Engine::step() {
     if (r.forked && s.sample_index == 0 && s.num_generated == 0) {
       samplers.assign(r.seqs.begin(), r.seqs.end());
     }
-    for (SeqId sid : samplers) jobs.push_back({&seq(sid), &r, row, {}});
+    for (SeqId sid : samplers) jobs.push_back({&seq(sid), &r, row, summary, {}});
   }
   parallel_for(jobs.size() > 1 ? sampler_pool_.get() : nullptr, static_cast<int64_t>(jobs.size()),
                [&](int64_t i, int) {
                  SampleJob& job = jobs[i];
+                 if (job.summary != nullptr) {  // what sample_token's greedy path returns
+                   job.token.token_id = job.summary->argmax;
+                   job.token.logprob = job.summary->max_logit - job.summary->log_z;
+                   return;
+                 }
                  Sequence& x = *job.seq;
                  const Request& request = job.request->request;
                  std::span<const float> sample_row = job.row;

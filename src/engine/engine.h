@@ -230,7 +230,12 @@ class Engine {
   // a block they read may be freed and handed out again within the step).
   void flush_copies();
   // Pending copies, then one forward pass; logits: [rows wanting logits][vocab].
-  void run_model(std::span<const BatchEntry> entries, std::vector<float>* logits);
+  // One forward pass. With full_rows and summaries, on a backend that summarizes logits: every
+  // row's summary, and logits only of full_rows (packed); otherwise every row's logits and
+  // summaries left empty.
+  void run_model(std::span<const BatchEntry> entries, std::vector<float>* logits,
+                 const std::vector<int32_t>* full_rows = nullptr,
+                 std::vector<LogitRowSummary>* summaries = nullptr);
 
   // session tiers (engine_tiers.cc)
   // The session's KV copied out of the pool's blocks of sequence seq_id (which stays), through
@@ -283,6 +288,7 @@ class Engine {
   EngineStats stats_;
   std::unique_ptr<ThreadPool> sampler_pool_;  // null: sample on the calling thread
   std::vector<float> step_logits_;            // step()'s logits rows, reused across steps
+  std::vector<LogitRowSummary> step_summaries_;
 };
 
 }  // namespace kvp

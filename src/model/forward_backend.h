@@ -29,6 +29,15 @@
 
 namespace kvp {
 
+// One logits row reduced where it was computed (ForwardBackend::forward_summarized): all a
+// greedy sample and its logprob need, so a greedy step copies 12 bytes a row instead of the
+// vocabulary's logits.
+struct LogitRowSummary {
+  int32_t argmax = 0;      // first index of the largest logit (NaN never wins)
+  float max_logit = 0.0f;  // logits[argmax]
+  float log_z = 0.0f;      // log(sum_i exp(logits[i])) = max_logit + log(sum exp(l - max_logit))
+};
+
 class ForwardBackend {
  public:
   virtual ~ForwardBackend() = default;
@@ -56,6 +65,18 @@ class ForwardBackend {
   // tokens' K and V into the pool and fills logits [logit_rows.size()][vocab_size] (host).
   // Bad batches → invalid_argument with nothing written. Returns when logits are filled.
   virtual Status forward(const ForwardBatch& batch, std::span<float> logits) = 0;
+
+  // Whether forward_summarized is available: the backend reduces logits rows where it computed
+  // them (CUDA), so rows that only need a greedy choice are never copied to the host.
+  virtual bool summarizes_logits() const { return false; }
+  // As forward, but fills summaries [logit_rows.size()] for every logit row, and logits
+  // [full_rows.size()][vocab_size] only with the rows full_rows lists (indexes into
+  // batch.logit_rows, strictly increasing). unsupported unless summarizes_logits().
+  virtual Status forward_summarized(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                                    std::span<float> logits, std::span<LogitRowSummary> summaries) {
+    (void)batch, (void)full_rows, (void)logits, (void)summaries;
+    return Status::unsupported("{}: logits summaries on the device", device_name());
+  }
 
   // Copy-on-write copies within one group (every op's group == group). Ops must not overlap.
   virtual Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) = 0;

@@ -4,9 +4,12 @@
 // and cache files (which hold the logical layout, so they move between backends).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include <unistd.h>
 
@@ -64,6 +67,30 @@ class PermutingBackend final : public ForwardBackend {
     }
     return inner_.forward(physical, logits);
   }
+  // With `summarize` on, it reduces rows itself, as the CUDA backend does: a plain reference
+  // (first maximum, log-sum-exp in double), and copies only the rows asked for.
+  bool summarizes_logits() const override { return summarize; }
+  Status forward_summarized(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                            std::span<float> logits,
+                            std::span<LogitRowSummary> summaries) override {
+    const size_t vocab = static_cast<size_t>(spec().vocab_size);
+    std::vector<float> all(batch.logit_rows.size() * vocab);
+    KVP_RETURN_IF_ERROR(forward(batch, all));
+    for (size_t r = 0; r < batch.logit_rows.size(); ++r) {
+      const float* row = all.data() + r * vocab;
+      const size_t best = std::max_element(row, row + vocab) - row;
+      double sum = 0.0;
+      for (size_t i = 0; i < vocab; ++i) sum += std::exp(double(row[i]) - row[best]);
+      summaries[r] = {static_cast<int32_t>(best), row[best],
+                      static_cast<float>(row[best] + std::log(sum))};
+    }
+    for (size_t i = 0; i < full_rows.size(); ++i) {
+      std::copy_n(all.data() + size_t(full_rows[i]) * vocab, vocab, logits.data() + i * vocab);
+    }
+    num_summarized_rows += static_cast<int64_t>(batch.logit_rows.size());
+    num_full_rows += static_cast<int64_t>(full_rows.size());
+    return Status::ok();
+  }
   Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) override {
     std::vector<BlockCopy> physical;
     for (const BlockCopy& op : ops) physical.push_back({place(op.src), place(op.dst), op.group});
@@ -82,6 +109,9 @@ class PermutingBackend final : public ForwardBackend {
   }
 
   bool refuse_allocation = false;
+  bool summarize = false;
+  int64_t num_summarized_rows = 0;
+  int64_t num_full_rows = 0;
   int64_t num_forwards = 0;
   int64_t num_copied_blocks = 0;
   mutable int64_t num_read_blocks = 0;
@@ -183,6 +213,54 @@ TEST(EngineBackend, OutputsAndCopyOnWriteAreTheSameOnABackendThatPlacesBlocksEls
     EXPECT_EQ(expected.size(), 4u);
     EXPECT_GT(permuting.num_copied_blocks, 0) << "no copy-on-write went through the backend";
   }
+}
+
+// On a backend that summarizes logits rows, greedy rows come from the summaries (no logits
+// copied) and every other row from its full logits: tokens and logprobs as on the CPU backend,
+// for a batch that mixes greedy requests with sampled ones, a logprobs list and min_tokens.
+TEST(EngineBackend, GreedyRowsFromSummariesMatchFullLogits) {
+  auto runner = load("llama");
+  auto run = [&](ForwardBackend* backend) {
+    Engine engine(backend, small_config(254));
+    std::vector<Request> requests;
+    for (int i = 0; i < 8; ++i) {
+      Request r = greedy_request(golden_ids("llama", i % 2 ? "prompt_1" : "prompt_2"), 10 + i);
+      r.min_tokens = 0;
+      r.ignore_eos = true;
+      if (i == 1) r.sampling.temperature = 0.9f, r.sampling.seed = 5;
+      if (i == 3) r.sampling.num_logprobs = 2;
+      if (i == 5) r.min_tokens = 4;
+      requests.push_back(r);
+    }
+    std::map<int64_t, std::vector<std::pair<int32_t, float>>> out;
+    for (const Request& r : requests) KVP_CHECK(engine.submit(r).is_ok(), "submit");
+    while (engine.has_unfinished()) {
+      for (const EngineEvent& e : engine.step()) {
+        if (e.kind == EngineEvent::Kind::kToken) {
+          out[e.request_id.value].emplace_back(e.token_id, e.logprob);
+        }
+      }
+    }
+    return out;
+  };
+  CpuForwardBackend cpu(runner);
+  PermutingBackend summarizing(runner);
+  summarizing.summarize = true;
+  const auto want = run(&cpu);
+  const auto got = run(&summarizing);
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [id, tokens] : want) {
+    const auto& g = got.at(id);
+    ASSERT_EQ(g.size(), tokens.size()) << "request " << id;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      EXPECT_EQ(g[i].first, tokens[i].first) << "request " << id << " token " << i;
+      EXPECT_NEAR(g[i].second, tokens[i].second, 1e-4) << "request " << id << " token " << i;
+    }
+  }
+  // 3 of the 8 requests need their rows (temperature, logprobs; min_tokens for 4 tokens), the
+  // others never
+  EXPECT_GT(summarizing.num_full_rows, 0);
+  EXPECT_LT(summarizing.num_full_rows, summarizing.num_summarized_rows / 2);
 }
 
 // A session moved to the host tier leaves the pool through read_blocks and comes back through

@@ -97,6 +97,16 @@ Status CudaForwardBackend::forward(const ForwardBatch& batch, std::span<float> l
   return runner_->forward(batch, pools_, logits);
 }
 
+Status CudaForwardBackend::forward_summarized(const ForwardBatch& batch,
+                                              std::span<const int32_t> full_rows,
+                                              std::span<float> logits,
+                                              std::span<LogitRowSummary> summaries) {
+  if (static_cast<int32_t>(pools_.size()) != num_cache_groups()) {
+    return Status::invalid_argument("cuda forward: no KV pools (call allocate_kv first)");
+  }
+  return runner_->forward_summarized(batch, pools_, full_rows, logits, summaries);
+}
+
 Status CudaForwardBackend::copy_blocks(int32_t group, std::span<const BlockCopy> ops) {
   KVP_RETURN_IF_ERROR(check_group(group, "copy_blocks"));
   for (size_t i = 0; i < ops.size(); ++i) {

@@ -38,6 +38,9 @@ class CudaForwardBackend final : public ForwardBackend {
   Status allocate_kv(std::span<const KvLayout> layouts) override;
   const KvLayout& kv_layout(int32_t group) const override { return layouts_[group]; }
   Status forward(const ForwardBatch& batch, std::span<float> logits) override;
+  bool summarizes_logits() const override { return true; }
+  Status forward_summarized(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                            std::span<float> logits, std::span<LogitRowSummary> summaries) override;
   Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) override;
   Status read_blocks(int32_t group, std::span<const BlockId> blocks,
                      std::span<std::byte> image) const override;

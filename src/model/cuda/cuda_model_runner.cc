@@ -321,7 +321,8 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
 }
 
 Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
-                                    std::span<float> logits) const {
+                                    const std::span<const int32_t>* full_rows,
+                                    std::span<float> logits, size_t num_summaries) const {
   const auto num_tokens = static_cast<int64_t>(batch.token_ids.size());
   if (batch.query_start.empty() || batch.query_start.size() != batch.kv_lens.size() + 1) {
     return Status::invalid_argument("cuda forward: {} query starts for {} sequences",
@@ -344,9 +345,26 @@ Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceK
                                       row, num_tokens);
     }
   }
-  if (logits.size() != batch.logit_rows.size() * static_cast<size_t>(spec_.vocab_size)) {
+  size_t wanted_rows = batch.logit_rows.size();
+  if (full_rows != nullptr) {
+    wanted_rows = full_rows->size();
+    for (size_t i = 0; i < full_rows->size(); ++i) {
+      const int32_t r = (*full_rows)[i];
+      if (r < 0 || r >= static_cast<int32_t>(batch.logit_rows.size()) ||
+          (i > 0 && r <= (*full_rows)[i - 1])) {
+        return Status::invalid_argument(
+            "cuda forward: full row {} is not an increasing index into {} logit rows", r,
+            batch.logit_rows.size());
+      }
+    }
+    if (num_summaries != batch.logit_rows.size()) {
+      return Status::invalid_argument("cuda forward: {} summaries for {} logit rows", num_summaries,
+                                      batch.logit_rows.size());
+    }
+  }
+  if (logits.size() != wanted_rows * static_cast<size_t>(spec_.vocab_size)) {
     return Status::invalid_argument("cuda forward: logits buffer of {} floats, need {} x {}",
-                                    logits.size(), batch.logit_rows.size(), spec_.vocab_size);
+                                    logits.size(), wanted_rows, spec_.vocab_size);
   }
   if (static_cast<int32_t>(batch.groups.size()) != num_cache_groups() ||
       static_cast<int32_t>(pools.size()) != num_cache_groups()) {
@@ -433,6 +451,8 @@ Status CudaModelRunner::reserve(int64_t num_tokens, int64_t num_rows, size_t met
     const int64_t r = std::max<int64_t>(num_rows, 8);
     KVP_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(r * spec_.vocab_size * 4));
     KVP_ASSIGN_OR_RETURN(logits_host_, PinnedBuffer::allocate(r * spec_.vocab_size * 4));
+    KVP_ASSIGN_OR_RETURN(summaries_, DeviceBuffer::allocate(r * sizeof(detail::RowSummary)));
+    KVP_ASSIGN_OR_RETURN(summaries_host_, PinnedBuffer::allocate(r * sizeof(detail::RowSummary)));
     row_capacity_ = r;
   }
   return Status::ok();
@@ -452,7 +472,20 @@ Status CudaModelRunner::gemm(const void* x, const void* w, void* y, bool y_f32, 
 
 Status CudaModelRunner::forward(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                                 std::span<float> logits) {
-  KVP_RETURN_IF_ERROR(check_batch(batch, pools, logits));
+  return run(batch, pools, nullptr, logits, {});
+}
+
+Status CudaModelRunner::forward_summarized(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+                                           std::span<const int32_t> full_rows,
+                                           std::span<float> logits,
+                                           std::span<LogitRowSummary> summaries) {
+  return run(batch, pools, &full_rows, logits, summaries);
+}
+
+Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+                            const std::span<const int32_t>* full_rows, std::span<float> logits,
+                            std::span<LogitRowSummary> summaries) {
+  KVP_RETURN_IF_ERROR(check_batch(batch, pools, full_rows, logits, summaries.size()));
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const auto num_tokens = static_cast<int32_t>(batch.token_ids.size());
   const auto num_seqs = static_cast<int32_t>(batch.kv_lens.size());
@@ -561,8 +594,30 @@ Status CudaModelRunner::forward(const ForwardBatch& batch, std::span<DeviceKvPoo
       }
     }
   }
+  // The logits rows the caller wants, packed into the pinned staging buffer (the step left the
+  // rows' summaries there already).
+  const size_t row_bytes = size_t(spec_.vocab_size) * 4;
+  if (full_rows == nullptr || full_rows->size() == size_t(num_rows)) {
+    if (num_rows > 0) {
+      KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(),
+                                               num_rows * row_bytes, cudaMemcpyDeviceToHost,
+                                               stream_));
+    }
+  } else {
+    for (size_t i = 0; i < full_rows->size(); ++i) {
+      KVP_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(logits_host_.as<std::byte>() + i * row_bytes,
+                          logits_.as<const std::byte>() + size_t((*full_rows)[i]) * row_bytes,
+                          row_bytes, cudaMemcpyDeviceToHost, stream_));
+    }
+  }
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  if (num_rows > 0) copy_logits_out(logits);
+  if (!logits.empty()) copy_logits_out(logits);
+  static_assert(sizeof(detail::RowSummary) == sizeof(LogitRowSummary));
+  if (!summaries.empty()) {
+    std::memcpy(summaries.data(), summaries_host_.data(),
+                summaries.size() * sizeof(LogitRowSummary));
+  }
   return Status::ok();
 }
 
@@ -743,7 +798,13 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
           detail::launch_soft_cap(logits_.as<float>(), count, spec_.final_logit_softcap, stream_),
           "soft_cap_kernel"));
     }
-    KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(), count * 4,
+    auto* summaries = summaries_.as<detail::RowSummary>();
+    KVP_RETURN_IF_ERROR(
+        cuda_status(detail::launch_row_summary(logits_.as<float>(), static_cast<int32_t>(num_rows),
+                                               spec_.vocab_size, summaries, stream_),
+                    "row_summary_kernel"));
+    KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(summaries_host_.data(), summaries,
+                                             num_rows * sizeof(detail::RowSummary),
                                              cudaMemcpyDeviceToHost, stream_));
   }
   return Status::ok();

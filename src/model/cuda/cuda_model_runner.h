@@ -29,6 +29,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kv_pool.h"
 #include "backend/cuda/paged_attention.h"
+#include "model/forward_backend.h"
 #include "model/model_runner.h"
 #include "model/model_spec.h"
 #include "model/weight_source.h"
@@ -79,6 +80,11 @@ class CudaModelRunner {
   // padded_head_dim(), bf16 or f16). Bad batches → invalid_argument, nothing enqueued.
   // Returns when logits (host) are filled.
   Status forward(const ForwardBatch& batch, std::span<DeviceKvPool> pools, std::span<float> logits);
+  // ForwardBackend::forward_summarized's contract: summaries of every logit row (reduced on the
+  // device), full logits only of the rows full_rows lists.
+  Status forward_summarized(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+                            std::span<const int32_t> full_rows, std::span<float> logits,
+                            std::span<LogitRowSummary> summaries);
 
   // Whether decode-only batches run as CUDA graphs (default on; the environment variable
   // KVP_CUDA_GRAPHS=0 turns them off, as does this setter, for benchmarks that compare).
@@ -126,8 +132,13 @@ class CudaModelRunner {
   void clear_graphs();
   // logits_host_ → the caller's buffer (several threads for large copies).
   void copy_logits_out(std::span<float> logits) const;
+  // full_rows null: every row's logits are wanted.
   Status check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
-                     std::span<float> logits) const;
+                     const std::span<const int32_t>* full_rows, std::span<float> logits,
+                     size_t num_summaries) const;
+  Status run(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+             const std::span<const int32_t>* full_rows, std::span<float> logits,
+             std::span<LogitRowSummary> summaries);
   Status reserve(int64_t num_tokens, int64_t num_rows, size_t meta_bytes);
   Status gemm(const void* x, const void* w, void* y, bool y_f32, int64_t rows, int64_t in,
               int64_t out, const char* what);
@@ -152,18 +163,20 @@ class CudaModelRunner {
 
   // Per-step buffers, grown on demand (capacity in tokens / logit rows).
   int64_t token_capacity_ = 0, row_capacity_ = 0;
-  PinnedBuffer meta_host_;    // batch metadata staging (layout in forward)
-  DeviceBuffer meta_device_;  // its device copy
-  DeviceBuffer x_;            // [tokens][hidden] f32 residual stream
-  DeviceBuffer xn_;           // [tokens][max(hidden, intermediate)] bf16 GEMM input
-  DeviceBuffer qkv_;          // [tokens][q_dim + 2 kv_dim] f32
-  DeviceBuffer q_, k_, v_;    // [tokens][heads][padded_head_dim] KV dtype
-  DeviceBuffer attn_;         // [tokens][q_heads][padded_head_dim] KV dtype
-  DeviceBuffer attn_bf16_;    // the same in bf16 (f16 pools only)
-  DeviceBuffer proj_;         // [tokens][hidden] f32
-  DeviceBuffer gate_up_;      // [tokens][2 * intermediate] bf16
-  DeviceBuffer logits_;       // [rows][vocab] f32
-  PinnedBuffer logits_host_;  // [rows][vocab] f32
+  PinnedBuffer meta_host_;       // batch metadata staging (layout in forward)
+  DeviceBuffer meta_device_;     // its device copy
+  DeviceBuffer x_;               // [tokens][hidden] f32 residual stream
+  DeviceBuffer xn_;              // [tokens][max(hidden, intermediate)] bf16 GEMM input
+  DeviceBuffer qkv_;             // [tokens][q_dim + 2 kv_dim] f32
+  DeviceBuffer q_, k_, v_;       // [tokens][heads][padded_head_dim] KV dtype
+  DeviceBuffer attn_;            // [tokens][q_heads][padded_head_dim] KV dtype
+  DeviceBuffer attn_bf16_;       // the same in bf16 (f16 pools only)
+  DeviceBuffer proj_;            // [tokens][hidden] f32
+  DeviceBuffer gate_up_;         // [tokens][2 * intermediate] bf16
+  DeviceBuffer logits_;          // [rows][vocab] f32
+  PinnedBuffer logits_host_;     // [rows][vocab] f32
+  DeviceBuffer summaries_;       // [rows] detail::RowSummary
+  PinnedBuffer summaries_host_;  // [rows] detail::RowSummary
   AttentionWorkspace attention_workspace_;
   bool graphs_enabled_ = true;
   std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)

@@ -208,6 +208,46 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
   }
 }
 
+// One CTA of kRowThreads per row: (max, first index of it), then the sum of exp(l - max).
+__global__ void row_summary_kernel(const float* __restrict__ logits, int32_t vocab,
+                                   RowSummary* __restrict__ summaries) {
+  __shared__ float best_v[kRowThreads / 32];
+  __shared__ int32_t best_i[kRowThreads / 32];
+  __shared__ float scratch[32];
+  const float* row = logits + int64_t{blockIdx.x} * vocab;
+  const float neg_inf = -__int_as_float(0x7f800000);
+  float v = neg_inf;
+  int32_t idx = vocab;  // none yet: loses every tie
+  for (int32_t i = threadIdx.x; i < vocab; i += kRowThreads) {
+    const float x = row[i];
+    if (x > v) v = x, idx = i;  // false for NaN; increasing i keeps the first of equal values
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, offset);
+    if (ov > v || (ov == v && oi < idx)) v = ov, idx = oi;
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) best_v[warp] = v, best_i[warp] = idx;
+  __syncthreads();
+  v = best_v[0];
+  idx = best_i[0];
+  for (int w = 1; w < kRowThreads / 32; ++w) {
+    if (best_v[w] > v || (best_v[w] == v && best_i[w] < idx)) v = best_v[w], idx = best_i[w];
+  }
+  const float m = v;
+  float sum = 0.0f;
+  for (int32_t i = threadIdx.x; i < vocab; i += kRowThreads) sum += expf(row[i] - m);
+  sum = warp_sum(sum);
+  if (lane == 0) scratch[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kRowThreads / 32; ++w) total += scratch[w];
+    summaries[blockIdx.x] = {idx < vocab ? idx : 0, m, m + logf(total)};
+  }
+}
+
 template <bool kGelu>
 __global__ void gated_activation_kernel(const __nv_bfloat16* gate_up, int64_t num_rows, int32_t dim,
                                         __nv_bfloat16* out) {
@@ -341,6 +381,13 @@ cudaError_t launch_gated_activation(const void* gate_up, int64_t num_rows, int32
     gated_activation_kernel<false>
         <<<grid_for(count), kRowThreads, 0, stream>>>(in, num_rows, dim, o);
   }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_row_summary(const float* logits, int32_t num_rows, int32_t vocab,
+                               RowSummary* summaries, cudaStream_t stream) {
+  if (num_rows == 0) return cudaGetLastError();
+  row_summary_kernel<<<num_rows, kRowThreads, 0, stream>>>(logits, vocab, summaries);
   return cudaGetLastError();
 }
 

@@ -55,6 +55,16 @@ cudaError_t launch_qkv_post(const QkvPostArgs& args, cudaStream_t stream);
 cudaError_t launch_gated_activation(const void* gate_up, int64_t num_rows, int32_t dim, bool gelu,
                                     void* out, cudaStream_t stream);
 
+// Per row r < num_rows of logits [num_rows][vocab] f32: summaries[r] = {argmax (first index of
+// the largest value; NaN counts as -inf), max, max + log(sum exp(l - max))}. One CTA per row.
+struct RowSummary {
+  int32_t argmax;
+  float max_logit;
+  float log_z;
+};
+cudaError_t launch_row_summary(const float* logits, int32_t num_rows, int32_t vocab,
+                               RowSummary* summaries, cudaStream_t stream);
+
 // In place: x = cap * tanh(x / cap).
 cudaError_t launch_soft_cap(float* x, int64_t count, float cap, cudaStream_t stream);
 

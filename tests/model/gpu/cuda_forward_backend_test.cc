@@ -17,6 +17,7 @@
 
 #include "model/model_config.h"
 #include "model/model_runner.h"
+#include "model/random_model.h"
 #include "model/safetensors_weights.h"
 
 namespace kvp::cuda {
@@ -425,6 +426,76 @@ TEST(CudaForwardBackendGraphs, DecodeGraphsMatchEagerSteps) {
     EXPECT_GT(captured, 0) << name;
     EXPECT_LT(worst, kSameDeviceTolerance) << name;
   }
+}
+
+// forward_summarized's rows against forward's: every summary is the first maximum of its row and
+// the row's log-sum-exp (double, computed here), and the rows asked for come back packed and
+// equal to forward's. Checked on a prefill and a decode (graph) step of the tiny models, and on
+// the SmolLM2-135M shape with random weights (vocabulary 49152: many elements per thread).
+void check_summaries(ForwardBackend& gpu, Step& s, const std::vector<int32_t>& full_rows,
+                     const char* what) {
+  const size_t vocab = static_cast<size_t>(gpu.spec().vocab_size);
+  const size_t rows = s.logit_rows.size();
+  std::vector<float> all(rows * vocab), some(full_rows.size() * vocab);
+  std::vector<LogitRowSummary> summaries(rows);
+  ASSERT_TRUE(gpu.summarizes_logits());
+  Status st = gpu.forward(s.batch, all);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  st = gpu.forward_summarized(s.batch, full_rows, some, summaries);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+  double worst_log_z = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = all.data() + r * vocab;
+    const size_t best = std::max_element(row, row + vocab) - row;
+    double sum = 0.0;
+    for (size_t i = 0; i < vocab; ++i) sum += std::exp(double(row[i]) - row[best]);
+    const double log_z = row[best] + std::log(sum);
+    EXPECT_EQ(summaries[r].argmax, static_cast<int32_t>(best)) << what << " row " << r;
+    EXPECT_EQ(summaries[r].max_logit, row[best]) << what << " row " << r;
+    worst_log_z = std::max(worst_log_z, std::abs(summaries[r].log_z - log_z) / std::abs(log_z));
+  }
+  EXPECT_LT(worst_log_z, 1e-5) << what;
+  for (size_t i = 0; i < full_rows.size(); ++i) {
+    const std::span<const float> want(all.data() + size_t(full_rows[i]) * vocab, vocab);
+    const std::span<const float> got(some.data() + i * vocab, vocab);
+    EXPECT_LT(relative_error(got, want), 1e-6) << what << " full row " << full_rows[i];
+  }
+  std::printf("[ summary ] %s: %zu rows, %zu copied, worst log_z rel err %.2e\n", what, rows,
+              full_rows.size(), worst_log_z);
+}
+
+TEST(CudaForwardBackendSummaries, SummariesMatchTheLogitsTheyReduce) {
+  SKIP_WITHOUT_GPU();
+  for (const char* name : {"llama", "gemma3"}) {
+    const Tiny probe = load_tiny(name);
+    Tables t(groups_of(probe.spec), 3, 64, 8, 5);
+    Pair pair(name, t);
+    std::vector<int32_t> seqs = {0, 1, 2}, cached(3, 0);
+    std::vector<std::vector<int32_t>> prompts = {probe.prompts[0], probe.prompts[1],
+                                                 probe.prompts[2]};
+    Step prefill(t, seqs, prompts, cached);
+    check_summaries(*pair.gpu, prefill, {1, 4, 5}, name);
+    for (int32_t i = 0; i < 3; ++i) cached[i] = static_cast<int32_t>(prompts[i].size());
+    for (int32_t step = 0; step < 3; ++step) {  // decode steps run as graphs from the second
+      Step decode(t, seqs, {{3 + step}, {7}, {11}}, cached);
+      check_summaries(*pair.gpu, decode, {step % 3}, name);
+      for (int32_t& c : cached) c += 1;
+    }
+  }
+  auto spec = random_model_spec("smollm2-135m");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  auto gpu = make_random_cuda_backend(*spec, 3);
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  Tables t(1, 4, 96, 16, 9);
+  std::vector<KvLayout> layouts = {(*gpu)->group_layout(0, t.num_blocks, 16, DType::BF16)};
+  ASSERT_TRUE((*gpu)->allocate_kv(layouts).is_ok());
+  std::mt19937 gen(4);
+  std::uniform_int_distribution<int32_t> token(0, spec->vocab_size - 1);
+  std::vector<std::vector<int32_t>> prompts(4);
+  for (int32_t i = 0; i < 4; ++i) prompts[i].resize(20 + 9 * i);
+  for (auto& p : prompts) std::generate(p.begin(), p.end(), [&] { return token(gen); });
+  Step prefill(t, {0, 1, 2, 3}, prompts, {0, 0, 0, 0});
+  check_summaries(**gpu, prefill, {0, 30, 99}, "smollm2-135m shape");
 }
 
 std::vector<BlockId> block_ids(std::span<const int32_t> ids) {
