@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
+
 #include "model/cuda/model_kernels.h"
 
 namespace kvp::cuda::detail {
@@ -208,43 +210,75 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
   }
 }
 
-// One CTA of kRowThreads per row: (max, first index of it), then the sum of exp(l - max).
-__global__ void row_summary_kernel(const float* __restrict__ logits, int32_t vocab,
-                                   RowSummary* __restrict__ summaries) {
-  __shared__ float best_v[kRowThreads / 32];
-  __shared__ int32_t best_i[kRowThreads / 32];
-  __shared__ float scratch[32];
+// Running (max, first index of it, sum of exp(l - max)) of a part of a row; merged exactly
+// like the split-KV softmax states of attention. idx == INT_MAX: nothing seen (-inf max).
+struct RowState {
+  float m;
+  float s;
+  int32_t idx;
+};
+
+__device__ void row_state_add(RowState& st, float x, int32_t i) {
+  if (x > st.m) {  // false for NaN: NaN never becomes the maximum
+    st.s = (st.idx == INT_MAX ? 0.0f : st.s * expf(st.m - x)) + 1.0f;
+    st.m = x;
+    st.idx = i;
+  } else if (st.idx != INT_MAX) {
+    st.s += expf(x - st.m);
+  }
+}
+
+__device__ RowState row_state_merge(RowState a, RowState b) {
+  if (b.idx == INT_MAX) return a;
+  if (a.idx == INT_MAX) return b;
+  const bool b_wins = b.m > a.m || (b.m == a.m && b.idx < a.idx);
+  const RowState& w = b_wins ? b : a;
+  const RowState& l = b_wins ? a : b;
+  return {w.m, w.s + l.s * expf(l.m - w.m), w.idx};
+}
+
+__device__ RowState row_state_shfl(RowState st, int offset) {
+  return {__shfl_xor_sync(0xffffffffu, st.m, offset), __shfl_xor_sync(0xffffffffu, st.s, offset),
+          __shfl_xor_sync(0xffffffffu, st.idx, offset)};
+}
+
+// One CTA of kSummaryThreads per row, one pass over it (float4 loads when kVec4: many loads in
+// flight per thread, which a decode step's few rows need to reach the memory system's rate).
+constexpr int kSummaryThreads = 1024;
+
+template <bool kVec4>
+__global__ void __launch_bounds__(kSummaryThreads)
+    row_summary_kernel(const float* __restrict__ logits, int32_t vocab,
+                       RowSummary* __restrict__ summaries) {
+  __shared__ RowState partial[kSummaryThreads / 32];
   const float* row = logits + int64_t{blockIdx.x} * vocab;
-  const float neg_inf = -__int_as_float(0x7f800000);
-  float v = neg_inf;
-  int32_t idx = vocab;  // none yet: loses every tie
-  for (int32_t i = threadIdx.x; i < vocab; i += kRowThreads) {
-    const float x = row[i];
-    if (x > v) v = x, idx = i;  // false for NaN; increasing i keeps the first of equal values
+  RowState st{-__int_as_float(0x7f800000), 0.0f, INT_MAX};
+  if constexpr (kVec4) {
+    const auto* row4 = reinterpret_cast<const float4*>(row);
+    for (int32_t j = threadIdx.x; j < vocab / 4; j += kSummaryThreads) {
+      const float4 v = row4[j];
+      row_state_add(st, v.x, 4 * j);
+      row_state_add(st, v.y, 4 * j + 1);
+      row_state_add(st, v.z, 4 * j + 2);
+      row_state_add(st, v.w, 4 * j + 3);
+    }
+  } else {
+    for (int32_t i = threadIdx.x; i < vocab; i += kSummaryThreads) row_state_add(st, row[i], i);
   }
   for (int offset = 16; offset > 0; offset >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
-    const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, offset);
-    if (ov > v || (ov == v && oi < idx)) v = ov, idx = oi;
+    st = row_state_merge(st, row_state_shfl(st, offset));
   }
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) best_v[warp] = v, best_i[warp] = idx;
+  if (lane == 0) partial[warp] = st;
   __syncthreads();
-  v = best_v[0];
-  idx = best_i[0];
-  for (int w = 1; w < kRowThreads / 32; ++w) {
-    if (best_v[w] > v || (best_v[w] == v && best_i[w] < idx)) v = best_v[w], idx = best_i[w];
-  }
-  const float m = v;
-  float sum = 0.0f;
-  for (int32_t i = threadIdx.x; i < vocab; i += kRowThreads) sum += expf(row[i] - m);
-  sum = warp_sum(sum);
-  if (lane == 0) scratch[warp] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int w = 0; w < kRowThreads / 32; ++w) total += scratch[w];
-    summaries[blockIdx.x] = {idx < vocab ? idx : 0, m, m + logf(total)};
+  if (warp == 0) {
+    st = partial[lane];  // kSummaryThreads / 32 == 32 warps
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      st = row_state_merge(st, row_state_shfl(st, offset));
+    }
+    if (lane == 0) {
+      summaries[blockIdx.x] = {st.idx == INT_MAX ? 0 : st.idx, st.m, st.m + logf(st.s)};
+    }
   }
 }
 
@@ -387,7 +421,11 @@ cudaError_t launch_gated_activation(const void* gate_up, int64_t num_rows, int32
 cudaError_t launch_row_summary(const float* logits, int32_t num_rows, int32_t vocab,
                                RowSummary* summaries, cudaStream_t stream) {
   if (num_rows == 0) return cudaGetLastError();
-  row_summary_kernel<<<num_rows, kRowThreads, 0, stream>>>(logits, vocab, summaries);
+  if (vocab % 4 == 0) {  // rows start 16-byte aligned
+    row_summary_kernel<true><<<num_rows, kSummaryThreads, 0, stream>>>(logits, vocab, summaries);
+  } else {
+    row_summary_kernel<false><<<num_rows, kSummaryThreads, 0, stream>>>(logits, vocab, summaries);
+  }
   return cudaGetLastError();
 }
 
