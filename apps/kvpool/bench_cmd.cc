@@ -278,6 +278,12 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
                   "whole history every turn; default: sessions)");
   bench->add_option("--seed", b.seed, "seed of the synthetic prompts and lengths")
       ->capture_default_str();
+  bench
+      ->add_option("--warmup", o->warmup,
+                   "run the workload once unmeasured first: auto (on for cuda, off for cpu), on, "
+                   "off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   bench->add_flag(
       "--compare-sessions", o->compare_sessions,
       "agents: run with sessions, with the history re-sent every turn (prefix cache on), "
@@ -362,6 +368,14 @@ int run_bench_command(BenchOptions o) {
       (*backend)->num_cache_groups(), dtype_name(o.engine.kv_dtype), o.engine.max_num_seqs,
       o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off", o.num_threads);
 
+  const bool warmup = o.warmup == "on" || (o.warmup == "auto" && o.device != "cpu");
+  if (warmup) {
+    BenchConfig first = o.bench;
+    first.sessions = o.bench.sessions || o.compare_sessions;
+    std::optional<BenchReport> report = run_once(**backend, o, first);
+    if (!report) return 1;
+    fmt::print("warm-up run (not measured): {:.2f} s\n", report->wall_s);
+  }
   if (!o.compare_sessions) {
     std::optional<BenchReport> report = run_once(**backend, o, o.bench);
     if (!report) return 1;

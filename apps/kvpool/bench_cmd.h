@@ -27,6 +27,9 @@ struct BenchOptions {
   std::string csv_path;     // empty: no CSV
   std::string plot_path;    // empty: no PNG (bench_plot.h)
   bool compare_sessions = false;
+  // One unmeasured run of the same workload first (CUDA graphs captured, buffers grown, cuBLAS
+  // warmed), so the first measured run is not the one paying for them. auto: on for cuda.
+  std::string warmup = "auto";  // auto | on | off
 };
 
 // With --random-model the prompts are random token ids (as always) and no tokenizer is needed;
