@@ -31,7 +31,8 @@ tail -25 "$out/model-quick.log"
 echo "== sampler_bench (host side of every step: one 128256-logit row per sequence)"
 [ -x ./sampler_bench ] && timeout 60 ./sampler_bench --benchmark_min_time=0.2 2>&1 \
   | tee "$out/sampler-bench.log" | tail -7
-b8="./kvpool bench --random-model llama3-8b --device cuda --block-size 16 --blocks 16384"
+b8base="./kvpool bench --random-model llama3-8b --device cuda --block-size 16"
+b8="$b8base --blocks 16384"
 echo "== 8B offline, 64 requests"
 timeout 240 $b8 --workload offline --requests 64 --prompt-tokens-min 256 --prompt-tokens-max 1024 \
   --output-tokens-min 128 --output-tokens-max 128 --max-seqs 64 --step-tokens 4096 \
@@ -40,6 +41,23 @@ echo "== 8B agents: sessions vs resend vs re-prefill"
 timeout 300 $b8 --workload agents --agents 16 --turns 4 --system-prompt-tokens 1024 \
   --turn-tokens 256 --reply-tokens 64 --max-seqs 64 --step-tokens 4096 --compare-sessions \
   --csv "$out/8b-agents.csv" --plot "$out/8b-agents.png" 2>&1 | tee "$out/8b-agents.log" || status=1
+echo "== 8B closed loop, 32 clients"
+timeout 200 $b8 --workload closed --concurrency 32 --target-output-tokens 8192 \
+  --prompt-tokens-min 256 --prompt-tokens-max 2048 --output-tokens-min 64 \
+  --output-tokens-max 256 --max-seqs 64 --step-tokens 4096 --csv "$out/8b-closed.csv" \
+  2>&1 | tee "$out/8b-closed.log" || status=1
+# 2048 blocks = 32K tokens (4 GiB of bf16 KV) for 32 agents whose histories grow to ~2.3K
+# tokens (74K in all), 8 running at a time: idle sessions must leave the pool; with a host
+# tier they move there (read_blocks / write_blocks through the device) instead of being
+# dropped and recomputed.
+for tier in none host; do
+  extra=""
+  [ "$tier" = host ] && extra="--host-tier-bytes 17179869184"
+  echo "== 8B agents under pool pressure, tier: $tier"
+  timeout 200 $b8base --blocks 2048 --workload agents --agents 32 --turns 4 \
+    --system-prompt-tokens 1024 --turn-tokens 256 --reply-tokens 64 --max-seqs 8 \
+    --step-tokens 4096 $extra 2>&1 | tee "$out/8b-pressure-$tier.log" || status=1
+done
 echo "== SmolLM2-135M shape offline, 64 requests"
 timeout 120 ./kvpool bench --random-model smollm2-135m --device cuda --blocks 16384 \
   --workload offline --requests 64 --prompt-tokens-min 256 --prompt-tokens-max 1024 \
