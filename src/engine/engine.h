@@ -56,9 +56,9 @@ struct EngineConfig {
   int32_t max_step_tokens = 512;  // tokens in one step (decodes + prefill chunks)
   bool prefix_caching = true;     // every cache group (window groups: in-window blocks)
   uint64_t seed = 0;              // seeds requests that bring none (mixed with the request id)
-  // Threads that sample a step's logits rows (one row per sequence, the caller included); 0:
-  // min(8, hardware threads). Each sequence has its own generator, so the output does not
-  // depend on this.
+  // Threads that sample a step's logits rows (one row per sequence, the caller included) and
+  // copy the blocks of sessions moving between tiers; 0: min(8, hardware threads). Each sequence
+  // has its own generator, so the output does not depend on this.
   int32_t sampler_threads = 0;
   // Detokenizes samples for stop strings; not owned, outlives the engine. null: requests with
   // stop strings are refused.
@@ -242,6 +242,8 @@ class Engine {
   // the backend's block images. nullptr if the host memory cannot be had or the backend
   // cannot read the blocks.
   std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens) const;
+  // The first `bytes` of a reused buffer for block images. Throws std::bad_alloc.
+  std::span<std::byte> tier_image(size_t bytes) const;
   // A cache file, validated whole (and its token ids against the vocabulary), as a host copy;
   // *tokens (if not null) receives its token ids. Errors name the file and the reason.
   Result<std::unique_ptr<HostKv>> read_file(const std::filesystem::path& path,
@@ -286,8 +288,11 @@ class Engine {
   int64_t session_clock_ = 0;
   uint64_t instance_id_ = 0;  // names this engine's spill files
   EngineStats stats_;
-  std::unique_ptr<ThreadPool> sampler_pool_;  // null: sample on the calling thread
-  std::vector<float> step_logits_;            // step()'s logits rows, reused across steps
+  // Samples a step's rows, and copies blocks of sessions moving between tiers; null: the
+  // calling thread does both.
+  std::unique_ptr<ThreadPool> sampler_pool_;
+  mutable std::vector<std::byte> tier_image_;  // block images of tier moves (tier_image())
+  std::vector<float> step_logits_;             // step()'s logits rows, reused across steps
   std::vector<LogitRowSummary> step_summaries_;
 };
 

@@ -28,33 +28,43 @@ namespace {
 // A block image (model/forward_backend.h: per block, per layer, one block_pitch run) of
 // `num_blocks` blocks <-> blocks first .. first + num_blocks - 1 of a host slab of the same
 // layout but fewer blocks ([layer][block][K|V]...).
+// Blocks are copied in parallel on `pool` (may be null): a session of a large model is hundreds
+// of MB, which one thread copies at a fraction of the memory bandwidth.
 void image_to_host(const KvLayout& host, std::span<const std::byte> image, std::byte* slab,
-                   int32_t first, int32_t num_blocks) {
+                   int32_t first, int32_t num_blocks, ThreadPool* pool) {
   const size_t elem_bytes = dtype_size_bytes(host.dtype);
   const size_t run_bytes = static_cast<size_t>(host.block_pitch()) * elem_bytes;
-  const std::byte* in = image.data();
-  for (int32_t b = first; b < first + num_blocks; ++b) {
+  parallel_for(num_blocks > 1 ? pool : nullptr, num_blocks, [&](int64_t i, int) {
+    const std::byte* in = image.data() + size_t(i) * host.num_layers * run_bytes;
+    const auto b = static_cast<int32_t>(first + i);
     for (int32_t layer = 0; layer < host.num_layers; ++layer) {
       std::memcpy(slab + host.block_offset(layer, b, 0) * elem_bytes, in, run_bytes);
       in += run_bytes;
     }
-  }
+  });
 }
 
 void host_to_image(const KvLayout& host, const std::byte* slab, std::span<const BlockId> blocks,
-                   std::span<std::byte> image) {
+                   std::span<std::byte> image, ThreadPool* pool) {
   const size_t elem_bytes = dtype_size_bytes(host.dtype);
   const size_t run_bytes = static_cast<size_t>(host.block_pitch()) * elem_bytes;
-  std::byte* out = image.data();
-  for (const BlockId b : blocks) {
+  const auto num_blocks = static_cast<int64_t>(blocks.size());
+  parallel_for(num_blocks > 1 ? pool : nullptr, num_blocks, [&](int64_t i, int) {
+    std::byte* out = image.data() + size_t(i) * host.num_layers * run_bytes;
     for (int32_t layer = 0; layer < host.num_layers; ++layer) {
-      std::memcpy(out, slab + host.block_offset(layer, b.value, 0) * elem_bytes, run_bytes);
+      std::memcpy(out, slab + host.block_offset(layer, blocks[i].value, 0) * elem_bytes, run_bytes);
       out += run_bytes;
     }
-  }
+  });
 }
 
 }  // namespace
+
+std::span<std::byte> Engine::tier_image(size_t bytes) const {
+  // grown, never shrunk or refilled: its pages stay mapped from one move to the next
+  if (tier_image_.size() < bytes) tier_image_.resize(bytes);
+  return {tier_image_.data(), bytes};
+}
 
 std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens) const {
   const int32_t num_groups = cache_->num_groups();
@@ -67,7 +77,6 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
   if (!storage.is_ok()) return nullptr;
   auto kv = std::make_unique<HostKv>(std::move(storage).value());
   kv->num_tokens = num_tokens;
-  std::vector<std::byte> image;
   for (int32_t g = 0; g < num_groups; ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
     const KvLayout& host = kv->storage.layout(g);
@@ -77,13 +86,15 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
       host_table[i] = BlockId{i - table.num_dropped_blocks()};
     }
     // the live blocks as one image from the backend, then block for block into the host slab
+    std::span<std::byte> image;
     try {
-      image.resize(live.size() * host.block_size_bytes());
+      image = tier_image(live.size() * host.block_size_bytes());
     } catch (const std::bad_alloc&) {
       return nullptr;
     }
     if (!backend_->read_blocks(g, live, image).is_ok()) return nullptr;
-    image_to_host(host, image, kv->storage.slab(g).data(), 0, static_cast<int32_t>(live.size()));
+    image_to_host(host, image, kv->storage.slab(g).data(), 0, static_cast<int32_t>(live.size()),
+                  sampler_pool_.get());
     kv->tables.push_back(std::move(host_table));
     kv->size_bytes += host.size_bytes();
   }
@@ -163,7 +174,6 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, const HostKv
   }
   KVP_CHECK(copies.empty(), "fresh blocks needed {} copies", copies.size());
   std::vector<BlockId> host_blocks, pool_blocks;
-  std::vector<std::byte> image;
   for (int32_t g = 0; g < cache_->num_groups(); ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
     const int32_t first = std::max(table.num_dropped_blocks(), num_matched / config_.block_size);
@@ -176,8 +186,8 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, const HostKv
       pool_blocks.push_back(table.blocks()[i]);
     }
     const KvLayout& host = kv.storage.layout(g);
-    image.resize(host_blocks.size() * host.block_size_bytes());
-    host_to_image(host, kv.storage.slab(g).data(), host_blocks, image);
+    const std::span<std::byte> image = tier_image(host_blocks.size() * host.block_size_bytes());
+    host_to_image(host, kv.storage.slab(g).data(), host_blocks, image, sampler_pool_.get());
     // fresh blocks of this engine's own table: a refusal is a broken backend or a bug
     const Status written = backend_->write_blocks(g, pool_blocks, image);
     KVP_CHECK(written.is_ok(), "the {} backend refused a session's blocks: {}",

@@ -4,10 +4,12 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/kernels.h"
+#include "common/parallel_memcpy.h"
 
 namespace kvp::cuda {
 
@@ -122,7 +124,10 @@ Status CudaForwardBackend::copy_blocks(int32_t group, std::span<const BlockCopy>
 
 Status CudaForwardBackend::reserve_staging(size_t bytes) const {
   if (staging_.size_bytes() >= bytes) return Status::ok();
-  KVP_ASSIGN_OR_RETURN(staging_, PinnedBuffer::allocate(bytes));
+  // geometric growth: a growing session's moves must not pin a new buffer every time
+  const size_t grown = std::max(bytes, staging_.size_bytes() * 2);
+  staging_ = PinnedBuffer();  // the old one is unpinned before the new one is pinned
+  KVP_ASSIGN_OR_RETURN(staging_, PinnedBuffer::allocate(grown));
   return Status::ok();
 }
 
@@ -141,7 +146,7 @@ Status CudaForwardBackend::read_blocks(int32_t group, std::span<const BlockId> b
   KVP_RETURN_IF_ERROR(pools_[group].copy_blocks_to_host(blocks, staging_, runner_->stream()));
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(runner_->stream()));
   if (device.head_dim == logical.head_dim) {
-    std::memcpy(image.data(), staging_.data(), image.size());
+    parallel_memcpy(image.data(), staging_.data(), image.size());
     return Status::ok();
   }
   // [rows of head vectors]: drop each row's pad lanes
@@ -176,7 +181,7 @@ Status CudaForwardBackend::write_blocks(int32_t group, std::span<const BlockId> 
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
   KVP_RETURN_IF_ERROR(reserve_staging(blocks.size() * device.block_size_bytes()));
   if (device.head_dim == logical.head_dim) {
-    std::memcpy(staging_.data(), image.data(), image.size());
+    parallel_memcpy(staging_.data(), image.data(), image.size());
   } else {
     const size_t elem = dtype_size_bytes(logical.dtype);
     const size_t rows = blocks.size() * logical.block_size_bytes() / (logical.head_dim * elem);

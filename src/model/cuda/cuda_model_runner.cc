@@ -10,12 +10,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "backend/attention.h"
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/kernels.h"
 #include "common/dtype.h"
+#include "common/parallel_memcpy.h"
 #include "model/cuda/model_kernels.h"
 
 namespace kvp::cuda {
@@ -622,25 +622,8 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
 }
 
 void CudaModelRunner::copy_logits_out(std::span<float> logits) const {
-  // Large batches bring tens of MB of logits (64 x 128k vocabulary = 33 MB): one thread's
-  // memcpy runs at ~10 GB/s on the GPU machine, so split it over a few threads.
-  constexpr size_t kBytesPerThread = size_t{4} << 20;
-  const size_t bytes = logits.size() * 4;
-  const size_t num_threads = std::clamp<size_t>(bytes / kBytesPerThread, 1, 8);
-  const auto* src = logits_host_.as<const std::byte>();
-  auto* dst = reinterpret_cast<std::byte*>(logits.data());
-  if (num_threads == 1) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  const size_t chunk = (bytes / num_threads + 63) & ~size_t{63};
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < num_threads; ++i) {
-    const size_t begin = std::min(bytes, i * chunk), end = std::min(bytes, (i + 1) * chunk);
-    threads.emplace_back([=] { std::memcpy(dst + begin, src + begin, end - begin); });
-  }
-  std::memcpy(dst, src, std::min(bytes, chunk));
-  for (std::thread& t : threads) t.join();
+  // 64 x a 128K vocabulary is 33 MB: several threads (common/parallel_memcpy.h)
+  parallel_memcpy(logits.data(), logits_host_.data(), logits.size() * 4);
 }
 
 void CudaModelRunner::capture(const StepShape& shape, std::span<DeviceKvPool> pools,
