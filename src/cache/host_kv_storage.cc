@@ -1,6 +1,8 @@
 // HostKvStorage: slabs, typed views, block copy, gather and scatter (see host_kv_storage.h).
 #include "cache/host_kv_storage.h"
 
+#include <sys/mman.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -13,7 +15,7 @@ HostKvStorage::HostKvStorage(CacheSpec spec, std::vector<KvLayout> layouts, std:
     : spec_(std::move(spec)), layouts_(std::move(layouts)), slabs_(std::move(slabs)) {}
 
 Result<HostKvStorage> HostKvStorage::create(const CacheSpec& spec,
-                                            std::span<const int32_t> num_blocks) {
+                                            std::span<const int32_t> num_blocks, Init init) {
   if (static_cast<int64_t>(num_blocks.size()) != spec.num_groups()) {
     return Status::invalid_argument("host KV storage: {} block counts for {} cache groups",
                                     num_blocks.size(), spec.num_groups());
@@ -36,13 +38,15 @@ Result<HostKvStorage> HostKvStorage::create(const CacheSpec& spec,
     const KvLayout layout = spec.group_layout(g, num_blocks[g]);
     // aligned_alloc wants a multiple of the alignment; never zero bytes.
     const size_t bytes = layout.size_bytes();
-    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+    const size_t alignment = bytes >= kHugePageBytes ? kHugePageBytes : kAlignment;
+    const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
     if (p == nullptr) {
       return Status::resource_exhausted("host KV storage: group {}: cannot allocate {} bytes", g,
                                         bytes);
     }
-    std::memset(p, 0, bytes);
+    if (alignment == kHugePageBytes) madvise(p, rounded, MADV_HUGEPAGE);  // advice; may be off
+    if (init == Init::kZeroed) std::memset(p, 0, bytes);
     layouts.push_back(layout);
     slabs.emplace_back(static_cast<std::byte*>(p));
   }

@@ -41,10 +41,18 @@ class HostKvStorage {
   static constexpr size_t kAlignment = 4096;
   static constexpr uint64_t kMaxSlabBytes = uint64_t{1} << 46;  // 64 TiB
 
-  // Allocates one zeroed slab per group of `spec`; group g holds num_blocks[g] blocks.
-  // InvalidArgument if num_blocks has the wrong length or a negative count; ResourceExhausted if
-  // a slab would exceed kMaxSlabBytes or the memory cannot be had.
-  static Result<HostKvStorage> create(const CacheSpec& spec, std::span<const int32_t> num_blocks);
+  // Slabs of kHugePageBytes and more are aligned to it and offered to the kernel as
+  // transparent huge pages: a session of a large model is hundreds of MB, and faulting it in
+  // 4 KiB pages costs more than copying it.
+  static constexpr size_t kHugePageBytes = size_t{2} << 20;
+
+  enum class Init { kZeroed, kUninitialized };  // kUninitialized: the caller writes every byte
+
+  // Allocates one slab per group of `spec` (zeroed unless told); group g holds num_blocks[g]
+  // blocks. InvalidArgument if num_blocks has the wrong length or a negative count;
+  // ResourceExhausted if a slab would exceed kMaxSlabBytes or the memory cannot be had.
+  static Result<HostKvStorage> create(const CacheSpec& spec, std::span<const int32_t> num_blocks,
+                                      Init init = Init::kZeroed);
 
   HostKvStorage(HostKvStorage&&) noexcept = default;
   HostKvStorage& operator=(HostKvStorage&&) noexcept = default;

@@ -73,7 +73,9 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
     const BlockTable& table = cache_->table(seq_id, g);
     num_blocks[g] = table.num_blocks() - table.num_dropped_blocks();
   }
-  auto storage = HostKvStorage::create(cache_spec_, num_blocks);
+  // every byte is written below: each live block's image fills its host block
+  auto storage =
+      HostKvStorage::create(cache_spec_, num_blocks, HostKvStorage::Init::kUninitialized);
   if (!storage.is_ok()) return nullptr;
   auto kv = std::make_unique<HostKv>(std::move(storage).value());
   kv->num_tokens = num_tokens;
