@@ -85,33 +85,42 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
   return w;
 }
 
+CacheGroups assign_cache_groups(const ModelSpec& spec) {
+  CacheGroups c;
+  c.layer_group.resize(spec.num_layers);
+  c.layer_slot.resize(spec.num_layers);
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
+    const int32_t group = spec.layer_is_sliding[l] ? 1 : 0;
+    if (c.group_layers.size() <= static_cast<size_t>(group)) c.group_layers.resize(group + 1);
+    c.layer_group[l] = group;
+    c.layer_slot[l] = static_cast<int32_t>(c.group_layers[group].size());
+    c.group_layers[group].push_back(l);
+  }
+  // a model whose layers are all sliding keeps them in group 1 with group 0 empty: renumber
+  if (c.group_layers[0].empty()) {
+    c.group_layers.erase(c.group_layers.begin());
+    for (int32_t& g : c.layer_group) g = 0;
+  }
+  return c;
+}
+
+std::vector<float> rope_inverse_frequencies(const ModelSpec& spec, const RopeSpec& rope) {
+  std::vector<float> inv = cpu::rope_inverse_frequencies(spec.head_dim, rope.theta, rope.scaling);
+  for (size_t i = 0; i < rope.freq_factors.size() && i < inv.size(); ++i) {
+    inv[i] /= rope.freq_factors[i];
+  }
+  return inv;
+}
+
 ModelRunner::ModelRunner(ModelSpec spec, ModelWeights weights, ThreadPool* pool)
     : spec_(std::move(spec)), weights_(std::move(weights)), pool_(pool) {
   KVP_CHECK(spec_.validate().is_ok(), "{}", spec_.validate().to_string());
-  layer_group_.resize(spec_.num_layers);
-  layer_slot_.resize(spec_.num_layers);
-  for (int32_t l = 0; l < spec_.num_layers; ++l) {
-    const int32_t group = spec_.layer_is_sliding[l] ? 1 : 0;
-    if (group_layers_.size() <= static_cast<size_t>(group)) group_layers_.resize(group + 1);
-    layer_group_[l] = group;
-    layer_slot_[l] = static_cast<int32_t>(group_layers_[group].size());
-    group_layers_[group].push_back(l);
-  }
-  // a model whose layers are all sliding keeps them in group 1 with group 0 empty: renumber
-  if (group_layers_[0].empty()) {
-    group_layers_.erase(group_layers_.begin());
-    for (int32_t& g : layer_group_) g = 0;
-  }
-  const auto inverse_frequencies = [&](const RopeSpec& rope) {
-    std::vector<float> inv =
-        cpu::rope_inverse_frequencies(spec_.head_dim, rope.theta, rope.scaling);
-    for (size_t i = 0; i < rope.freq_factors.size() && i < inv.size(); ++i) {
-      inv[i] /= rope.freq_factors[i];
-    }
-    return inv;
-  };
-  inv_freq_global_ = inverse_frequencies(spec_.rope_global);
-  inv_freq_local_ = inverse_frequencies(spec_.rope_local);
+  CacheGroups groups = assign_cache_groups(spec_);
+  group_layers_ = std::move(groups.group_layers);
+  layer_group_ = std::move(groups.layer_group);
+  layer_slot_ = std::move(groups.layer_slot);
+  inv_freq_global_ = rope_inverse_frequencies(spec_, spec_.rope_global);
+  inv_freq_local_ = rope_inverse_frequencies(spec_, spec_.rope_local);
 }
 
 bool ModelRunner::group_is_sliding(int32_t group) const {

@@ -76,6 +76,20 @@ struct ForwardBatch {
   std::span<const int32_t> logit_rows;  // token rows whose logits are wanted
 };
 
+// The cache groups of a model's layers: group 0 the global layers, group 1 the sliding-window
+// ones (renumbered to 0 when every layer slides). The CPU and CUDA runners both use it, so their
+// pools have the same groups.
+struct CacheGroups {
+  std::vector<std::vector<int32_t>> group_layers;  // [group] -> model layer indices
+  std::vector<int32_t> layer_group;                // [layer] -> group
+  std::vector<int32_t> layer_slot;                 // [layer] -> index within its group
+};
+CacheGroups assign_cache_groups(const ModelSpec& spec);
+
+// The inverse frequencies of one of the spec's ropes (head_dim, theta and scaling; freq_factors
+// divided out), as both runners rotate with them.
+std::vector<float> rope_inverse_frequencies(const ModelSpec& spec, const RopeSpec& rope);
+
 class ModelRunner {
  public:
   // pool: threads for attention (null: the calling thread only); not owned.

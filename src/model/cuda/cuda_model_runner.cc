@@ -124,30 +124,14 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
       cublas_status(cublasSetWorkspace(cublas_, cublas_workspace_.data(), kCublasWorkspaceBytes),
                     "cublasSetWorkspace"));
 
-  // cache groups exactly as ModelRunner assigns them
-  layer_group_.resize(spec_.num_layers);
-  layer_slot_.resize(spec_.num_layers);
-  for (int32_t l = 0; l < spec_.num_layers; ++l) {
-    const int32_t group = spec_.layer_is_sliding[l] ? 1 : 0;
-    if (group_layers_.size() <= static_cast<size_t>(group)) group_layers_.resize(group + 1);
-    layer_group_[l] = group;
-    layer_slot_[l] = static_cast<int32_t>(group_layers_[group].size());
-    group_layers_[group].push_back(l);
-  }
-  if (group_layers_[0].empty()) {
-    group_layers_.erase(group_layers_.begin());
-    for (int32_t& g : layer_group_) g = 0;
-  }
-  const auto inverse_frequencies = [&](const RopeSpec& rope) {
-    std::vector<float> inv =
-        cpu::rope_inverse_frequencies(spec_.head_dim, rope.theta, rope.scaling);
-    for (size_t i = 0; i < rope.freq_factors.size() && i < inv.size(); ++i) {
-      inv[i] /= rope.freq_factors[i];
-    }
-    return inv;
-  };
-  KVP_ASSIGN_OR_RETURN(inv_freq_global_, upload_f32(inverse_frequencies(spec_.rope_global)));
-  KVP_ASSIGN_OR_RETURN(inv_freq_local_, upload_f32(inverse_frequencies(spec_.rope_local)));
+  CacheGroups groups = assign_cache_groups(spec_);  // as the CPU runner's
+  group_layers_ = std::move(groups.group_layers);
+  layer_group_ = std::move(groups.layer_group);
+  layer_slot_ = std::move(groups.layer_slot);
+  KVP_ASSIGN_OR_RETURN(inv_freq_global_,
+                       upload_f32(rope_inverse_frequencies(spec_, spec_.rope_global)));
+  KVP_ASSIGN_OR_RETURN(inv_freq_local_,
+                       upload_f32(rope_inverse_frequencies(spec_, spec_.rope_local)));
   layers_.resize(spec_.num_layers);
   return Status::ok();
 }
@@ -249,15 +233,7 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::load(const ModelSpec& 
         upload_bf16(source, p + "mlp.down_proj.weight", {hidden, inter}, &lw.down, &offset));
   }
   if (progress) progress(spec.num_layers, spec.num_layers);
-  size_t bytes = r->embed_.size_bytes() + r->lm_head_.size_bytes() + r->final_norm_.size_bytes();
-  for (const DeviceLayerWeights& lw : r->layers_) {
-    for (const DeviceBuffer* b :
-         {&lw.attn_norm, &lw.qkv, &lw.qkv_bias, &lw.q_norm, &lw.k_norm, &lw.o, &lw.post_attn_norm,
-          &lw.mlp_norm, &lw.gate_up, &lw.down, &lw.post_mlp_norm}) {
-      bytes += b->size_bytes();
-    }
-  }
-  r->weight_bytes_ = bytes;
+  r->weight_bytes_ = r->count_weight_bytes();
   return r;
 }
 
@@ -308,16 +284,20 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
     }
   }
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(r->stream_));
-  size_t bytes = r->embed_.size_bytes() + r->lm_head_.size_bytes() + r->final_norm_.size_bytes();
-  for (const DeviceLayerWeights& lw : r->layers_) {
+  r->weight_bytes_ = r->count_weight_bytes();
+  return r;
+}
+
+size_t CudaModelRunner::count_weight_bytes() const {
+  size_t bytes = embed_.size_bytes() + lm_head_.size_bytes() + final_norm_.size_bytes();
+  for (const DeviceLayerWeights& lw : layers_) {
     for (const DeviceBuffer* b :
          {&lw.attn_norm, &lw.qkv, &lw.qkv_bias, &lw.q_norm, &lw.k_norm, &lw.o, &lw.post_attn_norm,
           &lw.mlp_norm, &lw.gate_up, &lw.down, &lw.post_mlp_norm}) {
       bytes += b->size_bytes();
     }
   }
-  r->weight_bytes_ = bytes;
-  return r;
+  return bytes;
 }
 
 Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,

@@ -125,6 +125,7 @@ class CudaModelRunner {
 
   CudaModelRunner() = default;
   Status init(const ModelSpec& spec, int device);
+  size_t count_weight_bytes() const;  // every weight buffer on the device
   // Enqueues one step (metadata upload, every launch, logits download) on stream_.
   Status enqueue_step(const StepShape& shape, std::span<DeviceKvPool> pools);
   // Captures enqueue_step as a graph for `key` (a failed capture leaves the shape eager).
