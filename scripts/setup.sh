@@ -12,11 +12,17 @@ APT_PACKAGES=(
   libopenblas-dev
   python3-venv
   gnuplot-nox
+  libcpp-httplib-dev
 )
 PIP_PACKAGES=(
   "numpy>=1.26"
   "gguf==0.19.0"
   "tokenizers==0.23.2"
+  "jinja2==3.1.6"
+  "transformers==5.23.0"
+  "openai==3.51.0"
+  "prometheus-client==0.26.0"
+  "pytest==9.2.0"
 )
 
 missing=()
