@@ -246,8 +246,23 @@ Result<RequestId> Engine::submit(Request request) {
     return Status::invalid_argument("request: n {} must be in [1, 64]", request.n);
   }
   KVP_RETURN_IF_ERROR(validate_sampling_params(request.sampling));
-  const int32_t history = session ? static_cast<int32_t>(session->tokens.size()) : 0;
-  const int32_t total = history + static_cast<int32_t>(request.prompt_tokens.size());
+  // The part of a session's history the prompt repeats (prompt_includes_history).
+  std::optional<int32_t> num_kept;
+  if (request.prompt_includes_history && session != nullptr) {
+    if (request.prompt_tokens.empty()) {
+      return Status::invalid_argument("request: empty prompt (it holds the whole conversation)");
+    }
+    const auto& history_tokens = session->tokens;
+    const size_t limit = std::min(history_tokens.size(), request.prompt_tokens.size() - 1);
+    size_t common = 0;
+    while (common < limit && history_tokens[common] == request.prompt_tokens[common]) ++common;
+    num_kept = static_cast<int32_t>(common);
+  }
+  const int32_t history =
+      num_kept ? *num_kept : (session ? static_cast<int32_t>(session->tokens.size()) : 0);
+  const int32_t num_new_prompt =
+      static_cast<int32_t>(request.prompt_tokens.size()) - (num_kept ? *num_kept : 0);
+  const int32_t total = history + num_new_prompt;
   if (!backend_->group_is_sliding(0)) {
     const int64_t blocks = total_tokens_needed(total) +
                            int64_t{request.n} * (total_tokens_needed(request.max_tokens) + 1);
@@ -261,6 +276,11 @@ Result<RequestId> Engine::submit(Request request) {
   auto state = std::make_unique<RequestState>();
   state->id = RequestId(next_request_id_++);
   state->usage.prompt_tokens = static_cast<int32_t>(request.prompt_tokens.size());
+  if (num_kept) {
+    truncate_session(*session, *num_kept);
+    request.prompt_tokens.erase(request.prompt_tokens.begin(),
+                                request.prompt_tokens.begin() + *num_kept);
+  }
   auto s = std::make_unique<Sequence>();
   s->request_id = state->id;
   if (session != nullptr) {

@@ -266,6 +266,10 @@ class Engine {
   bool make_disk_room(uint64_t size_bytes, const SessionState* keep);
   // Forgets a session's KV in every tier (removing its spill file); the tokens stay.
   void drop_kv(SessionState& session);
+  // Shortens an idle session's history to its first num_tokens tokens: KV past them is dropped
+  // (the pool's blocks truncated where every group's table allows; otherwise, and in the host
+  // and disk tiers, all of it: the prefix cache still serves the full blocks it holds).
+  void truncate_session(SessionState& session, int32_t num_tokens);
   // Runs a session's tokens that have no KV yet through the model (for save_session).
   Status complete_kv(SessionState& session);
   uint64_t file_size_bytes(int32_t num_tokens) const;

@@ -347,6 +347,26 @@ void Engine::drop_kv(SessionState& session) {
   session.window_valid_from = 0;
 }
 
+void Engine::truncate_session(SessionState& session, int32_t num_tokens) {
+  KVP_CHECK(
+      !session.busy && num_tokens >= 0 && num_tokens <= static_cast<int32_t>(session.tokens.size()),
+      "truncate_session '{}' to {} tokens", session.name, num_tokens);
+  session.tokens.resize(num_tokens);
+  if (session.num_computed <= num_tokens) return;
+  bool truncated = false;
+  if (session.resident) {
+    truncated = true;
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      truncated = truncated && cache_->table(*session.resident, g).can_truncate(num_tokens);
+    }
+    if (truncated) {
+      cache_->truncate(*session.resident, num_tokens);
+      session.num_computed = num_tokens;
+    }
+  }
+  if (!truncated) drop_kv(session);
+}
+
 uint64_t Engine::file_size_bytes(int32_t num_tokens) const {
   // docs/cache-files.md: 48 + A + 8L + 4N + sum over layers of 2 K_l H D E + 8
   uint64_t size_bytes = 48 + fingerprint_.architecture.size() +

@@ -26,6 +26,11 @@ struct Request {
   // An agent's session: the prompt appends to the session's sequence (its earlier prompts and
   // outputs), and only the new tokens are prefilled. Created on first use.
   std::optional<std::string> session;
+  // With a session: prompt_tokens is the whole conversation, not what follows the session's
+  // history. The session keeps the longest common prefix of its history and the prompt (KV past
+  // it is dropped: the client edited its history) and only the rest is prefilled; at least the
+  // last prompt token always runs, to give logits.
+  bool prompt_includes_history = false;
 };
 
 // kAborted: the request could not be served (its next chunk can never fit the pool).

@@ -277,6 +277,53 @@ TEST(Engine, SessionResumesWithoutReencodingAndMatchesFullPrompt) {
   }
 }
 
+// A server's client resends the whole conversation every turn (prompt_includes_history): the
+// session reuses what the prompt repeats, and an edited history keeps only the common prefix;
+// the output equals a fresh engine's on the same full prompt either way.
+TEST(Engine, SessionWithWholeConversationPromptsReusesTheCommonPrefix) {
+  auto runner = load("llama");
+  const auto turn1 = golden_ids("llama", "prompt_1");
+  const auto turn2 = golden_ids("llama", "prompt_2");
+  auto fresh_output = [&](const std::vector<int32_t>& prompt) {
+    CpuForwardBackend reference_backend(runner);
+    Engine reference(&reference_backend, small_config(128));
+    auto id = reference.submit(greedy_request(prompt, 8));
+    KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+    return run_all(reference)[id->value].tokens;
+  };
+  for (bool edit : {false, true}) {
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, small_config(128));
+    Request r1 = greedy_request(turn1, 8);
+    r1.session = "agent";
+    r1.prompt_includes_history = true;
+    auto id1 = engine.submit(r1);
+    ASSERT_TRUE(id1.is_ok());
+    auto out1 = run_all(engine);
+    std::vector<int32_t> whole = turn1;
+    whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
+    int32_t kept = static_cast<int32_t>(whole.size()) - 1;  // the last output has no KV yet
+    if (edit) {
+      kept = 5;  // the client changed its history from token 5 on
+      whole[5] = (whole[5] + 1) % 64;
+    }
+    whole.insert(whole.end(), turn2.begin(), turn2.end());
+    Request r2 = greedy_request(whole, 8);
+    r2.session = "agent";
+    r2.prompt_includes_history = true;
+    auto id2 = engine.submit(r2);
+    ASSERT_TRUE(id2.is_ok());
+    auto out2 = run_all(engine);
+    EXPECT_EQ(out2[id2->value].tokens, fresh_output(whole)) << "edit " << edit;
+    const Usage& usage = out2[id2->value].usage;
+    EXPECT_EQ(usage.prompt_tokens, static_cast<int32_t>(whole.size()));
+    EXPECT_EQ(usage.cached_tokens, kept) << "edit " << edit;
+    EXPECT_EQ(usage.prefilled_tokens + usage.cached_tokens, static_cast<int32_t>(whole.size()));
+    EXPECT_EQ(engine.sessions()[0].num_tokens, static_cast<int32_t>(whole.size()) + 8);
+    engine.check_integrity();
+  }
+}
+
 TEST(Engine, SessionsNeedingFiveTimesThePoolAllCompleteWithoutLeaks) {
   auto runner = load("gemma3");  // two cache groups, one of them windowed
   CpuForwardBackend backend(runner);
