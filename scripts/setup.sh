@@ -13,6 +13,7 @@ APT_PACKAGES=(
   python3-venv
   gnuplot-nox
   libcpp-httplib-dev
+  libboost1.81-dev  # Boost.Beast: only the HTTP-library benchmark (bench/server)
 )
 PIP_PACKAGES=(
   "numpy>=1.26"
