@@ -14,6 +14,9 @@
 #include <fstream>
 #include <limits>
 
+#include "common/checked_math.h"
+#include "common/limits.h"
+
 namespace kvp {
 namespace {
 
@@ -21,11 +24,11 @@ static_assert(std::endian::native == std::endian::little,
               "cache files are little-endian and written with memcpy");
 
 constexpr char kMagic[8] = {'K', 'V', 'P', 'C', 'A', 'C', 'H', 'E'};
-constexpr uint32_t kMaxArchitectureBytes = 255;
-constexpr uint32_t kMaxLayers = 4096;
-constexpr uint32_t kMaxHeads = 4096;
-constexpr uint32_t kMaxHeadDim = 8192;
-constexpr uint32_t kMaxWindow = 1u << 30;
+constexpr auto kMaxArchitectureBytes = static_cast<uint32_t>(limits::kArchitectureNameBytes.max);
+constexpr auto kMaxLayers = static_cast<uint32_t>(limits::kLayers.max);
+constexpr auto kMaxHeads = static_cast<uint32_t>(limits::kHeads.max);
+constexpr auto kMaxHeadDim = static_cast<uint32_t>(limits::kHeadDim.max);
+constexpr auto kMaxWindow = static_cast<uint32_t>(limits::kSlidingWindow.max);
 // magic, version, name length, name, weight hash, 4 geometry words, per-layer words, num_tokens.
 constexpr size_t kMaxHeaderBytes = 8 + 4 + 4 + kMaxArchitectureBytes + 8 + 16 + 8 * kMaxLayers + 8;
 
@@ -313,18 +316,26 @@ Result<CacheFile> CacheFile::read(const std::filesystem::path& path,
   }
   h.header_bytes = cur.pos();
 
-  // 2. The size the header promises, exactly.
+  // 2. The size the header promises, exactly. Each term is bounded by the limits above, but
+  // their sum is not: 4096 layers of 2^31 tokens of 4096 x 8192 values pass 2^64.
   const DType dtype = static_cast<DType>(h.dtype_code);
   const uint64_t row_bytes = uint64_t{h.num_kv_heads} * h.head_dim * dtype_size_bytes(dtype);
   std::vector<size_t> layer_offsets;
-  uint64_t expected_size = h.header_bytes + 4 * h.num_tokens;
+  std::optional<uint64_t> size = checked_add<uint64_t>(h.header_bytes, 4 * h.num_tokens);
   for (const LayerAttention& a : h.layer_attention) {
-    layer_offsets.push_back(static_cast<size_t>(expected_size));
+    if (size) layer_offsets.push_back(static_cast<size_t>(*size));
     const uint64_t kept =
         a.is_windowed() ? std::min<uint64_t>(h.num_tokens, a.window_tokens) : h.num_tokens;
-    expected_size += 2 * kept * row_bytes;
+    const std::optional<uint64_t> layer_bytes = checked_mul<uint64_t>(2 * kept, row_bytes);
+    size = size && layer_bytes ? checked_add(*size, *layer_bytes) : std::nullopt;
   }
-  expected_size += sizeof(uint64_t);
+  if (size) size = checked_add<uint64_t>(*size, sizeof(uint64_t));
+  if (!size) {
+    return corrupt(fmt::format(
+        "the header promises more than 2^64 - 1 bytes ({} tokens, {} layers of {} x {})",
+        h.num_tokens, h.num_layers, h.num_kv_heads, h.head_dim));
+  }
+  const uint64_t expected_size = *size;
   if (file_size < expected_size) {
     return corrupt(
         fmt::format("truncated: {} bytes, the header promises {}", file_size, expected_size));

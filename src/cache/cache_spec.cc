@@ -8,14 +8,16 @@
 #include <limits>
 #include <sstream>
 
+#include "common/limits.h"
+
 namespace kvp {
 namespace {
 
 using nlohmann::json;
 
-constexpr int32_t kMaxLayers = 4096;
-constexpr int32_t kMaxHeads = 4096;
-constexpr int32_t kMaxHeadDim = 8192;
+constexpr auto kMaxLayers = static_cast<int32_t>(limits::kLayers.max);
+constexpr auto kMaxHeads = static_cast<int32_t>(limits::kHeads.max);
+constexpr auto kMaxHeadDim = static_cast<int32_t>(limits::kHeadDim.max);
 
 bool valid_block_size(int32_t block_size) {
   return block_size >= 1 && block_size <= 1024 && (block_size & (block_size - 1)) == 0;

@@ -82,8 +82,9 @@ std::string BenchReport::to_text() const {
       "preemptions {}; session evictions {}\n",
       kv_utilisation_mean * 100, kv_utilisation_peak * 100, prefix_hit_rate * 100, num_preemptions,
       num_session_evictions);
-  s += fmt::format("  session tiers: moves to host {}, to disk {}; restores {}\n",
-                   num_session_moves_to_host, num_session_moves_to_disk, num_session_restores);
+  s += fmt::format("  session tiers: moves to host {}, to disk {}; restores {}; tier errors {}\n",
+                   num_session_moves_to_host, num_session_moves_to_disk, num_session_restores,
+                   num_tier_errors);
   s += fmt::format("  wall time: ramp-up {:.1f}%, steady {:.1f}%, drain {:.1f}%\n",
                    ramp_share * 100, steady_share * 100, drain_share * 100);
   return s;
@@ -287,6 +288,7 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   report.num_session_moves_to_disk =
       after.num_session_moves_to_disk - before.num_session_moves_to_disk;
   report.num_session_restores = after.num_session_restores - before.num_session_restores;
+  report.num_tier_errors = after.num_tier_errors - before.num_tier_errors;
   // steady state: steps running at least 80% of the peak concurrency
   int32_t peak = 0;
   for (const auto& [t, running] : concurrency_trace) peak = std::max(peak, running);

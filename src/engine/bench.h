@@ -65,6 +65,9 @@ struct BenchReport {
   int64_t num_preemptions = 0, num_session_evictions = 0;
   // session tiers (EngineConfig host / disk budgets): moves out of the pool and back
   int64_t num_session_moves_to_host = 0, num_session_moves_to_disk = 0, num_session_restores = 0;
+  // spill files that could not be written or read back (damaged, deleted, disk full): the
+  // sessions' KV was dropped and recomputed (EngineStats::num_tier_errors)
+  int64_t num_tier_errors = 0;
   double ramp_share = 0, steady_share = 0, drain_share = 0;  // of wall time
   std::vector<RequestTiming> requests;
 

@@ -148,7 +148,9 @@ class Engine {
 
   // Validates and queues a request. Errors (invalid_argument / not_found): empty prompt
   // without a session, token ids outside the vocabulary, max_tokens <= 0, n < 1, bad sampling
-  // parameters, a session that is busy, a request that could never fit the pool.
+  // parameters, a session that is busy, a request whose session history + prompt + max_tokens
+  // exceeds the model's context (ModelSpec::context_length, when known; the message gives the
+  // three numbers and the context), a request that could never fit the pool.
   Result<RequestId> submit(Request request);
   // Runs one scheduling step and returns its events (possibly none when idle).
   std::vector<EngineEvent> step();
@@ -177,7 +179,9 @@ class Engine {
   Status load_session(const std::string& name, const std::filesystem::path& path);
 
   // Aborts on any inconsistency between the engine's sequences, the cache manager and the
-  // prefix cache (each sequence's table length, every block accounted for).
+  // prefix cache (each sequence's table length, every block accounted for). Spill files are
+  // not looked at: another process may delete or change them at any time, and the engine
+  // recovers from that (num_tier_errors).
   void check_integrity() const;
 
  private:

@@ -9,12 +9,14 @@
 #include <map>
 #include <type_traits>
 
+#include "common/checked_math.h"
+#include "common/limits.h"
+
 namespace kvp {
 namespace {
 
 constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as little-endian u32
 constexpr uint32_t kMaxDims = 4;             // GGML_MAX_DIMS
-constexpr int kMaxArrayDepth = 8;            // nested arrays deeper than this are refused
 
 // Bytes of one element of a fixed-size scalar type; 0 for String and Array.
 size_t scalar_size_bytes(GgufType t) {
@@ -183,6 +185,9 @@ class GgufParser {
       return Status::corruption("gguf '{}': tensor count {} is more than the {}-byte file can hold",
                                 path, tensor_count, bytes_.size());
     }
+    const std::string source = fmt::format("gguf '{}'", path);
+    KVP_RETURN_IF_ERROR(check_limit(source, "the metadata count", kv_count, limits::kMetadataKeys));
+    KVP_RETURN_IF_ERROR(check_limit(source, "the tensor count", tensor_count, limits::kTensors));
 
     out_.metadata_.reserve(kv_count);
     for (uint64_t k = 0; k < kv_count; ++k) {
@@ -221,7 +226,7 @@ class GgufParser {
     uint64_t length = 0;
     if (remaining() < 8) return false;
     std::memcpy(&length, bytes_.data() + pos_, 8);
-    if (length > remaining() - 8) return false;
+    if (length > remaining() - 8 || length > limits::kMetadataStringBytes.max) return false;
     *s = std::string_view(reinterpret_cast<const char*>(bytes_.data() + pos_ + 8), length);
     pos_ += 8 + length;
     return true;
@@ -235,6 +240,9 @@ class GgufParser {
       return Status::corruption("gguf '{}': {} has length {} at byte {}, past the end of the file",
                                 out_.path(), what, length, pos_ - 8);
     }
+    KVP_RETURN_IF_ERROR(check_limit(fmt::format("gguf '{}'", out_.path()),
+                                    fmt::format("the length of {}", what), length,
+                                    limits::kMetadataStringBytes));
     *s = std::string_view(reinterpret_cast<const char*>(bytes_.data() + pos_), length);
     pos_ += length;
     return Status::ok();
@@ -263,9 +271,11 @@ class GgufParser {
       pos_ += size;
       return Status::ok();
     }
-    if (depth >= kMaxArrayDepth) {
-      return Status::corruption("gguf '{}': metadata '{}' nests arrays deeper than {}", out_.path(),
-                                key, kMaxArrayDepth);
+    if (static_cast<uint64_t>(depth) >= limits::kMetadataArrayDepth.max) {
+      return Status::unsupported(
+          "gguf '{}': metadata '{}' nests arrays deeper than kvpool's limit "
+          "of {} {}",
+          out_.path(), key, limits::kMetadataArrayDepth.max, limits::kMetadataArrayDepth.unit);
     }
     KVP_RETURN_IF_ERROR(read_type(&v->element_type, fmt::format("the element type of '{}'", key)));
     KVP_RETURN_IF_ERROR(read_pod(&v->count, fmt::format("the element count of '{}'", key)));
@@ -275,6 +285,9 @@ class GgufParser {
           "gguf '{}': metadata '{}' claims {} {} elements, more than the {} bytes left can hold",
           out_.path(), key, v->count, gguf_type_name(v->element_type), remaining());
     }
+    KVP_RETURN_IF_ERROR(check_limit(fmt::format("gguf '{}'", out_.path()),
+                                    fmt::format("the element count of '{}'", key), v->count,
+                                    limits::kMetadataArrayElements));
     if (v->element_type == GgufType::String) {
       v->strings.resize(v->count);
       for (uint64_t e = 0; e < v->count; ++e) {
@@ -290,9 +303,11 @@ class GgufParser {
         KVP_RETURN_IF_ERROR(parse_value(GgufType::Array, &v->arrays[e], depth + 1, key));
       }
     } else {
-      const size_t size_bytes = v->count * min_size;  // cannot overflow: bounded above
-      v->raw = bytes_.subspan(pos_, size_bytes);
-      pos_ += size_bytes;
+      // count <= remaining() / min_size, so this fits; checked all the same
+      const std::optional<uint64_t> size_bytes = checked_mul<uint64_t>(v->count, min_size);
+      KVP_CHECK(size_bytes && *size_bytes <= remaining(), "array '{}' outgrew its bound", key);
+      v->raw = bytes_.subspan(pos_, *size_bytes);
+      pos_ += *size_bytes;
     }
     return Status::ok();
   }
@@ -300,7 +315,7 @@ class GgufParser {
   Status parse_key_value(uint64_t index) {
     GgufKeyValue kv;
     KVP_RETURN_IF_ERROR(read_string(&kv.key, fmt::format("the key of metadata entry {}", index)));
-    GgufType type;
+    GgufType type = GgufType::Uint8;
     KVP_RETURN_IF_ERROR(read_type(&type, fmt::format("the type of metadata '{}'", kv.key)));
     KVP_RETURN_IF_ERROR(parse_value(type, &kv.value, 0, kv.key));
     if (!out_.metadata_index_.emplace(kv.key, out_.metadata_.size()).second) {
@@ -336,16 +351,19 @@ class GgufParser {
                                 num_dims, kMaxDims);
     }
     t.dims.resize(num_dims);
-    uint64_t num_elements = 1;
     for (uint32_t d = 0; d < num_dims; ++d) {
       KVP_RETURN_IF_ERROR(read_pod(&t.dims[d], "the dimensions of " + where));
-      if (t.dims[d] > static_cast<uint64_t>(INT64_MAX) ||
-          __builtin_mul_overflow(num_elements, t.dims[d], &num_elements) ||
-          num_elements > static_cast<uint64_t>(INT64_MAX)) {
-        return Status::corruption("gguf '{}': {} has absurd dimensions (dimension {} is {})",
+      if (t.dims[d] > static_cast<uint64_t>(INT64_MAX)) {
+        return Status::corruption("gguf '{}': {} dimension {} is {}, more than 2^63 - 1",
                                   out_.path(), where, d, t.dims[d]);
       }
     }
+    const std::optional<uint64_t> product = checked_product<uint64_t>(t.dims);
+    if (!product || *product > static_cast<uint64_t>(INT64_MAX)) {
+      return Status::corruption("gguf '{}': {} has shape {}: more than 2^63 - 1 elements",
+                                out_.path(), where, t.shape_string());
+    }
+    const uint64_t num_elements = *product;
     t.num_elements = num_elements;
     uint32_t raw_type = 0;
     KVP_RETURN_IF_ERROR(read_pod(&raw_type, "the type of " + where));
@@ -363,8 +381,16 @@ class GgufParser {
           "block size {}",
           out_.path(), where, row, info->name, info->block_size);
     }
-    // num_elements <= INT64_MAX and type_size <= block_size * 8, so this cannot overflow.
-    t.size_bytes = num_elements / info->block_size * info->type_size;
+    // rows are whole blocks, so num_elements is a multiple of the block size; the byte size can
+    // still pass 2^64 (an f32 tensor of 2^62 elements)
+    const std::optional<uint64_t> size_bytes =
+        checked_mul<uint64_t>(num_elements / info->block_size, info->type_size);
+    if (!size_bytes) {
+      return Status::corruption(
+          "gguf '{}': {} of shape {} and type {} needs more than 2^64 - 1 bytes", out_.path(),
+          where, t.shape_string(), info->name);
+    }
+    t.size_bytes = *size_bytes;
     if (!out_.tensor_index_.emplace(t.name, out_.tensors_.size()).second) {
       return Status::corruption("gguf '{}': tensor name '{}' appears twice", out_.path(), t.name);
     }
@@ -382,16 +408,16 @@ class GgufParser {
             "alignment {}",
             out_.path(), t.name, t.offset, out_.alignment_);
       }
-      uint64_t begin = 0;
-      uint64_t end = 0;
-      if (__builtin_add_overflow(data_offset, t.offset, &begin) ||
-          __builtin_add_overflow(begin, t.size_bytes, &end) || end > file_size) {
+      const std::optional<uint64_t> begin = checked_add(data_offset, t.offset);
+      const std::optional<uint64_t> end =
+          begin ? checked_add(*begin, t.size_bytes) : std::optional<uint64_t>();
+      if (!end || *end > file_size) {
         return Status::corruption(
             "gguf '{}': tensor '{}' ({} bytes at data offset {}) lies past the end of the file "
             "({} bytes, data section at {}); the file is truncated or corrupt",
             out_.path(), t.name, t.size_bytes, t.offset, file_size, data_offset);
       }
-      t.data = bytes_.subspan(begin, t.size_bytes);
+      t.data = bytes_.subspan(*begin, t.size_bytes);
     }
     // Writers lay tensors out one after another; two sharing bytes means a corrupt offset.
     std::vector<const GgufTensor*> by_offset;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/limits.h"
 #include "model/model_config.h"
 
 namespace kvp {
@@ -31,8 +32,8 @@ Result<cpu::RopeScaling> rope_scaling_of(const GgufFile& file, std::string_view 
                                file.path(), type);
   }
   KVP_ASSIGN_OR_RETURN(float factor, file.get_f32(fmt::format("{}.rope.scaling.factor", arch)));
-  if (!(factor > 0.0f)) {
-    return Status::invalid_argument("gguf '{}': rope scaling factor {} must be positive",
+  if (!std::isfinite(factor) || !(factor > 0.0f)) {
+    return Status::invalid_argument("gguf '{}': rope scaling factor {} must be finite and > 0",
                                     file.path(), factor);
   }
   scaling.kind = cpu::RopeScaling::Kind::kLinear;
@@ -80,6 +81,7 @@ Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
   spec.num_kv_heads = static_cast<int32_t>(config.num_kv_heads);
   spec.head_dim = static_cast<int32_t>(config.head_dim);
   spec.rms_norm_eps = config.rms_norm_eps;
+  spec.context_length = static_cast<int32_t>(config.context_length);
   spec.tie_word_embeddings = config.tied_embeddings;
   spec.attention_scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
   spec.rope_global.theta = config.rope_freq_base;
@@ -125,13 +127,21 @@ Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
     KVP_RETURN_IF_ERROR(file.dequantize_tensor(**freqs, spec.rope_global.freq_factors));
   }
 
+  // ids outside the vocabulary are refused by the tokenizer reader; here they only must fit
+  const auto token_id = [&](std::string_view key) -> Result<int32_t> {
+    KVP_ASSIGN_OR_RETURN(int64_t id, file.get_integer(key));
+    if (id < 0 || id >= spec.vocab_size) {
+      return Status::invalid_argument("gguf '{}': {} = {} is outside the vocabulary of {} tokens",
+                                      file.path(), key, id, spec.vocab_size);
+    }
+    return static_cast<int32_t>(id);
+  };
   if (file.find("tokenizer.ggml.bos_token_id") != nullptr) {
-    KVP_ASSIGN_OR_RETURN(int64_t bos, file.get_integer("tokenizer.ggml.bos_token_id"));
-    spec.bos_token_id = static_cast<int32_t>(bos);
+    KVP_ASSIGN_OR_RETURN(spec.bos_token_id, token_id("tokenizer.ggml.bos_token_id"));
   }
   if (file.find("tokenizer.ggml.eos_token_id") != nullptr) {
-    KVP_ASSIGN_OR_RETURN(int64_t eos, file.get_integer("tokenizer.ggml.eos_token_id"));
-    spec.eos_token_ids.push_back(static_cast<int32_t>(eos));
+    KVP_ASSIGN_OR_RETURN(int32_t eos, token_id("tokenizer.ggml.eos_token_id"));
+    spec.eos_token_ids.push_back(eos);
   }
   // chat models end a turn with their own token (transformers' generation_config lists it too)
   if (auto tokens = file.get_string_array("tokenizer.ggml.tokens"); tokens.is_ok()) {
@@ -170,6 +180,9 @@ Result<TokenizerVocab> tokenizer_vocab_from_gguf(const GgufFile& file) {
   }
   KVP_ASSIGN_OR_RETURN(std::vector<std::string_view> tokens,
                        file.get_string_array("tokenizer.ggml.tokens"));
+  KVP_RETURN_IF_ERROR(check_limit(fmt::format("gguf '{}'", file.path()),
+                                  "the tokenizer's token count", tokens.size(),
+                                  limits::kVocabSize));
   vocab.tokens.assign(tokens.begin(), tokens.end());
   const size_t n = vocab.tokens.size();
   if (file.find("tokenizer.ggml.scores") != nullptr) {

@@ -3,16 +3,20 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 
+#include "common/limits.h"
+
 namespace kvp {
 namespace {
 
-// A u32-valued key given as any integer type. `fallback` (if set) is used when absent.
-Result<uint32_t> gguf_u32(const GgufFile& file, const std::string& key,
+// A u32-valued key given as any integer type, at most limit.max (checked here, where the value
+// enters). `fallback` (if set) is used when absent.
+Result<uint32_t> gguf_u32(const GgufFile& file, const std::string& key, const Limit& limit,
                           std::optional<uint32_t> fallback = std::nullopt) {
   const GgufValue* v = file.find(key);
   if (v == nullptr && fallback.has_value()) return *fallback;
@@ -21,15 +25,37 @@ Result<uint32_t> gguf_u32(const GgufFile& file, const std::string& key,
                                file.path(), key);
   }
   KVP_ASSIGN_OR_RETURN(int64_t x, file.get_integer(key));
-  if (x < 0 || x > std::numeric_limits<uint32_t>::max()) {
-    return Status::invalid_argument("gguf '{}': '{}' = {} is out of range", file.path(), key, x);
+  if (x < 0) {
+    return Status::invalid_argument("gguf '{}': '{}' = {} is negative", file.path(), key, x);
   }
+  KVP_RETURN_IF_ERROR(
+      check_limit(fmt::format("gguf '{}'", file.path()), fmt::format("'{}'", key), x, limit));
   return static_cast<uint32_t>(x);
+}
+
+// A positive finite number (rope base, norm epsilon): nan, inf, 0 and negatives are refused.
+Status check_positive(std::string_view source, std::string_view key, double value) {
+  if (std::isfinite(value) && value > 0.0) return Status::ok();
+  return Status::invalid_argument("{}: '{}' = {} must be a finite number > 0", source, key, value);
 }
 
 Result<float> gguf_f32(const GgufFile& file, const std::string& key, float fallback) {
   if (file.find(key) == nullptr) return fallback;
-  return file.get_f32(key);
+  KVP_ASSIGN_OR_RETURN(float x, file.get_f32(key));
+  KVP_RETURN_IF_ERROR(check_positive(fmt::format("gguf '{}'", file.path()), key, x));
+  return x;
+}
+
+// 0 (absent: unknown) or a context length in [kMinContextLength, kContextLength].
+Status check_context_length(std::string_view source, std::string_view key, uint32_t value,
+                            bool present) {
+  if (!present) return Status::ok();
+  if (value < limits::kMinContextLength) {
+    return Status::invalid_argument(
+        "{}: '{}' = {} is less than kvpool's smallest context of {} tokens", source, key, value,
+        limits::kMinContextLength);
+  }
+  return Status::ok();  // the upper limit was checked where the value was read
 }
 
 Status check_consistent(const ModelConfig& c, std::string_view source) {
@@ -65,27 +91,38 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& file) {
   KVP_ASSIGN_OR_RETURN(std::string_view arch, file.get_string("general.architecture"));
   c.architecture = std::string(arch);
   const std::string p = c.architecture + ".";
-  KVP_ASSIGN_OR_RETURN(c.num_layers, gguf_u32(file, p + "block_count"));
-  KVP_ASSIGN_OR_RETURN(c.hidden_size, gguf_u32(file, p + "embedding_length"));
-  KVP_ASSIGN_OR_RETURN(c.intermediate_size, gguf_u32(file, p + "feed_forward_length", 0u));
-  KVP_ASSIGN_OR_RETURN(c.num_heads, gguf_u32(file, p + "attention.head_count"));
-  KVP_ASSIGN_OR_RETURN(c.num_kv_heads, gguf_u32(file, p + "attention.head_count_kv", c.num_heads));
+  using namespace limits;  // NOLINT(google-build-using-namespace)
+  KVP_ASSIGN_OR_RETURN(c.num_layers, gguf_u32(file, p + "block_count", kLayers));
+  KVP_ASSIGN_OR_RETURN(c.hidden_size, gguf_u32(file, p + "embedding_length", kHiddenSize));
+  KVP_ASSIGN_OR_RETURN(c.intermediate_size,
+                       gguf_u32(file, p + "feed_forward_length", kIntermediateSize, 0u));
+  KVP_ASSIGN_OR_RETURN(c.num_heads, gguf_u32(file, p + "attention.head_count", kHeads));
+  KVP_ASSIGN_OR_RETURN(c.num_kv_heads,
+                       gguf_u32(file, p + "attention.head_count_kv", kHeads, c.num_heads));
   const uint32_t default_head_dim = c.num_heads == 0 ? 0 : c.hidden_size / c.num_heads;
-  KVP_ASSIGN_OR_RETURN(c.head_dim, gguf_u32(file, p + "attention.key_length", default_head_dim));
-  KVP_ASSIGN_OR_RETURN(c.value_head_dim, gguf_u32(file, p + "attention.value_length", c.head_dim));
-  KVP_ASSIGN_OR_RETURN(c.context_length, gguf_u32(file, p + "context_length", 0u));
+  KVP_ASSIGN_OR_RETURN(c.head_dim,
+                       gguf_u32(file, p + "attention.key_length", kHeadDim, default_head_dim));
+  KVP_ASSIGN_OR_RETURN(c.value_head_dim,
+                       gguf_u32(file, p + "attention.value_length", kHeadDim, c.head_dim));
+  KVP_ASSIGN_OR_RETURN(c.context_length, gguf_u32(file, p + "context_length", kContextLength, 0u));
+  const std::string source = fmt::format("gguf '{}'", file.path());
+  KVP_RETURN_IF_ERROR(check_context_length(source, p + "context_length", c.context_length,
+                                           file.find(p + "context_length") != nullptr));
   KVP_ASSIGN_OR_RETURN(c.rms_norm_eps,
                        gguf_f32(file, p + "attention.layer_norm_rms_epsilon", 1e-5f));
   KVP_ASSIGN_OR_RETURN(c.rope_freq_base, gguf_f32(file, p + "rope.freq_base", 10000.0f));
-  KVP_ASSIGN_OR_RETURN(c.rope_dim, gguf_u32(file, p + "rope.dimension_count", c.head_dim));
-  KVP_ASSIGN_OR_RETURN(c.sliding_window, gguf_u32(file, p + "attention.sliding_window", 0u));
+  KVP_ASSIGN_OR_RETURN(c.rope_dim,
+                       gguf_u32(file, p + "rope.dimension_count", kHeadDim, c.head_dim));
+  KVP_ASSIGN_OR_RETURN(c.sliding_window,
+                       gguf_u32(file, p + "attention.sliding_window", kSlidingWindow, 0u));
   uint32_t num_tokens = 0;
   if (const GgufValue* tokens = file.find("tokenizer.ggml.tokens");
       tokens != nullptr && tokens->type == GgufType::Array &&
       tokens->count <= std::numeric_limits<uint32_t>::max()) {
     num_tokens = static_cast<uint32_t>(tokens->count);
   }
-  KVP_ASSIGN_OR_RETURN(c.vocab_size, gguf_u32(file, p + "vocab_size", num_tokens));
+  KVP_ASSIGN_OR_RETURN(c.vocab_size, gguf_u32(file, p + "vocab_size", kVocabSize, num_tokens));
+  KVP_RETURN_IF_ERROR(check_limit(source, "the vocabulary size", c.vocab_size, kVocabSize));
   c.tied_embeddings = !file.tensor("output.weight").is_ok();
   KVP_RETURN_IF_ERROR(check_consistent(c, fmt::format("gguf '{}'", file.path())));
   return c;
@@ -93,21 +130,22 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& file) {
 
 namespace {
 
-// A non-negative integer field of config.json; `fallback` when absent or null.
+// A non-negative integer field of config.json, at most limit.max; `fallback` when absent or
+// null.
 Result<uint32_t> hf_u32(const nlohmann::json& j, std::string_view source, const char* key,
-                        std::optional<uint32_t> fallback = std::nullopt) {
+                        const Limit& limit, std::optional<uint32_t> fallback = std::nullopt) {
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (fallback.has_value()) return *fallback;
     return Status::not_found("{}: '{}' not found", source, key);
   }
   // Parsed JSON holds non-negative integers as unsigned; built JSON may hold them as signed.
-  if (!it->is_number_integer() || it->get<int64_t>() < 0 ||
-      it->get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
+  if (!it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0)) {
     return Status::mismatch("{}: '{}' is {}, expected a non-negative integer", source, key,
                             it->dump());
   }
-  return it->get<uint32_t>();
+  KVP_RETURN_IF_ERROR(check_limit(source, fmt::format("'{}'", key), it->get<uint64_t>(), limit));
+  return static_cast<uint32_t>(it->get<uint64_t>());
 }
 
 Result<float> hf_f32(const nlohmann::json& j, std::string_view source, const char* key,
@@ -117,7 +155,9 @@ Result<float> hf_f32(const nlohmann::json& j, std::string_view source, const cha
   if (!it->is_number()) {
     return Status::mismatch("{}: '{}' is {}, expected a number", source, key, it->dump());
   }
-  return it->get<float>();
+  const double x = it->get<double>();
+  KVP_RETURN_IF_ERROR(check_positive(source, key, x));
+  return static_cast<float>(x);
 }
 
 }  // namespace
@@ -130,20 +170,27 @@ Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_vi
     return Status::not_found("{}: 'model_type' not found (or not a string)", source);
   }
   c.architecture = type->get<std::string>();
-  KVP_ASSIGN_OR_RETURN(c.num_layers, hf_u32(j, source, "num_hidden_layers"));
-  KVP_ASSIGN_OR_RETURN(c.hidden_size, hf_u32(j, source, "hidden_size"));
-  KVP_ASSIGN_OR_RETURN(c.intermediate_size, hf_u32(j, source, "intermediate_size", 0u));
-  KVP_ASSIGN_OR_RETURN(c.num_heads, hf_u32(j, source, "num_attention_heads"));
-  KVP_ASSIGN_OR_RETURN(c.num_kv_heads, hf_u32(j, source, "num_key_value_heads", c.num_heads));
+  using namespace limits;  // NOLINT(google-build-using-namespace)
+  KVP_ASSIGN_OR_RETURN(c.num_layers, hf_u32(j, source, "num_hidden_layers", kLayers));
+  KVP_ASSIGN_OR_RETURN(c.hidden_size, hf_u32(j, source, "hidden_size", kHiddenSize));
+  KVP_ASSIGN_OR_RETURN(c.intermediate_size,
+                       hf_u32(j, source, "intermediate_size", kIntermediateSize, 0u));
+  KVP_ASSIGN_OR_RETURN(c.num_heads, hf_u32(j, source, "num_attention_heads", kHeads));
+  KVP_ASSIGN_OR_RETURN(c.num_kv_heads,
+                       hf_u32(j, source, "num_key_value_heads", kHeads, c.num_heads));
   const uint32_t default_head_dim = c.num_heads == 0 ? 0 : c.hidden_size / c.num_heads;
-  KVP_ASSIGN_OR_RETURN(c.head_dim, hf_u32(j, source, "head_dim", default_head_dim));
+  KVP_ASSIGN_OR_RETURN(c.head_dim, hf_u32(j, source, "head_dim", kHeadDim, default_head_dim));
   c.value_head_dim = c.head_dim;
-  KVP_ASSIGN_OR_RETURN(c.vocab_size, hf_u32(j, source, "vocab_size"));
-  KVP_ASSIGN_OR_RETURN(c.context_length, hf_u32(j, source, "max_position_embeddings", 0u));
+  KVP_ASSIGN_OR_RETURN(c.vocab_size, hf_u32(j, source, "vocab_size", kVocabSize));
+  KVP_ASSIGN_OR_RETURN(c.context_length,
+                       hf_u32(j, source, "max_position_embeddings", kContextLength, 0u));
+  auto context = j.find("max_position_embeddings");
+  KVP_RETURN_IF_ERROR(check_context_length(source, "max_position_embeddings", c.context_length,
+                                           context != j.end() && !context->is_null()));
   KVP_ASSIGN_OR_RETURN(c.rms_norm_eps, hf_f32(j, source, "rms_norm_eps", 1e-5f));
   KVP_ASSIGN_OR_RETURN(c.rope_freq_base, hf_f32(j, source, "rope_theta", 10000.0f));
   c.rope_dim = c.head_dim;
-  KVP_ASSIGN_OR_RETURN(c.sliding_window, hf_u32(j, source, "sliding_window", 0u));
+  KVP_ASSIGN_OR_RETURN(c.sliding_window, hf_u32(j, source, "sliding_window", kSlidingWindow, 0u));
   auto tie = j.find("tie_word_embeddings");
   c.tied_embeddings = tie != j.end() && tie->is_boolean() && tie->get<bool>();
   KVP_RETURN_IF_ERROR(check_consistent(c, source));
@@ -153,9 +200,12 @@ Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_vi
 Result<std::string> inspect_model_file(const std::string& path, size_t max_tensors) {
   char magic[4] = {};
   bool is_gguf = false;
-  if (std::filesystem::is_regular_file(path)) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) {
     std::ifstream in(path, std::ios::binary);
     is_gguf = in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+    // a file named .gguf is read as one, so a damaged one (even empty) gets GGUF's errors
+    is_gguf = is_gguf || std::filesystem::path(path).extension() == ".gguf";
   }
   if (is_gguf) {
     KVP_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));

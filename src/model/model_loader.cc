@@ -24,24 +24,43 @@ struct OpenedModel {
   std::unique_ptr<WeightSource> weights;
 };
 
-Result<OpenedModel> open_model(const std::string& path) {
+// What a model path points at, or why it is no model.
+enum class ModelPathKind { kGguf, kHfDirectory };
+
+Result<ModelPathKind> classify_model_path(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    return Status::not_found("model '{}': no such file or directory", path);
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status)) return Status::not_found("model '{}' does not exist", path);
+  if (fs::is_directory(status)) {
+    if (!fs::exists(fs::path(path) / "config.json", ec)) {
+      return Status::not_found(
+          "model '{}' is a directory without config.json (a Hugging Face model directory holds "
+          "config.json, *.safetensors and tokenizer.json)",
+          path);
+    }
+    return ModelPathKind::kHfDirectory;
   }
+  if (!fs::is_regular_file(status)) {
+    return Status::unsupported("model '{}' is not a regular file or a directory", path);
+  }
+  if (is_gguf_file(path)) return ModelPathKind::kGguf;
+  const uintmax_t size_bytes = fs::file_size(path, ec);
+  if (ec) return Status::io_error("model '{}': cannot read its size: {}", path, ec.message());
+  return Status::unsupported(
+      "model '{}' is not a GGUF file ({} bytes{}); expected a GGUF file or a Hugging Face model "
+      "directory (config.json + *.safetensors)",
+      path, size_bytes, size_bytes < 4 ? ", too short for the 4-byte magic 'GGUF'" : "");
+}
+
+Result<OpenedModel> open_model(const std::string& path) {
+  KVP_ASSIGN_OR_RETURN(ModelPathKind kind, classify_model_path(path));
   OpenedModel model;
-  if (fs::is_regular_file(path, ec) && is_gguf_file(path)) {
+  if (kind == ModelPathKind::kGguf) {
     KVP_ASSIGN_OR_RETURN(GgufFile gguf, GgufFile::open(path));
     auto file = std::make_shared<const GgufFile>(std::move(gguf));
     KVP_ASSIGN_OR_RETURN(model.spec, model_spec_from_gguf(*file));
     model.weights = std::make_unique<GgufWeights>(file, model.spec.architecture);
     return model;
-  }
-  if (!fs::is_directory(path, ec)) {
-    return Status::unsupported(
-        "model '{}': expected a GGUF file or a Hugging Face model directory (config.json + "
-        "*.safetensors)",
-        path);
   }
   KVP_ASSIGN_OR_RETURN(model.spec, load_hf_config((fs::path(path) / "config.json").string()));
   KVP_ASSIGN_OR_RETURN(model.weights, SafetensorsWeights::open(path));
@@ -128,18 +147,16 @@ Result<std::unique_ptr<ForwardBackend>> make_random_backend(const std::string& s
 }
 
 Result<Tokenizer> load_tokenizer(const std::string& path) {
-  std::error_code ec;
-  if (fs::is_regular_file(path, ec) && is_gguf_file(path)) {
+  KVP_ASSIGN_OR_RETURN(ModelPathKind kind, classify_model_path(path));
+  if (kind == ModelPathKind::kGguf) {
     KVP_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
     KVP_ASSIGN_OR_RETURN(TokenizerVocab vocab, tokenizer_vocab_from_gguf(file));
     return Tokenizer::from_gguf_vocab(std::move(vocab));
   }
+  std::error_code ec;
   const fs::path json = fs::path(path) / "tokenizer.json";
-  if (!fs::is_directory(path, ec) || !fs::exists(json, ec)) {
-    return Status::not_found(
-        "model '{}': no tokenizer (a GGUF file, or a directory with "
-        "tokenizer.json)",
-        path);
+  if (!fs::exists(json, ec)) {
+    return Status::not_found("model '{}': the directory has no tokenizer.json", path);
   }
   return Tokenizer::from_tokenizer_json(json.string());
 }

@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
+
+#include "common/limits.h"
 
 namespace kvp {
 
@@ -21,7 +24,58 @@ const char* architecture_name(Architecture arch) {
   return "?";
 }
 
+namespace {
+
+// A number the model multiplies or divides by: nan, inf, 0 and negatives are refused.
+Status check_positive_finite(std::string_view field, double value) {
+  if (std::isfinite(value) && value > 0.0) return Status::ok();
+  return Status::invalid_argument("model spec: {} = {} must be a finite number > 0", field, value);
+}
+
+Status check_rope(std::string_view which, const RopeSpec& rope) {
+  KVP_RETURN_IF_ERROR(check_positive_finite(fmt::format("{} rope theta", which), rope.theta));
+  if (rope.scaling.kind != cpu::RopeScaling::Kind::kNone) {
+    KVP_RETURN_IF_ERROR(
+        check_positive_finite(fmt::format("{} rope scaling factor", which), rope.scaling.factor));
+  }
+  if (rope.scaling.kind == cpu::RopeScaling::Kind::kLlama3) {
+    KVP_RETURN_IF_ERROR(check_positive_finite(fmt::format("{} rope low_freq_factor", which),
+                                              rope.scaling.low_freq_factor));
+    KVP_RETURN_IF_ERROR(check_positive_finite(fmt::format("{} rope high_freq_factor", which),
+                                              rope.scaling.high_freq_factor));
+    KVP_RETURN_IF_ERROR(
+        check_positive_finite(fmt::format("{} rope original_max_position_embeddings", which),
+                              rope.scaling.original_max_position_embeddings));
+  }
+  for (float f : rope.freq_factors) {
+    KVP_RETURN_IF_ERROR(check_positive_finite(fmt::format("{} rope frequency factor", which), f));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Status ModelSpec::validate() const {
+  const std::string_view source = "model spec";
+  using namespace limits;  // NOLINT(google-build-using-namespace)
+  KVP_RETURN_IF_ERROR(check_limit(source, "vocab size", std::max(vocab_size, 0), kVocabSize));
+  KVP_RETURN_IF_ERROR(check_limit(source, "hidden size", std::max(hidden_size, 0), kHiddenSize));
+  KVP_RETURN_IF_ERROR(
+      check_limit(source, "intermediate size", std::max(intermediate_size, 0), kIntermediateSize));
+  KVP_RETURN_IF_ERROR(check_limit(source, "layers", std::max(num_layers, 0), kLayers));
+  KVP_RETURN_IF_ERROR(check_limit(source, "heads", std::max(num_q_heads, 0), kHeads));
+  KVP_RETURN_IF_ERROR(check_limit(source, "kv heads", std::max(num_kv_heads, 0), kHeads));
+  KVP_RETURN_IF_ERROR(check_limit(source, "head dim", std::max(head_dim, 0), kHeadDim));
+  KVP_RETURN_IF_ERROR(
+      check_limit(source, "sliding window", std::max(sliding_window, 0), kSlidingWindow));
+  KVP_RETURN_IF_ERROR(
+      check_limit(source, "context length", std::max(context_length, 0), kContextLength));
+  if (context_length < 0 ||
+      (context_length > 0 && static_cast<uint64_t>(context_length) < limits::kMinContextLength)) {
+    return Status::invalid_argument(
+        "model spec: context length {} is less than kvpool's smallest context of {} tokens",
+        context_length, limits::kMinContextLength);
+  }
   if (vocab_size <= 0 || hidden_size <= 0 || intermediate_size <= 0 || num_layers <= 0 ||
       num_q_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0) {
     return Status::invalid_argument(
@@ -40,6 +94,30 @@ Status ModelSpec::validate() const {
   if (static_cast<int32_t>(layer_is_sliding.size()) != num_layers) {
     return Status::invalid_argument("model spec: {} layer types for {} layers",
                                     layer_is_sliding.size(), num_layers);
+  }
+  KVP_RETURN_IF_ERROR(check_positive_finite("rms_norm_eps", rms_norm_eps));
+  KVP_RETURN_IF_ERROR(check_positive_finite("embedding scale", embedding_scale));
+  if (attention_scale != 0.0f) {
+    KVP_RETURN_IF_ERROR(check_positive_finite("attention scale", attention_scale));
+  }
+  for (const auto& [name, cap] : {std::pair{"attention logit softcap", attn_logit_softcap},
+                                  std::pair{"final logit softcap", final_logit_softcap}}) {
+    if (!std::isfinite(cap) || cap < 0.0f) {
+      return Status::invalid_argument("model spec: {} = {} must be a finite number >= 0", name,
+                                      cap);
+    }
+  }
+  KVP_RETURN_IF_ERROR(check_rope("global", rope_global));
+  KVP_RETURN_IF_ERROR(check_rope("local", rope_local));
+  if (bos_token_id < -1 || bos_token_id >= vocab_size) {
+    return Status::invalid_argument("model spec: bos token id {} outside the vocabulary of {}",
+                                    bos_token_id, vocab_size);
+  }
+  for (int32_t eos : eos_token_ids) {
+    if (eos < 0 || eos >= vocab_size) {
+      return Status::invalid_argument("model spec: eos token id {} outside the vocabulary of {}",
+                                      eos, vocab_size);
+    }
   }
   for (const RopeSpec* rope : {&rope_global, &rope_local}) {
     if (!rope->freq_factors.empty() &&
@@ -70,12 +148,31 @@ class Fields {
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
 
+  // An integer that fits int32 (a wider one is refused here, before any cast can wrap it).
   Result<int32_t> int_field(const char* key) const {
     if (!has(key)) return Status::invalid_argument("{}: missing field '{}'", source_, key);
-    if (!j_[key].is_number_integer()) {
+    const json& v = j_[key];
+    if (!v.is_number_integer()) {
       return Status::invalid_argument("{}: field '{}' is not an integer", source_, key);
     }
-    return j_[key].get<int32_t>();
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= uint64_t{std::numeric_limits<int32_t>::max()}
+                          : v.get<int64_t>() >= std::numeric_limits<int32_t>::min() &&
+                                v.get<int64_t>() <= std::numeric_limits<int32_t>::max();
+    if (!fits) {
+      return Status::invalid_argument("{}: field '{}' = {} does not fit in 32 bits", source_, key,
+                                      v.dump());
+    }
+    return v.get<int32_t>();
+  }
+  // int_field, refused past limit.max (checked where the value enters).
+  Result<int32_t> int_field(const char* key, const Limit& limit) const {
+    KVP_ASSIGN_OR_RETURN(int32_t x, int_field(key));
+    if (x > 0) KVP_RETURN_IF_ERROR(check_limit(source_, fmt::format("'{}'", key), x, limit));
+    return x;
+  }
+  Result<int32_t> int_field(const char* key, const Limit& limit, int32_t fallback) const {
+    return has(key) ? int_field(key, limit) : Result<int32_t>(fallback);
   }
   Result<int32_t> int_field(const char* key, int32_t fallback) const {
     return has(key) ? int_field(key) : Result<int32_t>(fallback);
@@ -86,6 +183,15 @@ class Fields {
       return Status::invalid_argument("{}: field '{}' is not a number", source_, key);
     }
     return j_[key].get<double>();
+  }
+  // number_field, refused unless finite and > 0 (rope bases, norm epsilon).
+  Result<double> positive_field(const char* key, double fallback) const {
+    KVP_ASSIGN_OR_RETURN(double x, number_field(key, fallback));
+    if (!std::isfinite(x) || !(x > 0.0)) {
+      return Status::invalid_argument("{}: field '{}' = {} must be a finite number > 0", source_,
+                                      key, x);
+    }
+    return x;
   }
   Result<bool> bool_field(const char* key, bool fallback) const {
     if (!has(key)) return fallback;
@@ -111,7 +217,7 @@ class Fields {
 Result<RopeSpec> parse_rope(const json& r, double default_theta, const std::string& source) {
   RopeSpec rope;
   Fields f(r, source);
-  KVP_ASSIGN_OR_RETURN(rope.theta, f.number_field("rope_theta", default_theta));
+  KVP_ASSIGN_OR_RETURN(rope.theta, f.positive_field("rope_theta", default_theta));
   KVP_ASSIGN_OR_RETURN(std::string type, f.string_field("rope_type", ""));
   if (type.empty()) {
     KVP_ASSIGN_OR_RETURN(type, f.string_field("type", "default"));
@@ -164,18 +270,34 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
   }
   const bool gemma = spec.architecture == Architecture::kGemma3;
 
-  KVP_ASSIGN_OR_RETURN(spec.vocab_size, f.int_field("vocab_size"));
-  KVP_ASSIGN_OR_RETURN(spec.hidden_size, f.int_field("hidden_size"));
-  KVP_ASSIGN_OR_RETURN(spec.intermediate_size, f.int_field("intermediate_size"));
-  KVP_ASSIGN_OR_RETURN(spec.num_layers, f.int_field("num_hidden_layers"));
-  KVP_ASSIGN_OR_RETURN(spec.num_q_heads, f.int_field("num_attention_heads"));
-  KVP_ASSIGN_OR_RETURN(spec.num_kv_heads, f.int_field("num_key_value_heads", spec.num_q_heads));
+  using namespace limits;  // NOLINT(google-build-using-namespace)
+  KVP_ASSIGN_OR_RETURN(spec.vocab_size, f.int_field("vocab_size", kVocabSize));
+  KVP_ASSIGN_OR_RETURN(spec.hidden_size, f.int_field("hidden_size", kHiddenSize));
+  KVP_ASSIGN_OR_RETURN(spec.intermediate_size, f.int_field("intermediate_size", kIntermediateSize));
+  KVP_ASSIGN_OR_RETURN(spec.num_layers, f.int_field("num_hidden_layers", kLayers));
+  KVP_ASSIGN_OR_RETURN(spec.num_q_heads, f.int_field("num_attention_heads", kHeads));
+  KVP_ASSIGN_OR_RETURN(spec.num_kv_heads,
+                       f.int_field("num_key_value_heads", kHeads, spec.num_q_heads));
   if (spec.num_q_heads <= 0) {
     return Status::invalid_argument("{}: num_attention_heads {} must be positive", source,
                                     spec.num_q_heads);
   }
-  KVP_ASSIGN_OR_RETURN(spec.head_dim, f.int_field("head_dim", spec.hidden_size / spec.num_q_heads));
-  KVP_ASSIGN_OR_RETURN(double eps, f.number_field("rms_norm_eps", 1e-6));
+  KVP_ASSIGN_OR_RETURN(spec.head_dim,
+                       f.int_field("head_dim", kHeadDim, spec.hidden_size / spec.num_q_heads));
+  if (spec.num_layers < 0) {
+    return Status::invalid_argument("{}: num_hidden_layers {} must be positive", source,
+                                    spec.num_layers);
+  }
+  KVP_ASSIGN_OR_RETURN(spec.context_length,
+                       f.int_field("max_position_embeddings", kContextLength, 0));
+  if (f.has("max_position_embeddings") &&
+      (spec.context_length < 0 ||
+       static_cast<uint64_t>(spec.context_length) < limits::kMinContextLength)) {
+    return Status::invalid_argument(
+        "{}: max_position_embeddings {} is less than kvpool's smallest context of {} tokens",
+        source, spec.context_length, limits::kMinContextLength);
+  }
+  KVP_ASSIGN_OR_RETURN(double eps, f.positive_field("rms_norm_eps", 1e-6));
   spec.rms_norm_eps = static_cast<float>(eps);
   KVP_ASSIGN_OR_RETURN(spec.tie_word_embeddings, top.bool_field("tie_word_embeddings", gemma));
   if (f.has("tie_word_embeddings")) {
@@ -212,7 +334,7 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     spec.final_logit_softcap = static_cast<float>(final_cap);
     spec.qk_norm = true;
     spec.sandwich_norms = true;
-    KVP_ASSIGN_OR_RETURN(spec.sliding_window, f.int_field("sliding_window", 4096));
+    KVP_ASSIGN_OR_RETURN(spec.sliding_window, f.int_field("sliding_window", kSlidingWindow, 4096));
     if (f.has("layer_types")) {
       const json& types = config["layer_types"];
       if (!types.is_array() || static_cast<int32_t>(types.size()) != spec.num_layers) {
@@ -228,7 +350,7 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
         spec.layer_is_sliding[i] = t == "sliding_attention";
       }
     } else {
-      KVP_ASSIGN_OR_RETURN(int32_t pattern, f.int_field("sliding_window_pattern", 6));
+      KVP_ASSIGN_OR_RETURN(int32_t pattern, f.int_field("sliding_window_pattern", kLayers, 6));
       if (pattern <= 0) {
         return Status::invalid_argument("{}: sliding_window_pattern {} must be positive", source,
                                         pattern);
@@ -254,11 +376,11 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     }
   } else {
     json legacy = f.has("rope_scaling") ? config["rope_scaling"] : json::object();
-    KVP_ASSIGN_OR_RETURN(double theta, f.number_field("rope_theta", gemma ? 1e6 : 10000.0));
+    KVP_ASSIGN_OR_RETURN(double theta, f.positive_field("rope_theta", gemma ? 1e6 : 10000.0));
     legacy["rope_theta"] = theta;
     KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(legacy, theta, source));
     if (gemma) {
-      KVP_ASSIGN_OR_RETURN(double local_theta, f.number_field("rope_local_base_freq", 10000.0));
+      KVP_ASSIGN_OR_RETURN(double local_theta, f.positive_field("rope_local_base_freq", 10000.0));
       spec.rope_local.theta = local_theta;
     } else {
       spec.rope_local = spec.rope_global;
@@ -268,15 +390,21 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
   KVP_ASSIGN_OR_RETURN(spec.bos_token_id, top.int_field("bos_token_id", -1));
   if (top.has("eos_token_id")) {
     const json& eos = root["eos_token_id"];
-    if (eos.is_number_integer()) {
-      spec.eos_token_ids.push_back(eos.get<int32_t>());
-    } else if (eos.is_array()) {
-      for (const json& e : eos) {
-        if (!e.is_number_integer()) {
-          return Status::invalid_argument("{}: eos_token_id holds a non-integer", source);
-        }
-        spec.eos_token_ids.push_back(e.get<int32_t>());
+    // ids are checked against the vocabulary by validate(); here they must be integers that fit
+    const auto push_id = [&](const json& e) -> Status {
+      if (!e.is_number_integer() || e.get<int64_t>() < std::numeric_limits<int32_t>::min() ||
+          (e.is_number_unsigned() ? e.get<uint64_t>() > uint64_t{INT32_MAX}
+                                  : e.get<int64_t>() > INT32_MAX)) {
+        return Status::invalid_argument("{}: eos_token_id {} is not a 32-bit integer", source,
+                                        e.dump());
       }
+      spec.eos_token_ids.push_back(e.get<int32_t>());
+      return Status::ok();
+    };
+    if (eos.is_number_integer()) {
+      KVP_RETURN_IF_ERROR(push_id(eos));
+    } else if (eos.is_array()) {
+      for (const json& e : eos) KVP_RETURN_IF_ERROR(push_id(e));
     } else {
       return Status::invalid_argument("{}: eos_token_id is neither an integer nor a list", source);
     }

@@ -55,8 +55,13 @@ struct ModelSpec {
   std::vector<bool> layer_is_sliding;  // [num_layers]
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;
+  // Tokens of context the model was trained for (GGUF {arch}.context_length, config.json
+  // max_position_embeddings): no request may need more. 0: unknown (random shapes), no limit.
+  int32_t context_length = 0;
 
-  // Checks internal consistency (positive sizes, heads that divide, layer list length).
+  // Checks internal consistency (positive sizes within common/limits.h, heads that divide,
+  // layer list length, finite positive rope bases and norm epsilon, token ids in the
+  // vocabulary). Errors name the field and the value.
   Status validate() const;
 };
 

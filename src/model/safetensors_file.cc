@@ -1,6 +1,7 @@
 // Safetensors parsing and validation, shard indexes and config.json.
 #include "model/safetensors_file.h"
 
+#include "common/checked_math.h"
 #include "model/dequant.h"
 
 #include <fmt/format.h>
@@ -92,6 +93,8 @@ class SafetensorsParser {
       return Status::corruption("safetensors '{}': header is JSON {}, expected an object", path,
                                 header.type_name());
     }
+    KVP_RETURN_IF_ERROR(check_limit(fmt::format("safetensors '{}'", path), "the tensor count",
+                                    header.size(), limits::kTensors));
     const uint64_t data_size = bytes_.size() - out_.data_offset_;
     for (auto& [name, entry] : header.items()) {
       if (name == "__metadata__") {
@@ -164,9 +167,12 @@ class SafetensorsParser {
                                             shape_it->dump()));
       }
       const uint64_t d = dim.get<uint64_t>();
-      if (__builtin_mul_overflow(num_elements, d, &num_elements)) {
-        return bad_tensor(name, fmt::format("shape {} overflows", shape_it->dump()));
+      const std::optional<uint64_t> product = checked_mul(num_elements, d);
+      if (!product) {
+        return bad_tensor(
+            name, fmt::format("shape {} has more than 2^64 - 1 elements", shape_it->dump()));
       }
+      num_elements = *product;
       t.shape.push_back(d);
     }
     t.num_elements = num_elements;
@@ -176,9 +182,9 @@ class SafetensorsParser {
       return bad_tensor(name, fmt::format("data_offsets [{}, {}] are outside the {}-byte data",
                                           t.data_begin, t.data_end, data_size));
     }
-    uint64_t size_bytes = 0;
-    if (__builtin_mul_overflow(num_elements, t.element_size_bytes, &size_bytes) ||
-        size_bytes != t.data_end - t.data_begin) {
+    const std::optional<uint64_t> size_bytes =
+        checked_mul<uint64_t>(num_elements, t.element_size_bytes);
+    if (!size_bytes || *size_bytes != t.data_end - t.data_begin) {
       return bad_tensor(name, fmt::format("shape {} of {} needs {} elements x {} bytes, but "
                                           "data_offsets span {} bytes",
                                           shape_it->dump(), t.dtype_name, num_elements,

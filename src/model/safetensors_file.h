@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/limits.h"
 #include "common/status.h"
 #include "model/mapped_file.h"
 
@@ -47,7 +48,7 @@ struct SafetensorsTensor {
 
 class SafetensorsFile {
  public:
-  static constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+  static constexpr uint64_t kMaxHeaderBytes = limits::kSafetensorsHeaderBytes.max;
 
   static Result<SafetensorsFile> open(const std::string& path);
   // Parses an already mapped (or in-memory) file; takes it over.

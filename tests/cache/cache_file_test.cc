@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <random>
 
 namespace kvp {
@@ -387,6 +388,30 @@ TEST_F(CacheFileRefusal, FutureVersion) {
   const uint64_t sum = XXH3_64bits(bad.data(), bad.size() - 8);
   std::memcpy(bad.data() + bad.size() - 8, &sum, 8);
   expect_refused(bad, StatusCode::kUnsupported, "format version 2 is newer");
+}
+
+// Every header value within its limit, but their product past 2^64: 4096 layers of 2^31 - 1
+// tokens of 4096 x 8192 f32 values. The sum wrapped before and was compared as a small size.
+TEST_F(CacheFileRefusal, HeaderSizesPast2To64AreRefusedNotWrapped) {
+  std::vector<std::byte> bad;
+  auto put = [&](const auto& value) {
+    const auto* p = reinterpret_cast<const std::byte*>(&value);
+    bad.insert(bad.end(), p, p + sizeof(value));
+  };
+  bad.resize(8);
+  std::memcpy(bad.data(), "KVPCACHE", 8);
+  put(uint32_t{1});                                    // version
+  put(uint32_t{8});                                    // architecture name bytes
+  for (char c : std::string("testarch")) put(c);       // architecture
+  put(kModel.weight_hash);                             // weight hash
+  put(uint32_t{4096});                                 // layers
+  put(uint32_t{4096});                                 // KV heads
+  put(uint32_t{8192});                                 // head_dim
+  put(static_cast<uint32_t>(DType::F32));              // dtype
+  for (int l = 0; l < 4096; ++l) put(uint64_t{0});     // global attention, no window
+  put(uint64_t{std::numeric_limits<int32_t>::max()});  // tokens
+  bad.resize(bad.size() + 64);
+  expect_refused(bad, StatusCode::kCorruption, "the header promises more than 2^64 - 1 bytes");
 }
 
 TEST_F(CacheFileRefusal, TrailingBytes) {

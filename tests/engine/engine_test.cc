@@ -393,6 +393,36 @@ TEST(Engine, BadRequestsAreRefusedAndTheEngineKeepsServing) {
   EXPECT_EQ(out[id->value].tokens, std::vector<int32_t>(golden.begin(), golden.begin() + 8));
 }
 
+// The tiny models' context is 1024 tokens: history + prompt + max_tokens must fit in it.
+TEST(Engine, RequestsPastTheModelsContextAreRefusedNamingEachNumber) {
+  auto runner = load("llama");
+  ASSERT_EQ(runner->spec().context_length, 1024);
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(512));
+  auto refused = engine.submit(greedy_request(std::vector<int32_t>(1009, 5), 16));
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().message(),
+            "request: prompt of 1009 tokens + max_tokens 16 = 1025 exceeds the model's context of "
+            "1024 tokens");
+  // exactly the context fits
+  auto fits = engine.submit(greedy_request(std::vector<int32_t>(1008, 5), 16));
+  ASSERT_TRUE(fits.is_ok()) << fits.status().to_string();
+  // a session's history counts
+  Request first = greedy_request(std::vector<int32_t>(500, 6), 4);
+  first.session = "agent";
+  ASSERT_TRUE(engine.submit(first).is_ok());
+  run_all(engine);
+  Request second = greedy_request(std::vector<int32_t>(500, 7), 30);
+  second.session = "agent";
+  refused = engine.submit(second);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().message(),
+            "request: session history of 504 tokens + prompt of 500 tokens + max_tokens 30 = 1034 "
+            "exceeds the model's context of 1024 tokens");
+  engine.check_integrity();
+}
+
 TEST(Engine, CancelFinishesARunningRequest) {
   auto runner = load("llama");
   CpuForwardBackend backend(runner);

@@ -536,6 +536,18 @@ class GgufBadFile : public ::testing::Test {
   fs::path path_ = dir_.path() / "hand.gguf";
 };
 
+// 2^62 f32 elements are 2^64 bytes: the size wrapped to 0 ("0 B", and inspect exited 0).
+TEST_F(GgufBadFile, TensorBytesPast2To64AreRefusedNotWrapped) {
+  Knobs k;
+  k.num_dims = 1;
+  k.dim0 = uint64_t{1} << 62;
+  expect_error(k, StatusCode::kCorruption,
+               "tensor 'w' of shape [4611686018427387904] and type F32 needs more than 2^64 - 1 "
+               "bytes");
+  k.tensor_type = 1;  // F16: 2^63 bytes fit the arithmetic, not the file
+  expect_error(k, StatusCode::kCorruption, "lies past the end of the file");
+}
+
 TEST_F(GgufBadFile, TheUnmodifiedFileOpens) {
   EXPECT_TRUE(open(Knobs{}).is_ok());
   Knobs v2;
@@ -608,7 +620,13 @@ TEST_F(GgufBadFile, BadShapesOffsetsAndAlignment) {
   k = {};
   k.dim0 = uint64_t{1} << 40;
   k.dim1 = uint64_t{1} << 40;
-  expect_error(k, StatusCode::kCorruption, "absurd dimensions");
+  expect_error(k, StatusCode::kCorruption, "'w' has shape [1099511627776, 1099511627776]");
+  // the product passes 2^63 only at dimension 1, which is 2: the message names the shape,
+  // not "dimension 1 is 2"
+  k = {};
+  k.dim0 = uint64_t{1} << 62;
+  k.dim1 = 2;
+  expect_error(k, StatusCode::kCorruption, "'w' has shape [4611686018427387904, 2]: more than");
   k = {};
   k.dim0 = 48;
   k.tensor_type = 8;  // Q8_0 rows must be multiples of 32

@@ -7,11 +7,15 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
+#include "common/limits.h"
 #include "model/model_loader.h"
+#include "support/gguf_builder.h"
 #include "support/hf_tokenizer_reference.h"
 #include "tokenizer/detokenizer.h"
 
@@ -114,6 +118,112 @@ TEST_F(GgufModelErrors, EachDefectIsNamed) {
       << tok.status().to_string();
 }
 
+// A small Llama's metadata (no tensors: the spec needs none), with one key set to a bad value
+// by `bad` (added after the good keys; the good key of the same name is left out).
+Result<ModelSpec> spec_with(const std::function<void(test::GgufBuilder&)>& bad,
+                            std::string_view bad_key) {
+  test::GgufBuilder b;
+  b.str("general.architecture", "llama");
+  const std::pair<const char*, uint32_t> u32s[] = {{"llama.block_count", 2},
+                                                   {"llama.embedding_length", 64},
+                                                   {"llama.feed_forward_length", 128},
+                                                   {"llama.attention.head_count", 4},
+                                                   {"llama.attention.head_count_kv", 2},
+                                                   {"llama.context_length", 1024},
+                                                   {"llama.vocab_size", 256}};
+  for (const auto& [key, value] : u32s) {
+    if (key != bad_key) b.u32(key, value);
+  }
+  if (bad_key != "llama.rope.freq_base") b.f32("llama.rope.freq_base", 10000.0f);
+  if (bad_key != "llama.attention.layer_norm_rms_epsilon") {
+    b.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  }
+  bad(b);
+  auto file = b.open("m.gguf");
+  KVP_CHECK(file.is_ok(), "{}", file.status().to_string());
+  return model_spec_from_gguf(*file);
+}
+
+TEST(GgufModelSpec, ReadsTheContextLength) {
+  auto spec = spec_with([](test::GgufBuilder&) {}, "");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->context_length, 1024);
+  EXPECT_EQ(spec->num_layers, 2);
+}
+
+// block_count 0x80000000 was cast to int32 and went negative: an uncaught std::length_error.
+TEST(GgufModelSpec, LayerCountsOf2To31AndMoreAreRefusedNamingTheLimit) {
+  for (uint32_t layers : {0x80000000u, 0xFFFFFFFFu, 4097u}) {
+    SCOPED_TRACE(layers);
+    auto spec = spec_with([&](test::GgufBuilder& b) { b.u32("llama.block_count", layers); },
+                          "llama.block_count");
+    ASSERT_FALSE(spec.is_ok());
+    EXPECT_EQ(spec.status().code(), StatusCode::kUnsupported);
+    EXPECT_EQ(spec.status().message(),
+              fmt::format("gguf 'm.gguf': 'llama.block_count' = {} is more than kvpool's limit of "
+                          "4096 layers",
+                          layers));
+  }
+  // every other dimension has its limit too
+  auto spec = spec_with([](test::GgufBuilder& b) { b.u32("llama.embedding_length", 1u << 31); },
+                        "llama.embedding_length");
+  EXPECT_NE(spec.status().message().find("'llama.embedding_length' = 2147483648 is more than "
+                                         "kvpool's limit of 131072 hidden units"),
+            std::string::npos)
+      << spec.status().to_string();
+}
+
+TEST(GgufModelSpec, ContextLengthsOutsideTheLimitsAreRefused) {
+  for (uint32_t context : {0u, 7u, 15u}) {
+    auto spec = spec_with([&](test::GgufBuilder& b) { b.u32("llama.context_length", context); },
+                          "llama.context_length");
+    EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument) << context;
+    EXPECT_NE(spec.status().message().find(
+                  fmt::format("'llama.context_length' = {} is less than kvpool's smallest "
+                              "context of 16 tokens",
+                              context)),
+              std::string::npos)
+        << spec.status().to_string();
+  }
+  auto spec = spec_with([](test::GgufBuilder& b) { b.u32("llama.context_length", 0xFFFFFFFFu); },
+                        "llama.context_length");
+  EXPECT_EQ(spec.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(spec.status().message().find("'llama.context_length' = 4294967295 is more than "
+                                         "kvpool's limit of 67108864 tokens of context"),
+            std::string::npos)
+      << spec.status().to_string();
+  // absent: unknown, no limit
+  spec = spec_with([](test::GgufBuilder&) {}, "llama.context_length");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->context_length, 0);
+}
+
+TEST(GgufModelSpec, NonFiniteOrNonPositiveRopeBaseAndEpsilonAreRefused) {
+  const float bad_values[] = {std::nanf(""), INFINITY, 0.0f, -1.0f};
+  for (const char* key : {"llama.rope.freq_base", "llama.attention.layer_norm_rms_epsilon"}) {
+    for (float value : bad_values) {
+      SCOPED_TRACE(fmt::format("{} = {}", key, value));
+      auto spec = spec_with([&](test::GgufBuilder& b) { b.f32(key, value); }, key);
+      ASSERT_FALSE(spec.is_ok());
+      EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_NE(spec.status().message().find(
+                    fmt::format("'{}' = {} must be a finite number > 0", key, value)),
+                std::string::npos)
+          << spec.status().to_string();
+    }
+  }
+}
+
+TEST(GgufModelSpec, EndOfSequenceIdsOutsideTheVocabularyAreRefused) {
+  auto spec =
+      spec_with([](test::GgufBuilder& b) { b.u32("tokenizer.ggml.eos_token_id", 256); }, "");
+  EXPECT_EQ(spec.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find("tokenizer.ggml.eos_token_id = 256 is outside the "
+                                         "vocabulary of 256 tokens"),
+            std::string::npos)
+      << spec.status().to_string();
+}
+
 TEST(ModelLoader, PathsThatAreNoModelAreRefused) {
   auto missing = load_model("/nonexistent/model.gguf", nullptr);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
@@ -123,7 +233,7 @@ TEST(ModelLoader, PathsThatAreNoModelAreRefused) {
   std::ofstream(text) << "not a model\n";
   auto not_model = load_model(text.string(), nullptr);
   EXPECT_EQ(not_model.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(not_model.status().message().find("expected a GGUF file"), std::string::npos)
+  EXPECT_NE(not_model.status().message().find("is not a GGUF file (12 bytes)"), std::string::npos)
       << not_model.status().to_string();
   EXPECT_FALSE(is_gguf_file(text.string()));
   fs::remove(text);

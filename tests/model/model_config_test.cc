@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -142,6 +143,46 @@ TEST(ModelConfigHf, MissingWrongAndInconsistentFieldsNameTheProblem) {
   EXPECT_EQ(model_config_from_hf(json::array(), "x").status().code(), StatusCode::kInvalidArgument);
 }
 
+// num_hidden_layers 2^31 and friends: refused where they are read, naming the limit.
+TEST(ModelConfigHf, ValuesPastTheLimitsAreRefusedNamingTheLimit) {
+  const json base = json::parse(R"({"model_type": "llama", "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+    "max_position_embeddings": 1024})");
+  json j = base;
+  j["num_hidden_layers"] = 2147483648u;
+  auto c = model_config_from_hf(j, "config.json");
+  EXPECT_EQ(c.status().code(), StatusCode::kUnsupported);
+  EXPECT_EQ(c.status().message(),
+            "config.json: 'num_hidden_layers' = 2147483648 is more than kvpool's limit of 4096 "
+            "layers");
+  j = base;
+  j["vocab_size"] = 1u << 30;
+  EXPECT_NE(model_config_from_hf(j, "config.json")
+                .status()
+                .message()
+                .find("'vocab_size' = 1073741824 is more than kvpool's limit of 16777216 tokens"),
+            std::string::npos);
+  for (int context : {0, 7}) {
+    j = base;
+    j["max_position_embeddings"] = context;
+    c = model_config_from_hf(j, "config.json");
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << context;
+    EXPECT_NE(c.status().message().find("less than kvpool's smallest context of 16 tokens"),
+              std::string::npos)
+        << c.status().to_string();
+  }
+  for (const char* key : {"rope_theta", "rms_norm_eps"}) {
+    for (double value : {std::nan(""), 0.0, -1.0, HUGE_VAL}) {
+      j = base;
+      j[key] = value;
+      c = model_config_from_hf(j, "config.json");
+      EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << key << " " << value;
+      EXPECT_NE(c.status().message().find("must be a finite number > 0"), std::string::npos)
+          << c.status().to_string();
+    }
+  }
+}
+
 TEST(InspectModelFile, DescribesGgufAndItsConfig) {
   const std::string model = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!fs::exists(model)) GTEST_SKIP() << model << " is absent: run scripts/fetch_models.sh";
@@ -161,6 +202,15 @@ TEST(InspectModelFile, MissingAndNonModelFilesAreErrors) {
   auto result = inspect_model_file(text_file);
   EXPECT_EQ(result.status().code(), StatusCode::kCorruption) << result.status().to_string();
   EXPECT_NE(result.status().message().find(text_file), std::string::npos);
+  // an empty .gguf is a damaged GGUF file, not "safetensors"
+  const std::string empty_gguf = dir + "/empty.gguf";
+  std::ofstream(empty_gguf).close();
+  result = inspect_model_file(empty_gguf);
+  EXPECT_EQ(result.status().code(), StatusCode::kCorruption) << result.status().to_string();
+  EXPECT_NE(result.status().message().find("gguf '" + empty_gguf +
+                                           "': file is 0 bytes, too short for a GGUF header"),
+            std::string::npos)
+      << result.status().to_string();
   fs::remove_all(dir);
 }
 

@@ -3,7 +3,12 @@
 // refused before anything is allocated.
 #include "model/model_loader.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 namespace kvp {
 namespace {
@@ -42,6 +47,50 @@ TEST(ModelLoader, UnknownDevicesAndMissingModelsAreRefused) {
   backend = load_backend("/nonexistent/model", "cpu", nullptr);
   EXPECT_EQ(backend.status().code(), StatusCode::kNotFound);
   EXPECT_NE(backend.status().message().find("/nonexistent/model"), std::string::npos);
+}
+
+// A missing path, an empty file, a 3-byte file and a directory without config.json each say
+// what they are, for the weights and for the tokenizer alike (they all said "no tokenizer").
+TEST(ModelLoader, PathsThatAreNoModelSayWhatTheyAre) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kvp_loader_{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir / "empty_dir");
+  std::ofstream(dir / "empty.gguf").close();
+  std::ofstream(dir / "three.bin") << "GGU";
+  struct Case {
+    std::string path;
+    StatusCode code;
+    std::string says;
+  };
+  const Case cases[] = {
+      {(dir / "missing.gguf").string(), StatusCode::kNotFound, "missing.gguf' does not exist"},
+      {(dir / "empty.gguf").string(), StatusCode::kUnsupported,
+       "empty.gguf' is not a GGUF file (0 bytes, too short for the 4-byte magic 'GGUF')"},
+      {(dir / "three.bin").string(), StatusCode::kUnsupported,
+       "three.bin' is not a GGUF file (3 bytes, too short"},
+      {(dir / "empty_dir").string(), StatusCode::kNotFound,
+       "empty_dir' is a directory without config.json"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path);
+    auto tokenizer = load_tokenizer(c.path);
+    ASSERT_FALSE(tokenizer.is_ok());
+    EXPECT_EQ(tokenizer.status().code(), c.code);
+    EXPECT_NE(tokenizer.status().message().find(c.says), std::string::npos)
+        << tokenizer.status().to_string();
+    auto backend = load_backend(c.path, "cpu", nullptr);
+    ASSERT_FALSE(backend.is_ok());
+    EXPECT_EQ(backend.status().code(), c.code);
+    EXPECT_NE(backend.status().message().find(c.says), std::string::npos)
+        << backend.status().to_string();
+  }
+  // a model directory without tokenizer.json says that
+  auto tokenizer = load_tokenizer(kLlama);
+  EXPECT_NE(tokenizer.status().message().find("the directory has no tokenizer.json"),
+            std::string::npos)
+      << tokenizer.status().to_string();
+  fs::remove_all(dir);
 }
 
 #if !defined(KVP_HAVE_CUDA)

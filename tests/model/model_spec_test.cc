@@ -1,0 +1,112 @@
+// ModelSpec from a Hugging Face config.json: the values that reach the model runner are bounded
+// where they are read (common/limits.h) and validate() refuses what would run as garbage (nan
+// rope bases, negative epsilons, token ids outside the vocabulary). Each case below was
+// accepted, or threw an uncaught exception, before.
+#include "model/model_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace kvp {
+namespace {
+
+using nlohmann::json;
+
+json tiny_llama() {
+  return json::parse(R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 64,
+    "intermediate_size": 160, "num_hidden_layers": 3, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "bos_token_id": 1, "eos_token_id": 2})");
+}
+
+void expect_refused(const json& config, StatusCode code, const std::string& says) {
+  auto spec = model_spec_from_hf_config(config, "config.json");
+  ASSERT_FALSE(spec.is_ok()) << says;
+  EXPECT_EQ(spec.status().code(), code) << spec.status().to_string();
+  EXPECT_NE(spec.status().message().find(says), std::string::npos) << spec.status().to_string();
+}
+
+TEST(ModelSpecHf, ReadsTheContextLength) {
+  auto spec = model_spec_from_hf_config(tiny_llama(), "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->context_length, 1024);
+  json no_context = tiny_llama();
+  no_context.erase("max_position_embeddings");
+  spec = model_spec_from_hf_config(no_context, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->context_length, 0);  // unknown: no limit
+}
+
+// 2147483648 became -2147483648 in get<int32_t>(), then a std::length_error.
+TEST(ModelSpecHf, LayerCountsPast32BitsOrTheLimitAreRefused) {
+  json j = tiny_llama();
+  j["num_hidden_layers"] = 2147483648u;
+  expect_refused(j, StatusCode::kInvalidArgument,
+                 "config.json: field 'num_hidden_layers' = 2147483648 does not fit in 32 bits");
+  j["num_hidden_layers"] = 5000;
+  expect_refused(j, StatusCode::kUnsupported,
+                 "config.json: 'num_hidden_layers' = 5000 is more than kvpool's limit of 4096 "
+                 "layers");
+  j = tiny_llama();
+  j["vocab_size"] = 4294967297u;  // wrapped to 1
+  expect_refused(j, StatusCode::kInvalidArgument, "'vocab_size' = 4294967297 does not fit");
+}
+
+TEST(ModelSpecHf, ContextLengthsBelowTheSmallestAreRefused) {
+  for (int context : {0, 7}) {
+    json j = tiny_llama();
+    j["max_position_embeddings"] = context;
+    expect_refused(j, StatusCode::kInvalidArgument,
+                   "less than kvpool's smallest context of 16 tokens");
+  }
+}
+
+TEST(ModelSpecHf, NonFiniteOrNonPositiveRopeAndEpsilonAreRefused) {
+  for (const char* key : {"rope_theta", "rms_norm_eps"}) {
+    for (double value : {std::nan(""), HUGE_VAL, 0.0, -1.0}) {
+      SCOPED_TRACE(std::string(key) + " " + std::to_string(value));
+      json j = tiny_llama();
+      j[key] = value;
+      expect_refused(j, StatusCode::kInvalidArgument, "must be a finite number > 0");
+    }
+  }
+  json j = tiny_llama();
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", -5.0}};
+  expect_refused(j, StatusCode::kInvalidArgument, "field 'rope_theta' = -5 must be a finite");
+}
+
+// An eos id past the vocabulary indexed the sampler's logits row out of bounds.
+TEST(ModelSpecHf, TokenIdsOutsideTheVocabularyAreRefused) {
+  json j = tiny_llama();
+  j["eos_token_id"] = json::array({2, 256});
+  expect_refused(j, StatusCode::kInvalidArgument, "eos token id 256 outside the vocabulary of 256");
+  j = tiny_llama();
+  j["eos_token_id"] = 4294967298u;  // wrapped to 2
+  expect_refused(j, StatusCode::kInvalidArgument, "eos_token_id 4294967298 is not a 32-bit");
+  j = tiny_llama();
+  j["bos_token_id"] = 300;
+  expect_refused(j, StatusCode::kInvalidArgument, "bos token id 300 outside the vocabulary");
+}
+
+TEST(ModelSpec, ValidateRefusesNonFiniteScalesAndCaps) {
+  auto spec = model_spec_from_hf_config(tiny_llama(), "config.json");
+  ASSERT_TRUE(spec.is_ok());
+  ModelSpec s = *spec;
+  s.attn_logit_softcap = std::nanf("");
+  EXPECT_NE(s.validate().message().find("attention logit softcap = nan"), std::string::npos)
+      << s.validate().to_string();
+  s = *spec;
+  s.rope_local.theta = -1;
+  EXPECT_NE(s.validate().message().find("local rope theta = -1 must be a finite number > 0"),
+            std::string::npos)
+      << s.validate().to_string();
+  s = *spec;
+  s.context_length = 8;
+  EXPECT_FALSE(s.validate().is_ok());
+}
+
+}  // namespace
+}  // namespace kvp
