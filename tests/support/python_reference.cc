@@ -19,7 +19,8 @@ std::string read_text_file(const fs::path& path) {
 }
 
 PythonReference run_python_reference(const std::string& name, const std::string& script,
-                                     const std::vector<std::string>& inputs) {
+                                     const std::vector<std::string>& inputs,
+                                     const std::vector<std::string>& large_inputs) {
   PythonReference ref;
   const std::string python = ".venv/bin/python";
   if (!fs::exists(python)) {
@@ -36,6 +37,14 @@ PythonReference run_python_reference(const std::string& name, const std::string&
     }
     key_text += read_text_file(input);
   }
+  for (const std::string& input : large_inputs) {
+    if (!fs::exists(input)) {
+      ref.missing = true;
+      ref.error = input + " not found";
+      return ref;
+    }
+    key_text += input;
+  }
   const size_t key = std::hash<std::string>{}(key_text);
   const fs::path cached = fs::temp_directory_path() / fmt::format("kvp_{}_{:x}.json", name, key);
   if (fs::exists(cached)) {
@@ -46,6 +55,7 @@ PythonReference run_python_reference(const std::string& name, const std::string&
   const fs::path partial = cached.string() + fmt::format(".{}.partial", ::getpid());
   std::string command = fmt::format("{} {}", python, script);
   for (const std::string& input : inputs) command += fmt::format(" {}", input);
+  for (const std::string& input : large_inputs) command += fmt::format(" {}", input);
   command += fmt::format(" {}", partial.string());
   if (std::system(command.c_str()) != 0 || !fs::exists(partial)) {
     ref.error = fmt::format("reference script failed: {}", command);

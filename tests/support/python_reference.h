@@ -16,10 +16,12 @@ struct PythonReference {
   std::string error;             // why it did not run
 };
 
-// Runs `.venv/bin/python <script> <inputs...> <output>` unless a cached output exists.
-// `name` names the cache entry ("jinja2_cases").
+// Runs `.venv/bin/python <script> <inputs...> <large_inputs...> <output>` unless a cached
+// output exists. `name` names the cache entry ("jinja2_cases"); the cache key covers the script
+// and the content of `inputs`, and only the paths of `large_inputs` (model files).
 PythonReference run_python_reference(const std::string& name, const std::string& script,
-                                     const std::vector<std::string>& inputs);
+                                     const std::vector<std::string>& inputs,
+                                     const std::vector<std::string>& large_inputs = {});
 
 // The whole file, "" when it cannot be read.
 std::string read_text_file(const std::filesystem::path& path);
