@@ -27,8 +27,9 @@ namespace fs = std::filesystem;
 
 bool write_plot(std::span<const PlotRun> runs, const BenchOptions& o) {
   const std::string model =
-      o.random_model.empty() ? o.model_path : o.random_model + " (random weights)";
-  const std::string title = fmt::format("kvpool bench {}: {} on {}", o.workload, model, o.device);
+      o.random_model.empty() ? o.model.model : o.random_model + " (random weights)";
+  const std::string title =
+      fmt::format("kvpool bench {}: {} on {}", o.workload, model, o.model.device);
   const Status written = write_bench_plot(runs, title, o.plot_path);
   if (!written.is_ok()) {
     fmt::print(stderr, "kvpool bench: {}\n", written.to_string());
@@ -50,13 +51,11 @@ std::string tagged_path(const std::string& path, const std::string& tag) {
 // Checks what CLI11's per-option checks cannot: options that must agree with each other.
 Status check_options(const BenchOptions& o) {
   const BenchConfig& b = o.bench;
-  if (o.model_path.empty() == o.random_model.empty()) {
+  if (o.model.model.empty() == o.random_model.empty()) {
     return Status::invalid_argument("give one of --model PATH and --random-model NAME{}",
-                                    o.model_path.empty() ? "" : ", not both");
+                                    o.model.model.empty() ? "" : ", not both");
   }
-  if (Result<Device> device = parse_device(o.device); !device.is_ok()) {
-    return Status::invalid_argument("--device: {}", device.status().message());
-  }
+  KVP_RETURN_IF_ERROR(check_engine_options(o.model));
   if (b.prompt_tokens_max < b.prompt_tokens_min) {
     return Status::invalid_argument("--prompt-tokens-max {} is below --prompt-tokens-min {}",
                                     b.prompt_tokens_max, b.prompt_tokens_min);
@@ -76,15 +75,6 @@ Status check_options(const BenchOptions& o) {
       return Status::invalid_argument("--plot {}: folder {} does not exist", o.plot_path,
                                       folder.string());
     }
-  }
-  const int32_t block_size = o.engine.block_size;
-  if ((block_size & (block_size - 1)) != 0) {
-    return Status::invalid_argument("--block-size {}: not a power of two", block_size);
-  }
-  Status engine = o.engine.validate();
-  if (!engine.is_ok()) {
-    return Status::invalid_argument("--block-size, --blocks, --max-seqs, --step-tokens: {}",
-                                    engine.message());
   }
   return Status::ok();
 }
@@ -209,18 +199,10 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
       "Runs an engine benchmark workload on a model and prints latency, throughput and "
       "cache statistics");
   BenchConfig& b = o->bench;
-  EngineConfig& e = o->engine;
-  bench->add_option("--model", o->model_path,
-                    "model to load: a GGUF file or a Hugging Face model directory");
+  add_engine_options(bench, &o->model, /*model_required=*/false);
   bench->add_option("--random-model", o->random_model,
                     "instead of --model: a model shape with random weights (llama3-8b, "
                     "smollm2-135m; on cpu smollm2-135m only); needs no tokenizer");
-  bench->add_option("--device", o->device, "cpu, cuda or cuda:N (a build with CUDA: make cuda)")
-      ->capture_default_str();
-  bench
-      ->add_option("--kv-dtype", o->kv_dtype,
-                   "engine: KV cache dtype: auto (f32 on cpu, bf16 on cuda), f32, bf16, f16")
-      ->capture_default_str();
   bench->add_option("--workload", o->workload, "offline, poisson, closed or agents")
       ->check(CLI::IsMember({"offline", "poisson", "closed", "agents"}))
       ->capture_default_str();
@@ -229,7 +211,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   bench->add_option("--rate", b.rate, "poisson: arrivals per second")
-      ->check(CLI::Range(1e-3, 1e6))
+      ->check(finite_range(1e-3, 1e6))
       ->capture_default_str();
   bench->add_option("--concurrency", b.concurrency, "closed: clients, each one request at a time")
       ->check(CLI::Range(1, 1 << 16))
@@ -271,7 +253,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
   bench
       ->add_option("--think-time", b.think_time_s,
                    "agents: seconds between a reply and the agent's next turn")
-      ->check(CLI::Range(0.0, 3600.0))
+      ->check(finite_range(0.0, 3600.0))
       ->capture_default_str();
   bench->add_flag("--sessions,!--no-sessions", b.sessions,
                   "agents: keep each agent's history in a session (--no-sessions: re-send the "
@@ -288,34 +270,6 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
       "--compare-sessions", o->compare_sessions,
       "agents: run with sessions, with the history re-sent every turn (prefix cache on), "
       "and re-sent with no prefix cache (re-prefill); print them side by side");
-  // Engine (EngineConfig).
-  bench->add_option("--block-size", e.block_size, "engine: tokens per KV block (power of two)")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
-  bench->add_option("--blocks", e.num_blocks, "engine: KV blocks per cache group")
-      ->check(CLI::Range(1, 1 << 24))
-      ->capture_default_str();
-  bench->add_option("--max-seqs", e.max_num_seqs, "engine: sequences in one step")
-      ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
-  bench->add_option("--step-tokens", e.max_step_tokens, "engine: tokens in one step")
-      ->check(CLI::Range(1, 1 << 20))
-      ->capture_default_str();
-  bench->add_flag("--prefix-caching,!--no-prefix-caching", e.prefix_caching,
-                  "engine: prefix cache (default: on)");
-  bench
-      ->add_option("--host-tier-bytes", e.host_tier_bytes,
-                   "engine: host memory for idle sessions' KV (0: no host tier)")
-      ->capture_default_str();
-  bench->add_option("--disk-dir", e.disk_dir,
-                    "engine: folder for idle sessions' cache files (empty: no disk tier)");
-  bench
-      ->add_option("--disk-tier-bytes", e.disk_tier_bytes,
-                   "engine: bytes of cache files for idle sessions (with --disk-dir)")
-      ->capture_default_str();
-  bench->add_option("--threads", o->num_threads, "attention threads (the caller included)")
-      ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
   bench->add_option("--csv", o->csv_path,
                     "write one row per request here (--compare-sessions: one file per run, "
                     "PATH with .sessions, .resend, .reprefill before the extension)");
@@ -337,38 +291,35 @@ int run_bench_command(BenchOptions o) {
     fmt::print(stderr, "kvpool bench: {}\n", options_ok.message());
     return 2;
   }
-  Result<DType> kv_dtype = parse_kv_dtype(o.kv_dtype, o.device);
-  if (!kv_dtype.is_ok()) {
-    fmt::print(stderr, "kvpool bench: {}\n", kv_dtype.status().message());
-    return 2;
-  }
-  o.engine.kv_dtype = *kv_dtype;
-  ThreadPool pool(o.num_threads);
+  const int32_t num_threads = resolved_threads(o.model);
+  ThreadPool pool(num_threads);
   const bool random = !o.random_model.empty();
   Result<std::unique_ptr<ForwardBackend>> backend =
-      random ? make_random_backend(o.random_model, o.device, o.bench.seed, &pool)
-             : load_backend(o.model_path, o.device, &pool);
+      random ? make_random_backend(o.random_model, o.model.device, o.bench.seed, &pool)
+             : load_backend(o.model.model, o.model.device, &pool);
   if (!backend.is_ok()) {
     fmt::print(stderr, "kvpool bench: {} {}: {}\n", random ? "--random-model" : "--model",
-               random ? o.random_model : o.model_path, backend.status().to_string());
+               random ? o.random_model : o.model.model, backend.status().to_string());
     return 2;
   }
-  if (Status engine_ok = Engine::check_config(**backend, o.engine); !engine_ok.is_ok()) {
-    fmt::print(stderr, "kvpool bench: {}\n", engine_ok.message());
+  Result<EngineConfig> engine_config = make_engine_config(o.model, **backend);
+  if (!engine_config.is_ok()) {
+    fmt::print(stderr, "kvpool bench: {}\n", engine_config.status().message());
     return 2;
   }
+  o.engine = std::move(engine_config).value();
   const ModelSpec& spec = (*backend)->spec();
   fmt::print(
       "kvpool bench: {} ({}, {} layers, vocab {}) on {}; engine: block size {}, {} blocks per "
       "group x {} group(s), KV {}, max {} seqs, {} tokens per step, prefix caching {}; {} "
       "thread(s)\n",
-      random ? o.random_model + " with random weights" : o.model_path,
+      random ? o.random_model + " with random weights" : o.model.model,
       architecture_name(spec.architecture), spec.num_layers, spec.vocab_size,
       (*backend)->device_name(), o.engine.block_size, o.engine.num_blocks,
       (*backend)->num_cache_groups(), dtype_name(o.engine.kv_dtype), o.engine.max_num_seqs,
-      o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off", o.num_threads);
+      o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off", num_threads);
 
-  const bool warmup = o.warmup == "on" || (o.warmup == "auto" && o.device != "cpu");
+  const bool warmup = o.warmup == "on" || (o.warmup == "auto" && o.model.device != "cpu");
   if (warmup) {
     BenchConfig first = o.bench;
     first.sessions = o.bench.sessions || o.compare_sessions;

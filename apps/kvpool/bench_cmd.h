@@ -12,20 +12,27 @@
 
 #include "engine/bench.h"
 #include "engine/engine.h"
+#include "engine_options.h"
 
 namespace kvp::app {
 
+// The shared options with the benchmark's defaults.
+inline EngineOptions default_model_options() {
+  EngineOptions o;
+  o.blocks = 1024;
+  return o;
+}
+
 struct BenchOptions {
-  std::string model_path;            // a GGUF file or Hugging Face directory (load_backend)
+  // --model (a GGUF file or Hugging Face directory), device, pool, tiers, threads; the
+  // benchmark's default pool is 1024 blocks per group (--blocks), not --kv-memory.
+  EngineOptions model = default_model_options();
   std::string random_model;          // or a named shape with random weights (random_model.h)
-  std::string device = "cpu";        // cpu, cuda or cuda:N
-  std::string kv_dtype = "auto";     // f32, bf16, f16; auto: f32 on cpu, bf16 on cuda
   std::string workload = "offline";  // offline | poisson | closed | agents
   BenchConfig bench;                 // workload parameters (its `workload` is set from the name)
-  EngineConfig engine;
-  int32_t num_threads = 1;  // attention threads of the CPU runner
-  std::string csv_path;     // empty: no CSV
-  std::string plot_path;    // empty: no PNG (bench_plot.h)
+  EngineConfig engine;               // from `model` once the backend is loaded
+  std::string csv_path;              // empty: no CSV
+  std::string plot_path;             // empty: no PNG (bench_plot.h)
   bool compare_sessions = false;
   // One unmeasured run of the same workload first (CUDA graphs captured, buffers grown, cuBLAS
   // warmed), so the first measured run is not the one paying for them. auto: on for cuda.

@@ -14,6 +14,7 @@
 #include "model/gguf_model.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
+#include "server/chat_template.h"
 #include "tokenizer/detokenizer.h"
 
 namespace kvp::app {
@@ -44,29 +45,6 @@ class ProgressBar {
   std::string label_;
   bool tty_;
 };
-
-// The prompt in the model's chat format, when its vocabulary names one kvpool knows: ChatML
-// (SmolLM2, Qwen) with SmolLM2's default system message, or Gemma's turns. Otherwise as-is.
-std::string apply_chat_format(const Tokenizer& tokenizer, const std::string& prompt) {
-  if (tokenizer.token_id("<|im_start|>") && tokenizer.token_id("<|im_end|>")) {
-    return "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-           "Face<|im_end|>\n<|im_start|>user\n" +
-           prompt + "<|im_end|>\n<|im_start|>assistant\n";
-  }
-  if (tokenizer.token_id("<start_of_turn>") && tokenizer.token_id("<end_of_turn>")) {
-    return "<start_of_turn>user\n" + prompt + "<end_of_turn>\n<start_of_turn>model\n";
-  }
-  return prompt;
-}
-
-// Bytes of one block of every cache group together, with `dtype` KV.
-int64_t bytes_per_block(const ForwardBackend& backend, int32_t block_size, DType dtype) {
-  int64_t bytes = 0;
-  for (int32_t g = 0; g < backend.num_cache_groups(); ++g) {
-    bytes += static_cast<int64_t>(backend.group_layout(g, 1, block_size, dtype).block_size_bytes());
-  }
-  return bytes;
-}
 
 // The generated text printed so far and what is held back within a step: the token that
 // completes a stop string may carry text past it, which is not printed.
@@ -123,140 +101,93 @@ std::string stop_cause(FinishReason reason, bool eos, const std::optional<std::s
 
 }  // namespace
 
-Result<DType> parse_kv_dtype(const std::string& text, const std::string& device) {
-  if (text == "auto") return device == "cpu" ? DType::F32 : DType::BF16;
-  const std::optional<DType> dtype = parse_dtype(text);
-  if (!dtype) {
-    return Status::invalid_argument("--kv-dtype '{}': not a KV dtype (auto, f32, bf16, f16)", text);
-  }
-  return *dtype;
-}
-
-std::optional<int64_t> parse_bytes(const std::string& text) {
-  size_t used = 0;
-  double value = 0;
-  try {
-    value = std::stod(text, &used);
-  } catch (...) {
-    return std::nullopt;
-  }
-  std::string unit = text.substr(used);
-  std::transform(unit.begin(), unit.end(), unit.begin(), ::tolower);
-  double scale = 1;
-  if (unit.empty() || unit == "b") {
-    scale = 1;
-  } else if (unit == "k" || unit == "kib" || unit == "kb") {
-    scale = 1024.0;
-  } else if (unit == "m" || unit == "mib" || unit == "mb") {
-    scale = 1024.0 * 1024;
-  } else if (unit == "g" || unit == "gib" || unit == "gb") {
-    scale = 1024.0 * 1024 * 1024;
-  } else {
-    return std::nullopt;
-  }
-  const double bytes = value * scale;
-  if (!(bytes >= 1) || bytes > 1e15) return std::nullopt;
-  return static_cast<int64_t>(bytes);
-}
-
 CLI::App* add_generate_command(CLI::App& app, GenerateOptions* o) {
   CLI::App* cmd = app.add_subcommand("generate", "Generate text from a model, streaming it");
-  cmd->add_option("--model,-m", o->model, "GGUF file or Hugging Face model directory")->required();
-  cmd->add_option("--prompt,-p", o->prompt, "Prompt text")->required();
+  add_engine_options(cmd, &o->engine);
+  cmd->add_option("--prompt,-p", o->prompt, "Prompt text (a user message, unless --raw)")
+      ->required();
+  cmd->add_option("--system", o->system, "A system message (default: the template's own)");
   cmd->add_option("--max-tokens,-n", o->max_tokens, "Tokens to generate at most")
       ->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--temperature", o->temperature, "0: greedy")->check(CLI::Range(0.0, 100.0));
-  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass, (0, 1]");
+  cmd->add_option("--temperature", o->temperature, "0: greedy")->check(finite_range(0.0, 100.0));
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass, (0, 1]")
+      ->check(finite_range(0.0, 1.0));
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--seed", o->seed, "Sampling seed (same seed, same text)");
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (a build with CUDA: make cuda)");
-  cmd->add_option("--kv-dtype", o->kv_dtype,
-                  "KV cache dtype: auto (f32 on cpu, bf16 on cuda), "
-                  "f32, bf16, f16");
   cmd->add_option("--stop", o->stop,
                   "End generation when the text contains TEXT (repeatable; the text ends there)");
-  cmd->add_option("--block-size", o->block_size, "Tokens per KV block (power of two)");
-  cmd->add_option("--kv-memory", o->kv_memory, "KV pool size, e.g. 512MiB, 2GiB");
-  cmd->add_option("--threads", o->threads, "Attention threads (0: all cores)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--raw", o->raw, "Send the prompt as-is (no chat format)");
+  cmd->add_option("--chat-template", o->chat_template,
+                  "A Jinja chat template file instead of the model's own");
+  cmd->add_flag("--raw", o->raw, "Send the prompt as-is (no chat template)");
   cmd->add_flag("--no-stats", o->quiet_stats, "Do not print the stats line");
   return cmd;
 }
 
 int run_generate(const GenerateOptions& o) {
-  if (Result<Device> device = parse_device(o.device); !device.is_ok()) {
-    std::fprintf(stderr, "kvpool generate: --device: %s\n", device.status().message().c_str());
-    return 2;
-  }
-  const Result<DType> kv_dtype = parse_kv_dtype(o.kv_dtype, o.device);
-  if (!kv_dtype.is_ok()) {
-    std::fprintf(stderr, "kvpool generate: %s\n", kv_dtype.status().message().c_str());
-    return 2;
-  }
   for (const std::string& stop : o.stop) {
     if (stop.empty()) {
       std::fprintf(stderr, "kvpool generate: --stop: an empty stop string\n");
       return 2;
     }
   }
-  const std::optional<int64_t> kv_bytes = parse_bytes(o.kv_memory);
-  if (!kv_bytes) {
-    std::fprintf(stderr, "kvpool generate: --kv-memory '%s' is not a size (e.g. 512MiB, 2GiB)\n",
-                 o.kv_memory.c_str());
+  if (Status s = check_engine_options(o.engine); !s.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", s.message().c_str());
     return 2;
   }
-  if (o.block_size < 1 || o.block_size > 1024 || (o.block_size & (o.block_size - 1)) != 0) {
-    std::fprintf(stderr, "kvpool generate: --block-size %d is not a power of two in [1, 1024]\n",
-                 o.block_size);
+  ProgressBar bar("loading " + o.engine.model);
+  Result<LoadedModel> loaded =
+      load_model(o.engine, /*need_tokenizer=*/true,
+                 [&](int32_t done, int32_t total) { bar.update(done, total); });
+  if (!loaded.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", loaded.status().to_string().c_str());
     return 2;
   }
-  auto tokenizer = load_tokenizer(o.model);
-  if (!tokenizer.is_ok()) {
-    std::fprintf(stderr, "kvpool generate: %s\n", tokenizer.status().to_string().c_str());
-    return 2;
-  }
-  const int threads = o.threads > 0
-                          ? o.threads
-                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  ThreadPool pool(threads);
-  ProgressBar bar("loading " + o.model);
-  const Clock::time_point load_start = Clock::now();
-  auto backend = load_backend(o.model, o.device, &pool,
-                              [&](int32_t done, int32_t total) { bar.update(done, total); });
-  if (!backend.is_ok()) {
-    std::fprintf(stderr, "kvpool generate: %s\n", backend.status().to_string().c_str());
-    return 2;
-  }
-  const double load_s = seconds_since(load_start);
-  const ModelSpec& spec = (*backend)->spec();
+  const Tokenizer& tokenizer = *loaded->tokenizer;
+  ForwardBackend& backend = *loaded->backend;
+  const ModelSpec& spec = backend.spec();
 
-  const std::string text = o.raw ? o.prompt : apply_chat_format(*tokenizer, o.prompt);
-  auto prompt = tokenizer->encode(text);
+  std::string text = o.prompt;
+  if (!o.raw) {
+    Result<ChatTemplate> chat_template =
+        load_chat_template(o.engine.model, tokenizer, o.chat_template);
+    if (!chat_template.is_ok()) {
+      std::fprintf(stderr, "kvpool generate: %s (--raw sends the prompt as-is)\n",
+                   chat_template.status().to_string().c_str());
+      return 2;
+    }
+    ChatTemplateInputs inputs;
+    if (!o.system.empty()) {
+      inputs.messages.push_back({{"role", "system"}, {"content", o.system}});
+    }
+    inputs.messages.push_back({{"role", "user"}, {"content", o.prompt}});
+    Result<std::string> rendered = chat_template->render(inputs);
+    if (!rendered.is_ok()) {
+      std::fprintf(stderr, "kvpool generate: %s\n", rendered.status().to_string().c_str());
+      return 2;
+    }
+    text = std::move(rendered).value();
+  }
+  EncodeOptions encode;
+  encode.add_special_tokens = o.raw;  // a rendered template already holds its special tokens
+  auto prompt = tokenizer.encode(text, encode);
   if (!prompt.is_ok()) {
     std::fprintf(stderr, "kvpool generate: the prompt: %s\n", prompt.status().to_string().c_str());
     return 2;
   }
   if (prompt->empty()) {
-    std::fprintf(stderr, "kvpool generate: the prompt is empty\n");
+    std::fprintf(stderr, "kvpool generate: the prompt '%s' has no tokens\n", text.c_str());
     return 2;
   }
 
-  EngineConfig config;
-  config.block_size = o.block_size;
-  config.kv_dtype = *kv_dtype;
-  config.tokenizer = &*tokenizer;
-  const int64_t block_bytes = bytes_per_block(**backend, o.block_size, config.kv_dtype);
-  config.num_blocks = static_cast<int32_t>(std::min<int64_t>(*kv_bytes / block_bytes, 1 << 24));
-  config.max_step_tokens = 512;
-  if (Status s = config.validate(); !s.is_ok() || config.num_blocks < 1) {
-    std::fprintf(stderr, "kvpool generate: --kv-memory %s holds %d blocks of %lld bytes: %s\n",
-                 o.kv_memory.c_str(), config.num_blocks, static_cast<long long>(block_bytes),
-                 s.is_ok() ? "too small" : s.to_string().c_str());
+  Result<EngineConfig> made = make_engine_config(o.engine, backend);
+  if (!made.is_ok()) {
+    std::fprintf(stderr, "kvpool generate: %s\n", made.status().message().c_str());
     return 2;
   }
-  auto engine = Engine::create(backend->get(), config);
+  EngineConfig config = std::move(made).value();
+  config.tokenizer = &tokenizer;
+  auto engine = Engine::create(&backend, config);
   if (!engine.is_ok()) {
     std::fprintf(stderr, "kvpool generate: %s\n", engine.status().to_string().c_str());
     return 2;
@@ -276,7 +207,7 @@ int run_generate(const GenerateOptions& o) {
     return 2;
   }
 
-  IncrementalDetokenizer detok(*tokenizer, /*skip_special=*/true);
+  IncrementalDetokenizer detok(tokenizer, /*skip_special=*/true);
   StopAwareOutput out(o.stop);
   const Clock::time_point start = Clock::now();
   double first_token_s = 0;
@@ -315,11 +246,11 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr,
                  "[kvpool] %s | prompt %d tokens | prefill %.1f tok/s | decode %.1f tok/s (%d "
                  "tokens, %s) | KV %s blocks %d / %d (block %d, peak) | load %.2f s\n",
-                 (*backend)->device_name().c_str(), usage.prompt_tokens,
+                 backend.device_name().c_str(), usage.prompt_tokens,
                  first_token_s > 0 ? usage.prefilled_tokens / first_token_s : 0,
                  decode_s > 0 ? decoded / decode_s : 0.0, num_generated, cause.c_str(),
                  std::string(dtype_name(config.kv_dtype)).c_str(), peak_blocks, config.num_blocks,
-                 o.block_size, load_s);
+                 o.engine.block_size, loaded->load_seconds);
   }
   return 0;
 }
@@ -329,12 +260,18 @@ CLI::App* add_inspect_command(CLI::App& app, InspectOptions* o) {
       app.add_subcommand("inspect", "Print a model file's metadata, tensors and KV cache geometry");
   cmd->add_option("path", o->path, "GGUF file, .safetensors file or model directory")->required();
   cmd->add_option("--max-tensors", o->max_tensors, "Tensors to list")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--block-size", o->block_size, "Tokens per KV block for the geometry");
+      ->check(CLI::Range(0, 1 << 20));
+  cmd->add_option("--block-size", o->block_size, "Tokens per KV block for the geometry")
+      ->check(CLI::Range(1, 1024));
   return cmd;
 }
 
 int run_inspect(const InspectOptions& o) {
+  if ((o.block_size & (o.block_size - 1)) != 0) {
+    std::fprintf(stderr, "kvpool inspect: --block-size %d: not a power of two in [1, 1024]\n",
+                 o.block_size);
+    return 2;
+  }
   auto text = inspect_model_file(o.path, static_cast<size_t>(o.max_tensors));
   if (!text.is_ok()) {
     std::fprintf(stderr, "kvpool inspect: %s\n", text.status().to_string().c_str());

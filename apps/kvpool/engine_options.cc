@@ -1,0 +1,229 @@
+#include "engine_options.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+
+#include "model/model_loader.h"
+
+namespace kvp::app {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Bytes of one block of every cache group together, with `dtype` KV.
+int64_t bytes_per_block(const ForwardBackend& backend, int32_t block_size, DType dtype) {
+  int64_t bytes = 0;
+  for (int32_t g = 0; g < backend.num_cache_groups(); ++g) {
+    bytes += static_cast<int64_t>(backend.group_layout(g, 1, block_size, dtype).block_size_bytes());
+  }
+  return bytes;
+}
+
+constexpr double kMaxSizeBytes = 1125899906842624.0;  // 1 PiB
+
+}  // namespace
+
+CLI::Validator finite_range(double min, double max) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        double value = 0;
+        size_t used = 0;
+        try {
+          value = std::stod(text, &used);
+        } catch (...) {
+          return fmt::format("'{}' is not a number", text);
+        }
+        if (used != text.size()) return fmt::format("'{}' is not a number", text);
+        if (!std::isfinite(value)) return fmt::format("{} is not a finite number", text);
+        if (value < min || value > max) {
+          return fmt::format("{} is not in [{}, {}]", text, min, max);
+        }
+        return "";
+      },
+      fmt::format("NUMBER in [{}, {}]", min, max));
+}
+
+void add_engine_options(CLI::App* cmd, EngineOptions* o, bool model_required) {
+  CLI::Option* model =
+      cmd->add_option("--model,-m", o->model, "GGUF file or Hugging Face model directory");
+  if (model_required) model->required();
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (a build with CUDA: make cuda)")
+      ->capture_default_str();
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "KV cache dtype: auto (f32 on cpu, bf16 on cuda), f32, bf16, f16")
+      ->capture_default_str();
+  cmd->add_option("--block-size", o->block_size, "tokens per KV block (a power of two)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--kv-memory", o->kv_memory,
+                  "KV pool size, all cache groups together, e.g. 512MiB, 2GiB")
+      ->capture_default_str();
+  cmd->add_option("--blocks", o->blocks, "KV blocks per cache group (instead of --kv-memory)")
+      ->check(CLI::Range(0, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--max-seqs", o->max_seqs, "engine: sequences in one step")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  cmd->add_option("--step-tokens", o->step_tokens, "engine: tokens in one step")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_flag("--prefix-caching,!--no-prefix-caching", o->prefix_caching,
+                "engine: prefix cache (default: on)");
+  cmd->add_option("--host-tier-bytes", o->host_tier,
+                  "host memory for idle sessions' KV, e.g. 4GiB (0: no host tier)")
+      ->capture_default_str();
+  cmd->add_option("--disk-dir", o->disk_dir,
+                  "folder for idle sessions' cache files (empty: no disk tier)");
+  cmd->add_option("--disk-tier-bytes", o->disk_tier,
+                  "bytes of cache files for idle sessions (with --disk-dir; 0: 16GiB)")
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads, "CPU threads, the caller included (0: all cores)")
+      ->check(CLI::Range(0, kMaxThreads))
+      ->capture_default_str();
+}
+
+Result<int64_t> parse_size(const std::string& text, const std::string& option, bool allow_zero) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (...) {
+    return Status::invalid_argument("{} '{}' is not a size (e.g. 512MiB, 2GiB)", option, text);
+  }
+  std::string unit = text.substr(used);
+  std::transform(unit.begin(), unit.end(), unit.begin(), ::tolower);
+  double scale = 1;
+  if (unit.empty() || unit == "b") {
+    scale = 1;
+  } else if (unit == "k" || unit == "kib" || unit == "kb") {
+    scale = 1024.0;
+  } else if (unit == "m" || unit == "mib" || unit == "mb") {
+    scale = 1024.0 * 1024;
+  } else if (unit == "g" || unit == "gib" || unit == "gb") {
+    scale = 1024.0 * 1024 * 1024;
+  } else if (unit == "t" || unit == "tib" || unit == "tb") {
+    scale = 1024.0 * 1024 * 1024 * 1024;
+  } else {
+    return Status::invalid_argument("{} '{}': unknown unit '{}' (B, KiB, MiB, GiB, TiB)", option,
+                                    text, text.substr(used));
+  }
+  const double bytes = value * scale;
+  if (!std::isfinite(bytes)) {
+    return Status::invalid_argument("{} '{}' is not a finite size", option, text);
+  }
+  if (allow_zero && bytes == 0) return int64_t{0};
+  if (!(bytes >= 1)) {
+    return Status::invalid_argument("{} '{}' must be at least 1 byte", option, text);
+  }
+  if (bytes > kMaxSizeBytes) {
+    return Status::invalid_argument("{} '{}' is over the limit of 1 PiB", option, text);
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+Result<DType> parse_kv_dtype(const std::string& text, const std::string& device) {
+  if (text == "auto") return device == "cpu" ? DType::F32 : DType::BF16;
+  const std::optional<DType> dtype = parse_dtype(text);
+  if (!dtype) {
+    return Status::invalid_argument("--kv-dtype '{}': not a KV dtype (auto, f32, bf16, f16)", text);
+  }
+  return *dtype;
+}
+
+Status check_engine_options(const EngineOptions& o) {
+  if (Result<Device> device = parse_device(o.device); !device.is_ok()) {
+    return Status::invalid_argument("--device: {}", device.status().message());
+  }
+  KVP_RETURN_IF_ERROR(parse_kv_dtype(o.kv_dtype, o.device).status());
+  if (o.block_size < 1 || o.block_size > 1024 || (o.block_size & (o.block_size - 1)) != 0) {
+    return Status::invalid_argument("--block-size {}: not a power of two in [1, 1024]",
+                                    o.block_size);
+  }
+  if (o.blocks == 0) KVP_RETURN_IF_ERROR(parse_size(o.kv_memory, "--kv-memory").status());
+  KVP_RETURN_IF_ERROR(parse_size(o.host_tier, "--host-tier-bytes", true).status());
+  KVP_RETURN_IF_ERROR(parse_size(o.disk_tier, "--disk-tier-bytes", true).status());
+  if (!o.disk_dir.empty()) {
+    std::error_code ec;
+    if (fs::exists(o.disk_dir, ec) && !fs::is_directory(o.disk_dir, ec)) {
+      return Status::invalid_argument("--disk-dir {}: exists and is not a folder", o.disk_dir);
+    }
+  }
+  if (o.threads < 0 || o.threads > kMaxThreads) {
+    return Status::invalid_argument("--threads {}: not in [0, {}]", o.threads, kMaxThreads);
+  }
+  return Status::ok();
+}
+
+int32_t resolved_threads(const EngineOptions& o) {
+  if (o.threads > 0) return o.threads;
+  return static_cast<int32_t>(
+      std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, unsigned{kMaxThreads}));
+}
+
+Result<LoadedModel> load_model(const EngineOptions& o, bool need_tokenizer,
+                               const std::function<void(int32_t, int32_t)>& progress) {
+  KVP_RETURN_IF_ERROR(check_engine_options(o));
+  LoadedModel loaded;
+  if (need_tokenizer) {
+    Result<Tokenizer> tokenizer = load_tokenizer(o.model);
+    if (!tokenizer.is_ok()) return tokenizer.status();
+    loaded.tokenizer.emplace(std::move(tokenizer).value());
+  }
+  loaded.pool = std::make_unique<ThreadPool>(resolved_threads(o));
+  const auto start = std::chrono::steady_clock::now();
+  LoadProgress on_progress;
+  if (progress) on_progress = progress;
+  Result<std::unique_ptr<ForwardBackend>> backend =
+      load_backend(o.model, o.device, loaded.pool.get(), on_progress);
+  if (!backend.is_ok()) return backend.status();
+  loaded.backend = std::move(backend).value();
+  loaded.load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return loaded;
+}
+
+Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBackend& backend) {
+  KVP_RETURN_IF_ERROR(check_engine_options(o));
+  EngineConfig config;
+  config.block_size = o.block_size;
+  KVP_ASSIGN_OR_RETURN(config.kv_dtype, parse_kv_dtype(o.kv_dtype, o.device));
+  config.max_num_seqs = o.max_seqs;
+  config.max_step_tokens = o.step_tokens;
+  config.prefix_caching = o.prefix_caching;
+  if (o.blocks > 0) {
+    config.num_blocks = o.blocks;
+  } else {
+    KVP_ASSIGN_OR_RETURN(const int64_t kv_bytes, parse_size(o.kv_memory, "--kv-memory"));
+    const int64_t block_bytes = bytes_per_block(backend, o.block_size, config.kv_dtype);
+    config.num_blocks = static_cast<int32_t>(std::min<int64_t>(kv_bytes / block_bytes, 1 << 24));
+    if (config.num_blocks < 1) {
+      return Status::invalid_argument(
+          "--kv-memory {} holds no block of {} bytes (block size {}, KV {})", o.kv_memory,
+          block_bytes, o.block_size, dtype_name(config.kv_dtype));
+    }
+  }
+  KVP_ASSIGN_OR_RETURN(const int64_t host_bytes,
+                       parse_size(o.host_tier, "--host-tier-bytes", true));
+  config.host_tier_bytes = static_cast<uint64_t>(host_bytes);
+  config.disk_dir = o.disk_dir;
+  if (!o.disk_dir.empty()) {
+    KVP_ASSIGN_OR_RETURN(const int64_t disk_bytes,
+                         parse_size(o.disk_tier, "--disk-tier-bytes", true));
+    config.disk_tier_bytes =
+        disk_bytes > 0 ? static_cast<uint64_t>(disk_bytes) : uint64_t{16} << 30;
+  }
+  if (Status s = Engine::check_config(backend, config); !s.is_ok()) {
+    return Status::invalid_argument(
+        "engine options (--block-size, --blocks/--kv-memory, "
+        "--max-seqs, --step-tokens, tiers): {}",
+        s.message());
+  }
+  return config;
+}
+
+}  // namespace kvp::app
