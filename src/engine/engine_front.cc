@@ -11,6 +11,14 @@ std::optional<EngineEvent> RequestStream::next() {
   return e;
 }
 
+bool RequestStream::take(std::chrono::milliseconds wait, std::vector<EngineEvent>* events) {
+  std::unique_lock lock(mutex_);
+  ready_.wait_for(lock, wait, [&] { return !events_.empty() || done_; });
+  for (EngineEvent& e : events_) events->push_back(std::move(e));
+  events_.clear();
+  return !done_;
+}
+
 void RequestStream::push(EngineEvent event, bool last) {
   {
     std::lock_guard lock(mutex_);

@@ -6,6 +6,7 @@
 //   caller threads ◀── stream->next() ◀── [per-request event queue] ◀──┘
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
@@ -29,6 +30,9 @@ class RequestStream {
  public:
   // Blocks until the next event; nullopt once the request has finished and every event was read.
   std::optional<EngineEvent> next();
+  // Waits up to `wait` for events, then moves every queued event to *events (none on a
+  // timeout). Returns false once the request has finished and every event was taken.
+  bool take(std::chrono::milliseconds wait, std::vector<EngineEvent>* events);
   RequestId id() const { return id_; }
 
  private:
