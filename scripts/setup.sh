@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one place kvpool's dependencies are named. Idempotent: installs only what is missing.
-#   Debian packages: the toolchain and the libraries kvpool links.
+#   Debian packages: the toolchain and the libraries kvpool links (clang-14 and its runtime
+#   libraries: libFuzzer and the sanitizers, for `make fuzz`).
 #   PyPI (project-local .venv): reference implementations used by tests only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +15,7 @@ APT_PACKAGES=(
   gnuplot-nox
   libcpp-httplib-dev
   libboost1.81-dev  # Boost.Beast: only the HTTP-library benchmark (bench/server)
+  clang-14 libclang-rt-14-dev
 )
 PIP_PACKAGES=(
   "numpy>=1.26"

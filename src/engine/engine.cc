@@ -98,6 +98,13 @@ Status EngineConfig::validate() const {
         "engine: the disk tier needs both a directory ('{}') and a byte budget ({})", disk_dir,
         disk_tier_bytes);
   }
+  // created on first use; a file of that name would make every spill fail, the tier silently off
+  std::error_code ec;
+  if (!disk_dir.empty() && std::filesystem::exists(disk_dir, ec) &&
+      !std::filesystem::is_directory(disk_dir, ec)) {
+    return Status::invalid_argument("engine: the disk tier directory '{}' is not a directory",
+                                    disk_dir);
+  }
   return Status::ok();
 }
 

@@ -206,5 +206,20 @@ TEST_P(EngineTierFaultTest, DamagedSpillFilesAreRecomputedToTheUndamagedReplies)
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineTierFaultTest, ::testing::Values("llama", "gemma3"));
 
+// A disk-tier directory that is a regular file made every spill fail: the tier was silently off.
+TEST(EngineTierFaults, ADiskDirectoryThatIsAFileIsRefused) {
+  const fs::path file = fs::temp_directory_path() / ("kvp-not-a-dir-" + std::to_string(::getpid()));
+  std::ofstream(file) << "x";
+  EngineConfig config = small_config(64);
+  config.disk_dir = file.string();
+  config.disk_tier_bytes = 1 << 20;
+  const Status s = config.validate();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("the disk tier directory '" + file.string() + "' is not a directory"),
+            std::string::npos)
+      << s.to_string();
+  fs::remove(file);
+}
+
 }  // namespace
 }  // namespace kvp
