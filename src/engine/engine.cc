@@ -273,9 +273,9 @@ Result<RequestId> Engine::submit(Request request) {
       static_cast<int64_t>(request.prompt_tokens.size()) - (num_kept ? *num_kept : 0);
   const int64_t needed = history + num_prompt + request.max_tokens;
   if (spec.context_length > 0 && needed > spec.context_length) {
-    const std::string session_part =
-        session && !num_kept ? fmt::format("session history of {} tokens + ", history)
-                             : std::string();
+    const std::string session_part = session && !num_kept
+                                         ? fmt::format("session history of {} tokens + ", history)
+                                         : std::string();
     return Status::invalid_argument(
         "request: {}prompt of {} tokens + max_tokens {} = {} exceeds the model's context of {} "
         "tokens",
