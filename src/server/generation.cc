@@ -56,6 +56,26 @@ json byte_list(const std::string& text) {
   return bytes;
 }
 
+// The OpenAI form of a stream's tool-call deltas; with `calls`, each is also recorded there whole
+// (a non-streamed reply's message.tool_calls).
+json tool_call_deltas(const std::vector<ToolCallDelta>& deltas, json* calls) {
+  json out = json::array();
+  for (const ToolCallDelta& c : deltas) {
+    json call = {{"index", c.index}};
+    if (c.id) call["id"] = *c.id, call["type"] = "function";
+    json function = {{"arguments", c.arguments}};
+    if (c.name) function["name"] = *c.name;
+    call["function"] = std::move(function);
+    if (calls != nullptr) {
+      calls->push_back({{"id", c.id.value_or("")},
+                        {"type", "function"},
+                        {"function", {{"name", c.name.value_or("")}, {"arguments", c.arguments}}}});
+    }
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 }  // namespace
 
 // One choice of the request: its text as it streams, and what the response reports.
@@ -330,22 +350,7 @@ void Generation::absorb(std::vector<EngineEvent>& events, std::vector<std::strin
         StreamDelta d = s.tools->push(text);
         text = std::move(d.content);
         if (!d.tool_calls.empty()) {
-          json calls = json::array();
-          for (const ToolCallDelta& c : d.tool_calls) {
-            json call = {{"index", c.index}};
-            if (c.id) call["id"] = *c.id, call["type"] = "function";
-            json function = {{"arguments", c.arguments}};
-            if (c.name) function["name"] = *c.name;
-            call["function"] = std::move(function);
-            if (!out) {
-              s.tool_calls.push_back(
-                  {{"id", c.id.value_or("")},
-                   {"type", "function"},
-                   {"function", {{"name", c.name.value_or("")}, {"arguments", c.arguments}}}});
-            }
-            calls.push_back(std::move(call));
-          }
-          delta["tool_calls"] = std::move(calls);
+          delta["tool_calls"] = tool_call_deltas(d.tool_calls, out ? nullptr : &s.tool_calls);
         }
       }
       s.text_bytes += text.size();
@@ -371,22 +376,9 @@ void Generation::absorb(std::vector<EngineEvent>& events, std::vector<std::strin
       StreamDelta tail = s.tools->finish();
       text = d.content + tail.content;
       d.tool_calls.insert(d.tool_calls.end(), tail.tool_calls.begin(), tail.tool_calls.end());
-      json calls = json::array();
-      for (const ToolCallDelta& c : d.tool_calls) {
-        if (!out) {
-          s.tool_calls.push_back(
-              {{"id", c.id.value_or("")},
-               {"type", "function"},
-               {"function", {{"name", c.name.value_or("")}, {"arguments", c.arguments}}}});
-        }
-        json call = {{"index", c.index}};
-        if (c.id) call["id"] = *c.id, call["type"] = "function";
-        json function = {{"arguments", c.arguments}};
-        if (c.name) function["name"] = *c.name;
-        call["function"] = std::move(function);
-        calls.push_back(std::move(call));
+      if (!d.tool_calls.empty()) {
+        delta["tool_calls"] = tool_call_deltas(d.tool_calls, out ? nullptr : &s.tool_calls);
       }
-      if (!calls.empty()) delta["tool_calls"] = std::move(calls);
     }
     const bool tool_calls = s.tools && s.tools->saw_tool_call();
     const char* reason = finish_reason_text(s.reason, tool_calls);
