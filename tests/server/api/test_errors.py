@@ -68,22 +68,26 @@ def test_body_over_the_limit_is_413(start_server):
 
 
 def test_queue_full_is_429_with_retry_after(start_server):
-    import threading
+    import http.client
     s = start_server("--max-seqs", "1", "--max-queue", "0")
-    long = {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
-    t = threading.Thread(target=s.request, args=("POST", "/v1/completions", long))
-    t.start()
+    # a stream that holds the one place in flight (its first event read: it is running)
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+    conn.request("POST", "/v1/completions",
+                 json.dumps({"prompt": "Once upon a time", "max_tokens": 400,
+                             "ignore_eos": True, "stream": True}),
+                 {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    while not resp.readline().startswith(b"data: "):  # pings until the first token
+        pass
     try:
-        for _ in range(200):  # until the long request holds the one slot
-            status, headers, text = s.request("POST", "/v1/completions",
-                                              {"prompt": "Hi", "max_tokens": 1})
-            if status == 429:
-                break
+        status, headers, text = s.request("POST", "/v1/completions",
+                                          {"prompt": "Hi", "max_tokens": 1})
         assert status == 429, text
         assert headers.get("Retry-After") == "1"
         assert json.loads(text)["error"]["type"] == "rate_limit_error"
     finally:
-        t.join()
+        conn.close()
 
 
 def test_api_key_guards_every_endpoint_but_health(start_server, tmp_path):
