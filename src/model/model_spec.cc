@@ -215,6 +215,10 @@ class Fields {
 
 // One rope description: {"rope_type"|"type", "rope_theta", "factor", llama3 fields}.
 Result<RopeSpec> parse_rope(const json& r, double default_theta, const std::string& source) {
+  if (!r.is_object()) {
+    return Status::invalid_argument("{}: a rope description is {}, expected an object", source,
+                                    r.type_name());
+  }
   RopeSpec rope;
   Fields f(r, source);
   KVP_ASSIGN_OR_RETURN(rope.theta, f.positive_field("rope_theta", default_theta));
@@ -365,6 +369,10 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
   // write rope_theta / rope_scaling (and rope_local_base_freq for Gemma 3's sliding layers).
   if (f.has("rope_parameters")) {
     const json& rp = config["rope_parameters"];
+    if (!rp.is_object()) {
+      return Status::invalid_argument("{}: field 'rope_parameters' is {}, expected an object",
+                                      source, rp.type_name());
+    }
     if (gemma && rp.contains("full_attention")) {
       KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(rp["full_attention"], 1e6, source));
       if (rp.contains("sliding_attention")) {
@@ -376,6 +384,10 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     }
   } else {
     json legacy = f.has("rope_scaling") ? config["rope_scaling"] : json::object();
+    if (!legacy.is_object()) {
+      return Status::invalid_argument("{}: field 'rope_scaling' is {}, expected an object", source,
+                                      legacy.type_name());
+    }
     KVP_ASSIGN_OR_RETURN(double theta, f.positive_field("rope_theta", gemma ? 1e6 : 10000.0));
     legacy["rope_theta"] = theta;
     KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(legacy, theta, source));

@@ -2,6 +2,7 @@
 // mistyped field is a kCorruption Status naming the JSON path, never an exception or a crash.
 #include "tokenizer/tokenizer_json.h"
 
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -230,7 +231,13 @@ Result<TokenId> template_special_id(const Ctx& ctx, const json& node, const std:
     return ctx.unsupported("post_processor TemplateProcessing",
                            fmt::format("special token '{}' without exactly one id", name));
   }
-  return (*ids)[0].get<TokenId>();
+  // a wider integer would wrap into some other, valid id
+  const json& id = (*ids)[0];
+  if (!id.is_number_unsigned() || id.get<uint64_t>() > uint64_t{INT32_MAX}) {
+    return ctx.corrupt("post_processor TemplateProcessing",
+                       fmt::format("special token '{}' has id {}", name, id.dump()));
+  }
+  return id.get<TokenId>();
 }
 
 Status parse_post_processor(const Ctx& ctx, const json& node, TokenizerVocab* vocab) {

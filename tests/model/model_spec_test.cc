@@ -78,6 +78,18 @@ TEST(ModelSpecHf, NonFiniteOrNonPositiveRopeAndEpsilonAreRefused) {
   expect_refused(j, StatusCode::kInvalidArgument, "field 'rope_theta' = -5 must be a finite");
 }
 
+// "rope_scaling": 5 threw nlohmann's type_error out of the reader (operator[] on a number).
+TEST(ModelSpecHf, RopeFieldsThatAreNoObjectsAreRefused) {
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    for (const json& value : {json(5), json("linear"), json::array({1, 2})}) {
+      json j = tiny_llama();
+      j[key] = value;
+      expect_refused(j, StatusCode::kInvalidArgument,
+                     std::string("field '") + key + "' is " + value.type_name());
+    }
+  }
+}
+
 // An eos id past the vocabulary indexed the sampler's logits row out of bounds.
 TEST(ModelSpecHf, TokenIdsOutsideTheVocabularyAreRefused) {
   json j = tiny_llama();

@@ -187,6 +187,19 @@ TEST(TokenizerJson, BadRegexIsInvalidArgument) {
 }
 
 // SentencePiece style with byte fallback and fused unk; pieces worked out by hand.
+// A post-processor id of 2^32 + 1 wrapped to the valid id 1 in get<int32_t>().
+TEST(TokenizerJson, PostProcessorIdsPast32BitsAreRefused) {
+  json j = tiny_byte_level();
+  j["post_processor"] = json::parse(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<|s|>", "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}}],
+      "pair": [], "special_tokens": {"<|s|>": {"id": "<|s|>", "ids": [4294967303],
+                                               "tokens": ["<|s|>"]}}})");
+  expect_error(j, StatusCode::kCorruption, "special token '<|s|>' has id 4294967303");
+  j["post_processor"]["special_tokens"]["<|s|>"]["ids"][0] = 7;
+  EXPECT_TRUE(make(j).is_ok()) << make(j).status().to_string();
+}
+
 TEST(TokenizerJson, SentencePieceByteFallbackAndFusedUnk) {
   const json j = json::parse(R"({
     "added_tokens": [{"id": 0, "content": "<unk>", "special": true, "normalized": false},
