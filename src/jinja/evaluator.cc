@@ -81,8 +81,16 @@ Result<std::string> Evaluator::render(const Body& body, const Value& context) {
   }
   scope_ = child_of(globals);
   std::string out;
-  KVP_ASSIGN_OR_RETURN(Flow flow, exec_body(body, &out));
-  (void)flow;
+  Result<Flow> flow = exec_body(body, &out);
+  for (const std::shared_ptr<Scope>& s : macro_scopes_) s->vars.clear();
+  for (const Value& ns : namespaces_) {
+    ns.dict_data().entries.clear();
+    ns.dict_data().index.clear();
+  }
+  macro_scopes_.clear();
+  namespaces_.clear();
+  scope_.reset();
+  if (!flow.is_ok()) return flow.status();
   return out;
 }
 
@@ -154,6 +162,7 @@ Result<Evaluator::Flow> Evaluator::exec(const Stmt& stmt, std::string* out) {
       KVP_ASSIGN_OR_RETURN(Value callee, eval(*call_expr.a));
       KVP_ASSIGN_OR_RETURN(CallArgs args, eval_args(call_expr));
       auto closure = scope_;
+      macro_scopes_.push_back(closure);
       const Stmt* block = &stmt;
       args.keyword.emplace_back(
           "caller", Value::callable(
@@ -293,6 +302,7 @@ Status Evaluator::exec_set(const Stmt& stmt) {
 
 Status Evaluator::define_macro(const Stmt& stmt) {
   auto closure = scope_;
+  macro_scopes_.push_back(closure);
   const Stmt* macro = &stmt;
   scope_->vars[stmt.name] = Value::callable(
       stmt.name, [this, macro, closure](Evaluator&, CallArgs& args) -> Result<Value> {

@@ -43,6 +43,9 @@ class Evaluator {
   // Counts loop bodies (and other per-item work) against max_loop_iterations.
   Status count_iterations(uint64_t count);
   const Limits& limits() const { return limits_; }
+  // A namespace() made during the render: emptied when the render ends, so one that holds
+  // itself (or a macro that holds its own scope) is not kept alive by the cycle.
+  void track_namespace(const Value& ns) { namespaces_.push_back(ns); }
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -70,6 +73,10 @@ class Evaluator {
 
   Limits limits_;
   std::shared_ptr<Scope> scope_;
+  // Scopes holding macros (a macro keeps its defining scope, which holds the macro) and the
+  // namespaces made: emptied at the end of render() to break their reference cycles.
+  std::vector<std::shared_ptr<Scope>> macro_scopes_;
+  std::vector<Value> namespaces_;
   size_t depth_ = 0;       // current eval/exec recursion
   size_t call_depth_ = 0;  // current macro recursion
   uint64_t num_iterations_ = 0;

@@ -419,8 +419,9 @@ void add_globals(Scope* scope) {
         return d;
       });
   scope->vars["namespace"] =
-      Value::callable("namespace", [fill_dict](Evaluator&, CallArgs& args) -> Result<Value> {
+      Value::callable("namespace", [fill_dict](Evaluator& ev, CallArgs& args) -> Result<Value> {
         Value ns = Value::namespace_dict();
+        ev.track_namespace(ns);
         KVP_RETURN_IF_ERROR(fill_dict("namespace", args, &ns));
         for (const auto& [key, value] : ns.dict_data().entries) {
           if (key.is_string() && key.as_string().starts_with("_")) {
