@@ -242,13 +242,7 @@ bool ToolCallStream::step_call(bool at_end, StreamDelta& out) {
   return true;
 }
 
-bool ToolCallStream::step_llama_start(bool at_end, StreamDelta& out) {
-  const size_t first = skip_spaces(buffer_, 0);
-  const std::string_view rest = std::string_view(buffer_).substr(first);
-  if (rest.empty()) {
-    if (at_end) emit_content(take(buffer_.size()), out);
-    return false;
-  }
+bool ToolCallStream::llama_next(std::string_view rest, bool at_end) {
   if (rest.starts_with(kPythonTag) || rest.front() == '{') {
     state_ = State::kCall;
     return true;
@@ -256,6 +250,16 @@ bool ToolCallStream::step_llama_start(bool at_end, StreamDelta& out) {
   if (kPythonTag.starts_with(rest) && !at_end) return false;
   state_ = State::kPassThrough;
   return true;
+}
+
+bool ToolCallStream::step_llama_start(bool at_end, StreamDelta& out) {
+  const size_t first = skip_spaces(buffer_, 0);
+  const std::string_view rest = std::string_view(buffer_).substr(first);
+  if (rest.empty()) {
+    if (at_end) emit_content(take(buffer_.size()), out);
+    return false;
+  }
+  return llama_next(rest, at_end);
 }
 
 bool ToolCallStream::step_llama_after(bool at_end, StreamDelta& out) {
@@ -267,13 +271,7 @@ bool ToolCallStream::step_llama_after(bool at_end, StreamDelta& out) {
     state_ = State::kPassThrough;  // a dangling separator (or only whitespace) is content
     return true;
   }
-  if (rest.starts_with(kPythonTag) || rest.front() == '{') {
-    state_ = State::kCall;
-    return true;
-  }
-  if (kPythonTag.starts_with(rest) && !at_end) return false;
-  state_ = State::kPassThrough;
-  return true;
+  return llama_next(rest, at_end);
 }
 
 std::optional<size_t> ToolCallStream::find_call_end(bool at_end, bool* valid,

@@ -118,6 +118,8 @@ class ToolCallStream {
   // One step per state; false when more text is needed.
   bool step_text(bool at_end, StreamDelta& out);
   bool step_call(bool at_end, StreamDelta& out);
+  // Llama 3: what follows whitespace (`rest`, not empty) starts a call, may still, or is content.
+  bool llama_next(std::string_view rest, bool at_end);
   bool step_llama_start(bool at_end, StreamDelta& out);
   bool step_llama_after(bool at_end, StreamDelta& out);
 
