@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/dequant.h"
+#include "quant/dequant.h"
 #include "model/mapped_file.h"
 
 namespace kvp {

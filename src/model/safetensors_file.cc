@@ -2,7 +2,7 @@
 #include "model/safetensors_file.h"
 
 #include "common/checked_math.h"
-#include "model/dequant.h"
+#include "quant/dequant.h"
 
 #include <fmt/format.h>
 

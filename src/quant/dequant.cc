@@ -1,7 +1,7 @@
 // Dequantisation of ggml blocks to f32. Each kernel follows gguf.quants' f32 arithmetic
 // operation by operation (products before sums, no fused multiply-add) so the results match it
 // bit for bit; loops are written over whole blocks so the compiler can vectorise them.
-#include "model/dequant.h"
+#include "quant/dequant.h"
 
 #include <array>
 #include <cstring>

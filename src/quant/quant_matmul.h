@@ -1,0 +1,56 @@
+// Matrix products over weights kept in the format their file stores (GGUF block formats, and
+// 16/32-bit floats): the CPU runner's linear layers, lm-head included.
+//
+//   QuantMatrix W [rows][cols] in a ggml type: row r is the row_bytes bytes at data + r*row_bytes
+//   (ggml's layout: a row is cols / block_size blocks). Usually a view into a memory-mapped file.
+//   matmul(W, x, y): y[t][o] = sum_i x[t][i] * W[o][i] for every activation row t, output o.
+//
+// Data flow inside matmul: the activation rows are prepared once per call for the weight's type
+// (quantised per block to int8 with a scale where the fastest kernel of that type works so,
+// kept in f32 otherwise), then the output rows are split over the thread pool; each thread
+// reads its weight rows once and dots each with every activation row. Kernels are Highway,
+// compiled for every x86/ARM target Highway builds and picked at run time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/thread_pool.h"
+#include "quant/dequant.h"
+
+namespace kvp::quant {
+
+struct QuantMatrix {
+  GgmlType type = GgmlType::F32;
+  const std::byte* data = nullptr;  // rows * row_bytes bytes, any alignment; not owned
+  int64_t rows = 0;
+  int64_t cols = 0;  // a multiple of the type's block size
+  size_t row_bytes = 0;  // ggml_row_size_bytes(type, cols)
+
+  const std::byte* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+  size_t size_bytes() const { return static_cast<size_t>(rows) * row_bytes; }
+};
+
+// A view of `rows` x `cols` of `type` at `data`. requires: cols % block_size == 0.
+QuantMatrix make_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols);
+
+// Whether matmul has a kernel for this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q2_K..Q6_K, IQ4_NL, IQ4_XS).
+bool matmul_supports(GgmlType type);
+
+// y[t * ldy + o] = sum_i x[t * ldx + i] * W[o][i] for t < num_rows, o < w.rows. Overwrites y's
+// w.rows columns of each row and nothing else. Threads: the pool's (null: the caller only).
+// requires: matmul_supports(w.type); ldx >= w.cols; ldy >= w.rows; x and y do not overlap;
+//   not called from inside a parallel_for of the same pool.
+void matmul(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
+            int64_t ldy, ThreadPool* pool);
+
+// The exact product of the dequantised weights with x (f64 accumulation), one thread: the
+// reference the kernels are tested against.
+void matmul_reference(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx,
+                      float* y, int64_t ldy);
+
+// out[0..cols) = row r of W as f32 (an embedding lookup). requires: can_dequantize(w.type).
+void dequantize_row(const QuantMatrix& w, int64_t r, float* out);
+
+}  // namespace kvp::quant
