@@ -3,8 +3,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "common/check.h"
-
 namespace kvp::quant {
 
 QuantMatrix make_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols) {
@@ -36,10 +34,12 @@ void matmul_reference(const QuantMatrix& w, const float* x, int64_t num_rows, in
   }
 }
 
+namespace {
+
 // Placeholder until the block kernels land: dequantise each weight row once, dot it with every
 // activation row.
-void matmul(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
-            int64_t ldy, ThreadPool* pool) {
+void matmul_one(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
+                int64_t ldy, ThreadPool* pool) {
   constexpr int64_t kRowsPerItem = 16;
   const int64_t items = (w.rows + kRowsPerItem - 1) / kRowsPerItem;
   const int threads = pool != nullptr ? pool->num_threads() : 1;
@@ -57,6 +57,22 @@ void matmul(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx,
       }
     }
   });
+}
+
+}  // namespace
+
+void matmul(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
+            int64_t ldy, ThreadPool* pool) {
+  matmul_one(w, x, num_rows, ldx, y, ldy, pool);
+}
+
+void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows, int64_t ldx,
+            float* y, int64_t ldy, ThreadPool* pool) {
+  int64_t offset = 0;
+  for (const QuantMatrix& w : parts) {
+    matmul_one(w, x, num_rows, ldx, y + offset, ldy, pool);
+    offset += w.rows;
+  }
 }
 
 }  // namespace kvp::quant

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "common/thread_pool.h"
 #include "quant/dequant.h"
@@ -44,6 +45,11 @@ bool matmul_supports(GgmlType type);
 //   not called from inside a parallel_for of the same pool.
 void matmul(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
             int64_t ldy, ThreadPool* pool);
+// Several matrices of the same cols stacked as output rows (q, k, v; gate, up), in one pass over
+// the pool: part p's output o is column (rows of parts before p) + o of y. The parts may have
+// different types. requires: as above for each part; ldy >= the sum of their rows.
+void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows, int64_t ldx,
+            float* y, int64_t ldy, ThreadPool* pool);
 
 // The exact product of the dequantised weights with x (f64 accumulation), one thread: the
 // reference the kernels are tested against.
