@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "common/limits.h"
@@ -293,8 +294,8 @@ bool GgufWeights::contains(const std::string& name) const {
   return !g.empty() && file_->tensor(g).is_ok();
 }
 
-Result<std::vector<float>> GgufWeights::read_f32(const std::string& name,
-                                                 std::span<const int64_t> shape) const {
+Result<const GgufTensor*> GgufWeights::find(const std::string& name,
+                                            std::span<const int64_t> shape) const {
   const std::string g = gguf_name(name);
   if (g.empty()) {
     return Status::not_found("gguf '{}': no GGUF name for tensor '{}'", file_->path(), name);
@@ -313,9 +314,26 @@ Result<std::vector<float>> GgufWeights::read_f32(const std::string& name,
     return Status::mismatch("gguf '{}': tensor '{}' has shape [{}], expected [{}]", file_->path(),
                             g, fmt::join(outer_first, ", "), fmt::join(shape, ", "));
   }
-  std::vector<float> out(t.num_elements);
-  KVP_RETURN_IF_ERROR(file_->dequantize_tensor(t, out));
+  return &t;
+}
+
+Result<std::vector<float>> GgufWeights::read_f32(const std::string& name,
+                                                 std::span<const int64_t> shape) const {
+  KVP_ASSIGN_OR_RETURN(const GgufTensor* t, find(name, shape));
+  std::vector<float> out(t->num_elements);
+  KVP_RETURN_IF_ERROR(file_->dequantize_tensor(*t, out));
   return out;
+}
+
+Result<StoredMatrix> GgufWeights::read_matrix(const std::string& name, int64_t rows,
+                                              int64_t cols) const {
+  const std::array<int64_t, 2> shape{rows, cols};
+  KVP_ASSIGN_OR_RETURN(const GgufTensor* t, find(name, shape));
+  if (!quant::matmul_supports(t->type)) return WeightSource::read_matrix(name, rows, cols);
+  StoredMatrix m;
+  m.matrix = quant::make_matrix(t->type, t->data.data(), rows, cols);
+  m.keep_alive = file_;  // the mapping lives as long as the file
+  return m;
 }
 
 }  // namespace kvp

@@ -37,6 +37,9 @@ class GgufWeights : public WeightSource {
   bool contains(const std::string& name) const override;
   Result<std::vector<float>> read_f32(const std::string& name,
                                       std::span<const int64_t> shape) const override;
+  // In place in the file's mapping for every block format quant::matmul reads.
+  Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
+                                   int64_t cols) const override;
   std::string describe() const override { return file_->path(); }
 
   // The GGUF name of a Hugging Face tensor name ("model.layers.3.mlp.up_proj.weight" →
@@ -44,6 +47,9 @@ class GgufWeights : public WeightSource {
   std::string gguf_name(const std::string& hf_name) const;
 
  private:
+  // The tensor named `name` (Hugging Face name), checked to have `shape` (outermost first).
+  Result<const GgufTensor*> find(const std::string& name, std::span<const int64_t> shape) const;
+
   std::shared_ptr<const GgufFile> file_;
   Architecture architecture_;
 };

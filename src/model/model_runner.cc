@@ -19,11 +19,63 @@ Status read_into(const WeightSource& source, const std::string& name,
   return Status::ok();
 }
 
-void append(std::vector<float>* dst, const std::vector<float>& src) {
-  dst->insert(dst->end(), src.begin(), src.end());
+// Appends matrix `name` [rows][cols] (as stored) to `linear`, keeping its memory alive in `w`.
+Status add_part(const WeightSource& source, const std::string& name, int64_t rows, int64_t cols,
+                LinearWeight* linear, ModelWeights* w) {
+  KVP_ASSIGN_OR_RETURN(StoredMatrix m, source.read_matrix(name, rows, cols));
+  linear->parts.push_back(m.matrix);
+  w->keep_alive.push_back(std::move(m.keep_alive));
+  return Status::ok();
+}
+
+Result<quant::QuantMatrix> read_matrix(const WeightSource& source, const std::string& name,
+                                       int64_t rows, int64_t cols, ModelWeights* w) {
+  KVP_ASSIGN_OR_RETURN(StoredMatrix m, source.read_matrix(name, rows, cols));
+  w->keep_alive.push_back(std::move(m.keep_alive));
+  return m.matrix;
 }
 
 }  // namespace
+
+int64_t LinearWeight::rows() const {
+  int64_t n = 0;
+  for (const quant::QuantMatrix& m : parts) n += m.rows;
+  return n;
+}
+
+size_t LinearWeight::size_bytes() const {
+  size_t n = 0;
+  for (const quant::QuantMatrix& m : parts) n += m.size_bytes();
+  return n;
+}
+
+std::vector<std::pair<std::string, uint64_t>> ModelWeights::matrix_bytes_by_format() const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  auto add = [&](const quant::QuantMatrix& m) {
+    if (m.rows == 0) return;
+    const std::string name(ggml_type_name(m.type));
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == name; });
+    if (it == out.end()) {
+      out.emplace_back(name, m.size_bytes());
+    } else {
+      it->second += m.size_bytes();
+    }
+  };
+  add(embed);
+  add(lm_head);
+  for (const LayerWeights& lw : layers) {
+    for (const LinearWeight* l : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down}) {
+      for (const quant::QuantMatrix& m : l->parts) add(m);
+    }
+  }
+  return out;
+}
+
+uint64_t ModelWeights::matrix_bytes() const {
+  uint64_t n = 0;
+  for (const auto& [name, bytes] : matrix_bytes_by_format()) n += bytes;
+  return n;
+}
 
 Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source,
                                         const LoadProgress& progress) {
@@ -32,11 +84,12 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
   const int64_t kv_dim = int64_t{spec.num_kv_heads} * head_dim;
   const int64_t inter = spec.intermediate_size;
   ModelWeights w;
-  KVP_RETURN_IF_ERROR(
-      read_into(source, "model.embed_tokens.weight", {spec.vocab_size, hidden}, &w.embed));
+  KVP_ASSIGN_OR_RETURN(
+      w.embed, read_matrix(source, "model.embed_tokens.weight", spec.vocab_size, hidden, &w));
   KVP_RETURN_IF_ERROR(read_into(source, "model.norm.weight", {hidden}, &w.final_norm));
   if (!spec.tie_word_embeddings || source.contains("lm_head.weight")) {
-    KVP_RETURN_IF_ERROR(read_into(source, "lm_head.weight", {spec.vocab_size, hidden}, &w.lm_head));
+    KVP_ASSIGN_OR_RETURN(w.lm_head,
+                         read_matrix(source, "lm_head.weight", spec.vocab_size, hidden, &w));
   }
   w.layers.resize(spec.num_layers);
   std::vector<float> part;
@@ -45,25 +98,22 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
     LayerWeights& lw = w.layers[l];
     const std::string p = fmt::format("model.layers.{}.", l);
     KVP_RETURN_IF_ERROR(read_into(source, p + "input_layernorm.weight", {hidden}, &lw.attn_norm));
-    KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.q_proj.weight", {q_dim, hidden}, &part));
-    append(&lw.qkv, part);
-    KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.k_proj.weight", {kv_dim, hidden}, &part));
-    append(&lw.qkv, part);
-    KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.v_proj.weight", {kv_dim, hidden}, &part));
-    append(&lw.qkv, part);
+    KVP_RETURN_IF_ERROR(add_part(source, p + "self_attn.q_proj.weight", q_dim, hidden, &lw.qkv, &w));
+    KVP_RETURN_IF_ERROR(add_part(source, p + "self_attn.k_proj.weight", kv_dim, hidden, &lw.qkv, &w));
+    KVP_RETURN_IF_ERROR(add_part(source, p + "self_attn.v_proj.weight", kv_dim, hidden, &lw.qkv, &w));
     if (spec.qkv_bias) {
-      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.q_proj.bias", {q_dim}, &part));
-      append(&lw.qkv_bias, part);
-      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.k_proj.bias", {kv_dim}, &part));
-      append(&lw.qkv_bias, part);
-      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.v_proj.bias", {kv_dim}, &part));
-      append(&lw.qkv_bias, part);
+      for (const char* name : {"q_proj", "k_proj", "v_proj"}) {
+        const int64_t n = name[0] == 'q' ? q_dim : kv_dim;
+        KVP_RETURN_IF_ERROR(
+            read_into(source, p + "self_attn." + name + ".bias", {n}, &part));
+        lw.qkv_bias.insert(lw.qkv_bias.end(), part.begin(), part.end());
+      }
     }
     if (spec.qk_norm) {
       KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.q_norm.weight", {head_dim}, &lw.q_norm));
       KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.k_norm.weight", {head_dim}, &lw.k_norm));
     }
-    KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.o_proj.weight", {hidden, q_dim}, &lw.o));
+    KVP_RETURN_IF_ERROR(add_part(source, p + "self_attn.o_proj.weight", hidden, q_dim, &lw.o, &w));
     if (spec.sandwich_norms) {
       KVP_RETURN_IF_ERROR(
           read_into(source, p + "post_attention_layernorm.weight", {hidden}, &lw.post_attn_norm));
@@ -75,12 +125,13 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
       KVP_RETURN_IF_ERROR(
           read_into(source, p + "post_attention_layernorm.weight", {hidden}, &lw.mlp_norm));
     }
-    KVP_RETURN_IF_ERROR(read_into(source, p + "mlp.gate_proj.weight", {inter, hidden}, &part));
-    append(&lw.gate_up, part);
-    KVP_RETURN_IF_ERROR(read_into(source, p + "mlp.up_proj.weight", {inter, hidden}, &part));
-    append(&lw.gate_up, part);
-    KVP_RETURN_IF_ERROR(read_into(source, p + "mlp.down_proj.weight", {hidden, inter}, &lw.down));
+    KVP_RETURN_IF_ERROR(add_part(source, p + "mlp.gate_proj.weight", inter, hidden, &lw.gate_up, &w));
+    KVP_RETURN_IF_ERROR(add_part(source, p + "mlp.up_proj.weight", inter, hidden, &lw.gate_up, &w));
+    KVP_RETURN_IF_ERROR(add_part(source, p + "mlp.down_proj.weight", hidden, inter, &lw.down, &w));
   }
+  // one reference per distinct owner is enough (a GGUF file backs every matrix)
+  std::sort(w.keep_alive.begin(), w.keep_alive.end());
+  w.keep_alive.erase(std::unique(w.keep_alive.begin(), w.keep_alive.end()), w.keep_alive.end());
   if (progress) progress(spec.num_layers, spec.num_layers);
   return w;
 }
@@ -248,8 +299,13 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
   std::vector<float> act(num_tokens * inter);          // [num_tokens][intermediate]
   std::vector<std::byte> kv_staging;  // new K then V rows in the pool's dtype (non-f32 pools)
 
-  cpu::embedding_lookup(weights_.embed.data(), batch.token_ids, x.data(), hidden,
-                        spec_.embedding_scale);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float* row = x.data() + t * hidden;
+    quant::dequantize_row(weights_.embed, batch.token_ids[t], row);
+    if (spec_.embedding_scale != 1.0f) {
+      for (int64_t i = 0; i < hidden; ++i) row[i] *= spec_.embedding_scale;
+    }
+  }
   const float eps = spec_.rms_norm_eps;
   for (int32_t l = 0; l < spec_.num_layers; ++l) {
     const LayerWeights& lw = weights_.layers[l];
@@ -257,7 +313,13 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     const bool sliding = spec_.layer_is_sliding[l];
     cpu::rms_norm(x.data(), lw.attn_norm.data(), xn.data(), num_tokens, hidden, eps,
                   spec_.norm_style);
-    cpu::linear(xn.data(), lw.qkv.data(), lw.qkv_bias, qkv.data(), num_tokens, hidden, qkv_dim);
+    quant::matmul(lw.qkv.parts, xn.data(), num_tokens, hidden, qkv.data(), qkv_dim, pool_);
+    if (!lw.qkv_bias.empty()) {
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        float* row = qkv.data() + t * qkv_dim;
+        for (int64_t i = 0; i < qkv_dim; ++i) row[i] += lw.qkv_bias[i];
+      }
+    }
     for (int64_t t = 0; t < num_tokens; ++t) {
       const float* row = qkv.data() + t * qkv_dim;
       std::copy(row, row + q_dim, q.data() + t * q_dim);
@@ -313,7 +375,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     KVP_RETURN_IF_ERROR(
         cpu::paged_attention(params, ab, kv, q.data(), DType::F32, attn.data(), pool_));
 
-    cpu::linear(attn.data(), lw.o.data(), {}, proj.data(), num_tokens, q_dim, hidden);
+    quant::matmul(lw.o.parts, attn.data(), num_tokens, q_dim, proj.data(), hidden, pool_);
     if (!lw.post_attn_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_attn_norm.data(), num_tokens, hidden, eps,
                     spec_.norm_style);
@@ -322,9 +384,10 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
 
     cpu::rms_norm(x.data(), lw.mlp_norm.data(), xn.data(), num_tokens, hidden, eps,
                   spec_.norm_style);
-    cpu::linear(xn.data(), lw.gate_up.data(), {}, gate_up.data(), num_tokens, hidden, 2 * inter);
+    quant::matmul(lw.gate_up.parts, xn.data(), num_tokens, hidden, gate_up.data(), 2 * inter,
+                  pool_);
     cpu::gated_activation(gate_up.data(), act.data(), num_tokens, inter, spec_.activation);
-    cpu::linear(act.data(), lw.down.data(), {}, proj.data(), num_tokens, inter, hidden);
+    quant::matmul(lw.down.parts, act.data(), num_tokens, inter, proj.data(), hidden, pool_);
     if (!lw.post_mlp_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_mlp_norm.data(), num_tokens, hidden, eps,
                     spec_.norm_style);
@@ -338,8 +401,8 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     std::copy_n(x.data() + batch.logit_rows[r] * hidden, hidden, rows.data() + r * hidden);
   }
   cpu::rms_norm(rows.data(), weights_.final_norm.data(), num_rows, hidden, eps, spec_.norm_style);
-  const std::vector<float>& head = weights_.lm_head.empty() ? weights_.embed : weights_.lm_head;
-  cpu::linear(rows.data(), head.data(), {}, logits.data(), num_rows, hidden, spec_.vocab_size);
+  const quant::QuantMatrix& head = weights_.lm_head.rows == 0 ? weights_.embed : weights_.lm_head;
+  quant::matmul(head, rows.data(), num_rows, hidden, logits.data(), spec_.vocab_size, pool_);
   if (spec_.final_logit_softcap > 0.0f) {
     cpu::soft_cap(logits.data(), static_cast<int64_t>(logits.size()), spec_.final_logit_softcap);
   }

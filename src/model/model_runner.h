@@ -17,6 +17,8 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cache/kv_layout.h"
@@ -24,33 +26,52 @@
 #include "common/thread_pool.h"
 #include "model/model_spec.h"
 #include "model/weight_source.h"
+#include "quant/quant_matmul.h"
 
 namespace kvp {
 
+// A linear layer's weight in the format its file stores: one or more matrices of the same input
+// width stacked as output rows (q, k, v; gate, up), each viewing memory kept alive by
+// ModelWeights::keep_alive. y = x · [parts…]ᵀ is one quant::matmul call.
+struct LinearWeight {
+  std::vector<quant::QuantMatrix> parts;
+
+  int64_t rows() const;   // output features: the parts' rows together
+  size_t size_bytes() const;
+};
+
 struct LayerWeights {
   std::vector<float> attn_norm;       // [hidden]
-  std::vector<float> qkv;             // [(q_heads + 2 kv_heads) * head_dim][hidden]
+  LinearWeight qkv;                   // q [q_heads * head_dim], k, v [kv_heads * head_dim] rows
   std::vector<float> qkv_bias;        // [(q_heads + 2 kv_heads) * head_dim] or empty
   std::vector<float> q_norm, k_norm;  // [head_dim] (Gemma 3) or empty
-  std::vector<float> o;               // [hidden][q_heads * head_dim]
+  LinearWeight o;                     // [hidden][q_heads * head_dim]
   std::vector<float> post_attn_norm;  // [hidden] (Gemma 3) or empty
   std::vector<float> mlp_norm;        // [hidden]
-  std::vector<float> gate_up;         // [2 * intermediate][hidden]: gate rows, then up rows
-  std::vector<float> down;            // [hidden][intermediate]
+  LinearWeight gate_up;               // gate [intermediate] rows, then up [intermediate]
+  LinearWeight down;                  // [hidden][intermediate]
   std::vector<float> post_mlp_norm;   // [hidden] (Gemma 3) or empty
 };
 
 struct ModelWeights {
-  std::vector<float> embed;  // [vocab][hidden]
+  quant::QuantMatrix embed;  // [vocab][hidden]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [hidden]
-  std::vector<float> lm_head;     // [vocab][hidden]; empty when tied to embed
+  quant::QuantMatrix lm_head;     // [vocab][hidden]; rows == 0 when tied to embed
+  // What the matrices point into: file mappings (shared) and converted copies.
+  std::vector<std::shared_ptr<const void>> keep_alive;
+
+  // Bytes of the matrices by stored format ("Q4_1" → bytes), the lm-head counted once when
+  // tied; and their sum. The small f32 tensors (norms, biases) are not counted.
+  std::vector<std::pair<std::string, uint64_t>> matrix_bytes_by_format() const;
+  uint64_t matrix_bytes() const;
 };
 
 // Called with (layers done, layers) as weights load.
 using LoadProgress = std::function<void(int32_t, int32_t)>;
 
-// Reads every weight of `spec` from `source` (Hugging Face tensor names), as f32.
+// Reads every weight of `spec` from `source` (Hugging Face tensor names): matrices as the source
+// stores them (WeightSource::read_matrix), norms and biases as f32.
 Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source,
                                         const LoadProgress& progress = {});
 
@@ -96,6 +117,7 @@ class ModelRunner {
   ModelRunner(ModelSpec spec, ModelWeights weights, ThreadPool* pool = nullptr);
 
   const ModelSpec& spec() const { return spec_; }
+  const ModelWeights& weights() const { return weights_; }
   // Number of cache groups (1, or 2 with sliding-window layers) and the layers of each.
   int32_t num_cache_groups() const { return static_cast<int32_t>(group_layers_.size()); }
   const std::vector<int32_t>& group_layers(int32_t group) const { return group_layers_[group]; }

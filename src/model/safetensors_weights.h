@@ -1,5 +1,6 @@
 // The WeightSource over a Hugging Face safetensors model (one file or shards): tensors by their
-// Hugging Face names, converted to f32 and checked against the shape the model code expects.
+// Hugging Face names, checked against the shape the model code expects: matrices in place in
+// the mapping when they are F32/F16/BF16, everything else converted to f32.
 #pragma once
 
 #include <memory>
@@ -18,13 +19,21 @@ class SafetensorsWeights : public WeightSource {
   bool contains(const std::string& name) const override;
   Result<std::vector<float>> read_f32(const std::string& name,
                                       std::span<const int64_t> shape) const override;
+  // F32, F16 and BF16 matrices in place in the shards' mappings; others converted to f32.
+  Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
+                                   int64_t cols) const override;
   std::string describe() const override;
 
-  const SafetensorsModel& model() const { return model_; }
+  const SafetensorsModel& model() const { return *model_; }
 
  private:
-  explicit SafetensorsWeights(SafetensorsModel model) : model_(std::move(model)) {}
-  SafetensorsModel model_;
+  explicit SafetensorsWeights(std::shared_ptr<const SafetensorsModel> model)
+      : model_(std::move(model)) {}
+  // The tensor `name`, checked to have `shape` (outermost first).
+  Result<const SafetensorsTensor*> find(const std::string& name,
+                                        std::span<const int64_t> shape) const;
+
+  std::shared_ptr<const SafetensorsModel> model_;  // shared with the matrices viewing it
 };
 
 // Integer tensors (I32 or I64, e.g. token ids in golden files) as int32 values. Unsupported for

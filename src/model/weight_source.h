@@ -1,16 +1,31 @@
-// Where a model's weights come from: a named-tensor source that yields f32 copies.
+// Where a model's weights come from: a named-tensor source that yields f32 copies of small
+// tensors (norms, biases) and, for matrices, the matrix in the format the file stores it.
 // Implemented over safetensors files (Hugging Face naming) and GGUF files (llama.cpp naming);
 // the model code asks for tensors by their Hugging Face names and the source maps them.
+//
+//   read_f32(name, shape)           → an owned f32 copy (dequantised or converted)
+//   read_matrix(name, rows, cols)   → a quant::QuantMatrix viewing the file's mapping in place
+//                                     (GGUF block formats, safetensors F32/F16/BF16), kept alive
+//                                     by `keep_alive`; an owned f32 copy where no kernel exists
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "quant/quant_matmul.h"
 
 namespace kvp {
+
+// A weight matrix [rows][cols] as the runner multiplies it: `matrix` points into memory that
+// `keep_alive` owns (a file mapping, or converted bytes).
+struct StoredMatrix {
+  quant::QuantMatrix matrix;
+  std::shared_ptr<const void> keep_alive;
+};
 
 class WeightSource {
  public:
@@ -21,8 +36,15 @@ class WeightSource {
   // Missing tensor → not_found; other shape → mismatch; both name the file and the tensor.
   virtual Result<std::vector<float>> read_f32(const std::string& name,
                                               std::span<const int64_t> shape) const = 0;
+  // The matrix [rows][cols] in its stored format where quant::matmul has a kernel for it, else
+  // converted to f32 once. Errors as read_f32. This default converts through read_f32.
+  virtual Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
+                                           int64_t cols) const;
   // A description for messages ("model.safetensors").
   virtual std::string describe() const = 0;
 };
+
+// An owned f32 matrix as a StoredMatrix. requires: values.size() == rows * cols.
+StoredMatrix owned_f32_matrix(std::vector<float> values, int64_t rows, int64_t cols);
 
 }  // namespace kvp

@@ -1,0 +1,22 @@
+#include "model/weight_source.h"
+
+#include <array>
+
+namespace kvp {
+
+StoredMatrix owned_f32_matrix(std::vector<float> values, int64_t rows, int64_t cols) {
+  auto owned = std::make_shared<const std::vector<float>>(std::move(values));
+  StoredMatrix m;
+  m.matrix = quant::make_matrix(GgmlType::F32, owned->data(), rows, cols);
+  m.keep_alive = std::move(owned);
+  return m;
+}
+
+Result<StoredMatrix> WeightSource::read_matrix(const std::string& name, int64_t rows,
+                                               int64_t cols) const {
+  const std::array<int64_t, 2> shape{rows, cols};
+  KVP_ASSIGN_OR_RETURN(std::vector<float> values, read_f32(name, shape));
+  return owned_f32_matrix(std::move(values), rows, cols);
+}
+
+}  // namespace kvp
