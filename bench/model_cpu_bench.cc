@@ -5,8 +5,8 @@
 //
 // Floor of one decode step = (weight bytes read + KV bytes read) / copy bandwidth, where the copy
 // bandwidth is memcpy between two 1 GiB buffers (bytes read + bytes written, best of 5) and the
-// weights are the runner's f32 copies (every matrix once per step; the embedding table only for
-// the logits when tied). Prefill is one forward pass over `prompt` tokens of one sequence.
+// weights are the matrices as the runner keeps them (the file's block formats: every layer
+// matrix and the lm-head once per step; ModelWeights::decode_read_bytes). Prefill is one forward pass over `prompt` tokens of one sequence.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -38,13 +38,6 @@ double copy_bandwidth_gbs() {
   return best;
 }
 
-int64_t weight_bytes_per_step(const ModelSpec& s) {
-  const int64_t h = s.hidden_size, d = s.head_dim;
-  const int64_t per_layer = h * (int64_t{s.num_q_heads} + 2 * s.num_kv_heads) * d +
-                            int64_t{s.num_q_heads} * d * h + 3 * h * s.intermediate_size;
-  return 4 * (per_layer * s.num_layers + int64_t{s.vocab_size} * h);
-}
-
 struct Options {
   std::string model;
   int threads = 1;
@@ -67,8 +60,12 @@ int run(const Options& o) {
               architecture_name(spec.architecture), spec.num_layers, spec.hidden_size,
               spec.vocab_size, o.threads);
   std::printf("copy bandwidth (memcpy 1 GiB, read+write, best of 5): %.1f GB/s\n", bw);
-  std::printf("f32 weight bytes read per decode step: %.1f MB\n",
-              weight_bytes_per_step(spec) / 1e6);
+  const double weight_bytes = static_cast<double>(runner.weights().decode_read_bytes());
+  std::printf("resident matrix bytes: %.1f MB (", runner.weights().matrix_bytes() / 1e6);
+  for (const auto& [format, bytes] : runner.weights().matrix_bytes_by_format()) {
+    std::printf(" %s %.1f MB", format.c_str(), bytes / 1e6);
+  }
+  std::printf(" )\nweight bytes read per decode step: %.1f MB\n", weight_bytes / 1e6);
   std::printf("%-8s %6s %8s %10s %12s %12s %8s\n", "phase", "batch", "context", "ms/step", "tok/s",
               "floor ms", "floor/x");
 
@@ -130,7 +127,7 @@ int run(const Options& o) {
     const int32_t ctx = o.prompt + o.decode / 2;
     const double kv_bytes = 2.0 * 4 * spec.num_layers * spec.num_kv_heads * spec.head_dim *
                             static_cast<double>(ctx) * batch;
-    const double floor_s = (weight_bytes_per_step(spec) + kv_bytes) / (bw * 1e9);
+    const double floor_s = (weight_bytes + kv_bytes) / (bw * 1e9);
     std::printf("%-8s %6d %8d %10.2f %12.1f %12.2f %8.2f\n", "decode", batch, ctx, median * 1e3,
                 batch / median, floor_s * 1e3, floor_s / median);
   }

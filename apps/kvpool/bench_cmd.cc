@@ -318,6 +318,7 @@ int run_bench_command(BenchOptions o) {
       (*backend)->device_name(), o.engine.block_size, o.engine.num_blocks,
       (*backend)->num_cache_groups(), dtype_name(o.engine.kv_dtype), o.engine.max_num_seqs,
       o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off", num_threads);
+  if (const std::string w = describe_weights(**backend); !w.empty()) fmt::print("{}\n", w);
 
   const bool warmup = o.warmup == "on" || (o.warmup == "auto" && o.model.device != "cpu");
   if (warmup) {

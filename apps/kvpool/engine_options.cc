@@ -226,4 +226,15 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
   return config;
 }
 
+std::string describe_weights(const ForwardBackend& backend) {
+  const WeightFootprint w = backend.weight_footprint();
+  if (w.resident_bytes == 0) return "";
+  std::string formats;
+  for (const auto& [name, bytes] : w.by_format) {
+    formats += fmt::format("{}{} {:.1f} MB", formats.empty() ? "" : ", ", name, bytes / 1e6);
+  }
+  return fmt::format("weights {:.1f} MB resident ({}), a decode step reads {:.1f} MB + KV",
+                     w.resident_bytes / 1e6, formats, w.decode_read_bytes / 1e6);
+}
+
 }  // namespace kvp::app

@@ -84,4 +84,8 @@ Result<LoadedModel> load_model(const EngineOptions& o, bool need_tokenizer,
 // many as --kv-memory holds; tiers; checked against the backend (Engine::check_config).
 Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBackend& backend);
 
+// "weights 91.5 MB resident (Q4_1 63.1 MB, Q8_0 28.3 MB), a decode step reads 91.5 MB + KV",
+// or "" when the backend does not report its weights.
+std::string describe_weights(const ForwardBackend& backend);
+
 }  // namespace kvp::app

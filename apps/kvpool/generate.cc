@@ -251,6 +251,9 @@ int run_generate(const GenerateOptions& o) {
                  decode_s > 0 ? decoded / decode_s : 0.0, num_generated, cause.c_str(),
                  std::string(dtype_name(config.kv_dtype)).c_str(), peak_blocks, config.num_blocks,
                  o.engine.block_size, loaded->load_seconds);
+    if (const std::string w = describe_weights(backend); !w.empty()) {
+      std::fprintf(stderr, "[kvpool] %s\n", w.c_str());
+    }
   }
   return 0;
 }
@@ -305,6 +308,19 @@ int run_inspect(const InspectOptions& o) {
         std::string(dtype_name(dtype)).c_str(),
         static_cast<long long>(per_layer_token * esize * s.num_layers),
         static_cast<long long>(per_layer_token * esize * o.block_size), o.block_size);
+  }
+  // The weights as the CPU runner holds them: the file's block formats in place (mapped), or
+  // converted where no kernel reads the format.
+  auto runner = kvp::load_model(o.path, nullptr);
+  if (!runner.is_ok()) {
+    std::printf("  weights: cannot load: %s\n", runner.status().to_string().c_str());
+    return 0;
+  }
+  const ModelWeights& w = (*runner)->weights();
+  std::printf("  weights (CPU): %.1f MB resident, a decode step reads %.1f MB + KV\n",
+              w.matrix_bytes() / 1e6, w.decode_read_bytes() / 1e6);
+  for (const auto& [format, bytes] : w.matrix_bytes_by_format()) {
+    std::printf("    %-6s %10.1f MB\n", format.c_str(), bytes / 1e6);
   }
   return 0;
 }

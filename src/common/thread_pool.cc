@@ -1,8 +1,37 @@
 #include "common/thread_pool.h"
 
+#include <chrono>
+
 #include "common/check.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace kvp {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Spins until done() or `micros` have passed; returns done().
+template <typename Done>
+bool spin_until(Done&& done, int micros) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(micros);
+  for (int i = 1;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   KVP_CHECK(num_threads >= 1, "thread pool of {} threads", num_threads);
@@ -14,6 +43,7 @@ ThreadPool::~ThreadPool() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   for (std::thread& w : workers_) w.join();
@@ -35,33 +65,40 @@ void ThreadPool::run(int64_t num_items, ItemFn fn, void* ctx) {
   }
   {
     std::lock_guard lock(mutex_);
-    KVP_CHECK(active_workers_ == 0, "parallel_for called while another is running");
+    KVP_CHECK(active_workers_.load(std::memory_order_relaxed) == 0,
+              "parallel_for called while another is running");
     fn_ = fn;
     ctx_ = ctx;
     num_items_ = num_items;
     next_item_.store(0, std::memory_order_relaxed);
-    active_workers_ = static_cast<int>(workers_.size());
-    ++generation_;
+    active_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);  // publishes the job to spinners
   }
   wake_.notify_all();
   drain(0);
+  const auto done = [this] { return active_workers_.load(std::memory_order_acquire) == 0; };
+  if (spin_until(done, kSpinMicros)) return;
   std::unique_lock lock(mutex_);
-  finished_.wait(lock, [this] { return active_workers_ == 0; });
+  finished_.wait(lock, done);
 }
 
 void ThreadPool::worker_loop(int thread) {
   uint64_t seen = 0;
   for (;;) {
-    {
+    const auto has_job = [&] { return generation_.load(std::memory_order_acquire) != seen; };
+    if (!spin_until(has_job, kSpinMicros)) {
       std::unique_lock lock(mutex_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
+      wake_.wait(lock, has_job);
     }
-    drain(thread);
     {
       std::lock_guard lock(mutex_);
-      if (--active_workers_ == 0) finished_.notify_one();
+      if (stop_) return;
+    }
+    seen = generation_.load(std::memory_order_acquire);
+    drain(thread);
+    if (active_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard lock(mutex_);  // the caller checks `done` under the mutex before blocking
+      finished_.notify_one();
     }
   }
 }

@@ -2,6 +2,10 @@
 // GEMM) that split work into coarse independent items. The calling thread takes part, so a
 // pool of N threads starts N - 1 workers. Not re-entrant: parallel_for must not be called from
 // inside an item, and one pool runs one parallel_for at a time.
+//
+// A decode step calls parallel_for a few hundred times, microseconds apart, so waking a worker
+// through a condition variable (tens of microseconds) would cost more than the work: workers
+// and the caller first spin on an atomic for up to kSpinMicros, and only then block.
 #pragma once
 
 #include <atomic>
@@ -43,13 +47,19 @@ class ThreadPool {
   void worker_loop(int thread);
   void drain(int thread);
 
+  // How long a worker waiting for a job, or the caller waiting for the workers, spins before
+  // it blocks.
+  static constexpr int kSpinMicros = 100;
+
   std::vector<std::thread> workers_;
   std::mutex mutex_;
-  std::condition_variable wake_;      // workers wait here for a new job or stop
-  std::condition_variable finished_;  // the caller waits here for the workers to leave a job
-  uint64_t generation_ = 0;           // bumped per job, guarded by mutex_
-  int active_workers_ = 0;            // workers inside the current job, guarded by mutex_
-  bool stop_ = false;                 // guarded by mutex_
+  std::condition_variable wake_;      // workers block here for a new job or stop
+  std::condition_variable finished_;  // the caller blocks here for the workers to leave a job
+  // Bumped per job (and at stop) under mutex_, read by spinning workers without it.
+  std::atomic<uint64_t> generation_{0};
+  // Workers inside the current job; the last one out notifies finished_ under mutex_.
+  std::atomic<int> active_workers_{0};
+  bool stop_ = false;  // guarded by mutex_
   // The current job; written by the caller before a generation bump, read by workers after.
   ItemFn fn_ = nullptr;
   void* ctx_ = nullptr;

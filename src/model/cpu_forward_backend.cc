@@ -13,6 +13,11 @@ CpuForwardBackend::CpuForwardBackend(std::shared_ptr<ModelRunner> runner)
   KVP_CHECK(runner_ != nullptr, "CpuForwardBackend needs a model runner");
 }
 
+WeightFootprint CpuForwardBackend::weight_footprint() const {
+  const ModelWeights& w = runner_->weights();
+  return {w.matrix_bytes(), w.decode_read_bytes(), w.matrix_bytes_by_format()};
+}
+
 int32_t CpuForwardBackend::num_group_layers(int32_t group) const {
   KVP_CHECK(group >= 0 && group < num_cache_groups(), "cache group {} of {}", group,
             num_cache_groups());

@@ -28,6 +28,7 @@ class CpuForwardBackend final : public ForwardBackend {
 
   const ModelSpec& spec() const override { return runner_->spec(); }
   std::string device_name() const override { return "cpu"; }
+  WeightFootprint weight_footprint() const override;
 
   int32_t num_cache_groups() const override { return runner_->num_cache_groups(); }
   int32_t num_group_layers(int32_t group) const override;

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cache/block_ops.h"
 #include "cache/kv_layout.h"
@@ -38,6 +40,13 @@ struct LogitRowSummary {
   float log_z = 0.0f;      // log(sum_i exp(logits[i])) = max_logit + log(sum exp(l - max_logit))
 };
 
+// The model's matrices as a backend holds them (0 where a backend does not say).
+struct WeightFootprint {
+  uint64_t resident_bytes = 0;     // every matrix once (a tied lm-head once)
+  uint64_t decode_read_bytes = 0;  // the matrices one decode step reads (layers + lm-head)
+  std::vector<std::pair<std::string, uint64_t>> by_format;  // ("Q4_1", bytes), …
+};
+
 class ForwardBackend {
  public:
   virtual ~ForwardBackend() = default;
@@ -45,6 +54,7 @@ class ForwardBackend {
   virtual const ModelSpec& spec() const = 0;
   // "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3)": for messages and stats lines.
   virtual std::string device_name() const = 0;
+  virtual WeightFootprint weight_footprint() const { return {}; }
 
   // Cache groups (1, or 2 with sliding-window layers), as ModelRunner defines them.
   virtual int32_t num_cache_groups() const = 0;

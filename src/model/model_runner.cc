@@ -77,6 +77,14 @@ uint64_t ModelWeights::matrix_bytes() const {
   return n;
 }
 
+uint64_t ModelWeights::decode_read_bytes() const {
+  uint64_t n = lm_head.rows == 0 ? embed.size_bytes() : lm_head.size_bytes();
+  for (const LayerWeights& lw : layers) {
+    n += lw.qkv.size_bytes() + lw.o.size_bytes() + lw.gate_up.size_bytes() + lw.down.size_bytes();
+  }
+  return n;
+}
+
 Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSource& source,
                                         const LoadProgress& progress) {
   const int64_t hidden = spec.hidden_size, head_dim = spec.head_dim;

@@ -65,6 +65,9 @@ struct ModelWeights {
   // tied; and their sum. The small f32 tensors (norms, biases) are not counted.
   std::vector<std::pair<std::string, uint64_t>> matrix_bytes_by_format() const;
   uint64_t matrix_bytes() const;
+  // Bytes of the matrices one decode step reads: every layer's and the lm-head (the embedding
+  // table only when it is the lm-head; a lookup reads one row of it).
+  uint64_t decode_read_bytes() const;
 };
 
 // Called with (layers done, layers) as weights load.
