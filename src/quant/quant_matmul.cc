@@ -74,6 +74,12 @@ void plan_items(std::span<const QuantMatrix> parts, int num_threads, std::vector
   }
 }
 
+// From this many activation rows (prefill) a block-format item dequantises its weight rows once
+// into an f32 panel and runs the f32 kernel on it: the f32 multiply-adds outrun the int8 path's
+// per-block scaling once the dequantisation is shared by this many rows, and skip the
+// activation quantisation.
+constexpr int64_t kPanelMinRows = 32;
+
 // Per calling thread: reused across calls, so a decode step allocates nothing.
 struct Scratch {
   ActBuffer acts;
@@ -138,7 +144,8 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
   }
   Scratch& s = scratch();
   ActBlocks acts;
-  if (any_block) acts = quantize_acts(x, num_rows, ldx, cols, s.acts);
+  const bool panels = num_rows >= kPanelMinRows;
+  if (any_block && !panels) acts = quantize_acts(x, num_rows, ldx, cols, s.acts);
   s.offsets.assign(parts.size(), 0);
   for (size_t p = 1; p < parts.size(); ++p) s.offsets[p] = s.offsets[p - 1] + parts[p - 1].rows;
   plan_items(parts, pool != nullptr ? pool->num_threads() : 1, s.items);
@@ -156,6 +163,23 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
     rr.ldy = ldy;
     if (is_float_type(w.type)) {
       float_rows(rr, x, ldx);
+    } else if (panels) {
+      // [row_end - row_begin][cols] f32, per pool thread (thread_local: the pool's threads live
+      // as long as the pool), reused across calls.
+      thread_local std::vector<float> panel;
+      const int64_t panel_rows = item.row_end - item.row_begin;
+      if (panel.size() < static_cast<size_t>(panel_rows * cols)) {
+        panel.resize(static_cast<size_t>(panel_rows * cols));
+      }
+      dequantize(w.type, w.row(item.row_begin), static_cast<size_t>(panel_rows * cols),
+                 panel.data());
+      const QuantMatrix pm = make_matrix(GgmlType::F32, panel.data(), panel_rows, cols);
+      RowRange pr = rr;
+      pr.w = &pm;
+      pr.row_begin = 0;
+      pr.row_end = panel_rows;
+      pr.y = rr.y + item.row_begin;
+      float_rows(pr, x, ldx);
     } else if (is_k_type(w.type)) {
       block_rows_k(rr, acts);
     } else {
