@@ -1,7 +1,14 @@
+// matmul's orchestration (quant_matmul.h): picks the kernel family per part, quantises the
+// activation rows once per call where a part needs them as int8 blocks, cuts the output rows of
+// all parts into items of a few KiB of weights, and runs the items in one parallel_for.
 #include "quant/quant_matmul.h"
 
 #include <algorithm>
 #include <vector>
+
+#include "common/check.h"
+#include "quant/quant_act.h"
+#include "quant/quant_kernels.h"
 
 namespace kvp::quant {
 
@@ -15,14 +22,100 @@ QuantMatrix make_matrix(GgmlType type, const void* data, int64_t rows, int64_t c
   return m;
 }
 
-bool matmul_supports(GgmlType type) { return can_dequantize(type); }
+namespace {
+
+bool is_float_type(GgmlType type) {
+  return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+}
+
+bool is_k_type(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q2_K:
+    case GgmlType::Q3_K:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+    case GgmlType::Q6_K:
+    case GgmlType::IQ4_XS:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// One item of work: output rows [row_begin, row_end) of part `part`.
+struct Item {
+  int32_t part;
+  int64_t row_begin;
+  int64_t row_end;
+};
+
+// Weight bytes per item: small enough that the rows of an item stay in L1/L2 while every tile
+// of 4 activation rows reads them again, large enough that dispatch costs little.
+constexpr size_t kItemBytes = 16 << 10;
+constexpr int64_t kItemRowMultiple = 4;  // whole weight-row tiles per item
+
+// Cuts every part into items of about kItemBytes, but at least 4 items per thread overall so
+// the last items balance the threads.
+void plan_items(std::span<const QuantMatrix> parts, int num_threads, std::vector<Item>& items) {
+  items.clear();
+  size_t total_bytes = 0;
+  for (const QuantMatrix& w : parts) total_bytes += w.size_bytes();
+  const size_t min_items = static_cast<size_t>(4 * num_threads);
+  const size_t item_bytes =
+      std::max<size_t>(1, std::min(kItemBytes, total_bytes / std::max<size_t>(min_items, 1)));
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const QuantMatrix& w = parts[p];
+    int64_t rows_per_item = static_cast<int64_t>(item_bytes / std::max<size_t>(w.row_bytes, 1));
+    rows_per_item =
+        std::max<int64_t>(kItemRowMultiple, rows_per_item / kItemRowMultiple * kItemRowMultiple);
+    for (int64_t r = 0; r < w.rows; r += rows_per_item) {
+      items.push_back({static_cast<int32_t>(p), r, std::min(w.rows, r + rows_per_item)});
+    }
+  }
+}
+
+// From this many activation rows (prefill) a block-format item dequantises its weight rows once
+// into an f32 panel and runs the f32 kernel on it: the f32 multiply-adds outrun the int8 path's
+// per-block scaling once the dequantisation is shared by this many rows, and skip the
+// activation quantisation.
+constexpr int64_t kPanelMinRows = 32;
+
+// Per calling thread: reused across calls, so a decode step allocates nothing.
+struct Scratch {
+  ActBuffer acts;
+  std::vector<Item> items;
+  std::vector<int64_t> offsets;
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+}  // namespace
+
+bool block_kernel_supports(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_0:
+    case GgmlType::Q5_1:
+    case GgmlType::Q8_0:
+    case GgmlType::IQ4_NL:
+      return true;
+    default:
+      return is_k_type(type);
+  }
+}
+
+bool matmul_supports(GgmlType type) { return is_float_type(type) || block_kernel_supports(type); }
 
 void dequantize_row(const QuantMatrix& w, int64_t r, float* out) {
   dequantize(w.type, w.row(r), static_cast<size_t>(w.cols), out);
 }
 
-void matmul_reference(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx,
-                      float* y, int64_t ldy) {
+void matmul_reference(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
+                      int64_t ldy) {
   std::vector<float> row(static_cast<size_t>(w.cols));
   for (int64_t o = 0; o < w.rows; ++o) {
     dequantize_row(w, o, row.data());
@@ -34,45 +127,65 @@ void matmul_reference(const QuantMatrix& w, const float* x, int64_t num_rows, in
   }
 }
 
-namespace {
-
-// Placeholder until the block kernels land: dequantise each weight row once, dot it with every
-// activation row.
-void matmul_one(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
-                int64_t ldy, ThreadPool* pool) {
-  constexpr int64_t kRowsPerItem = 16;
-  const int64_t items = (w.rows + kRowsPerItem - 1) / kRowsPerItem;
-  const int threads = pool != nullptr ? pool->num_threads() : 1;
-  std::vector<std::vector<float>> scratch(threads, std::vector<float>(w.cols));
-  parallel_for(pool, items, [&](int64_t item, int thread) {
-    float* row = scratch[thread].data();
-    const int64_t end = std::min(w.rows, (item + 1) * kRowsPerItem);
-    for (int64_t o = item * kRowsPerItem; o < end; ++o) {
-      dequantize_row(w, o, row);
-      for (int64_t t = 0; t < num_rows; ++t) {
-        const float* xr = x + t * ldx;
-        float acc = 0;
-        for (int64_t i = 0; i < w.cols; ++i) acc += xr[i] * row[i];
-        y[t * ldy + o] = acc;
-      }
-    }
-  });
-}
-
-}  // namespace
-
 void matmul(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
             int64_t ldy, ThreadPool* pool) {
-  matmul_one(w, x, num_rows, ldx, y, ldy, pool);
+  matmul(std::span<const QuantMatrix>(&w, 1), x, num_rows, ldx, y, ldy, pool);
 }
 
 void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows, int64_t ldx,
             float* y, int64_t ldy, ThreadPool* pool) {
-  int64_t offset = 0;
+  if (parts.empty() || num_rows == 0) return;
+  const int64_t cols = parts[0].cols;
+  bool any_block = false;
   for (const QuantMatrix& w : parts) {
-    matmul_one(w, x, num_rows, ldx, y + offset, ldy, pool);
-    offset += w.rows;
+    KVP_CHECK(matmul_supports(w.type), "matmul: no kernel for {}", ggml_type_name(w.type));
+    KVP_CHECK(w.cols == cols, "matmul: parts of {} and {} columns", cols, w.cols);
+    any_block = any_block || !is_float_type(w.type);
   }
+  Scratch& s = scratch();
+  ActBlocks acts;
+  const bool panels = num_rows >= kPanelMinRows;
+  if (any_block && !panels) acts = quantize_acts(x, num_rows, ldx, cols, s.acts);
+  s.offsets.assign(parts.size(), 0);
+  for (size_t p = 1; p < parts.size(); ++p) s.offsets[p] = s.offsets[p - 1] + parts[p - 1].rows;
+  plan_items(parts, pool != nullptr ? pool->num_threads() : 1, s.items);
+  const std::vector<Item>& items = s.items;
+  const std::vector<int64_t>& offsets = s.offsets;
+  parallel_for(pool, static_cast<int64_t>(items.size()), [&](int64_t i, int) {
+    const Item& item = items[static_cast<size_t>(i)];
+    const QuantMatrix& w = parts[static_cast<size_t>(item.part)];
+    RowRange rr;
+    rr.w = &w;
+    rr.row_begin = item.row_begin;
+    rr.row_end = item.row_end;
+    rr.num_rows = num_rows;
+    rr.y = y + offsets[static_cast<size_t>(item.part)];
+    rr.ldy = ldy;
+    if (is_float_type(w.type)) {
+      float_rows(rr, x, ldx);
+    } else if (panels) {
+      // [row_end - row_begin][cols] f32, per pool thread (thread_local: the pool's threads live
+      // as long as the pool), reused across calls.
+      thread_local std::vector<float> panel;
+      const int64_t panel_rows = item.row_end - item.row_begin;
+      if (panel.size() < static_cast<size_t>(panel_rows * cols)) {
+        panel.resize(static_cast<size_t>(panel_rows * cols));
+      }
+      dequantize(w.type, w.row(item.row_begin), static_cast<size_t>(panel_rows * cols),
+                 panel.data());
+      const QuantMatrix pm = make_matrix(GgmlType::F32, panel.data(), panel_rows, cols);
+      RowRange pr = rr;
+      pr.w = &pm;
+      pr.row_begin = 0;
+      pr.row_end = panel_rows;
+      pr.y = rr.y + item.row_begin;
+      float_rows(pr, x, ldx);
+    } else if (is_k_type(w.type)) {
+      block_rows_k(rr, acts);
+    } else {
+      block_rows_32(rr, acts);
+    }
+  });
 }
 
 }  // namespace kvp::quant

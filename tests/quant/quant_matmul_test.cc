@@ -1,28 +1,258 @@
-// The placeholder matmul against matmul_reference; the block kernels' parity tests grow here.
-#include "quant/quant_matmul.h"
-
+// matmul against matmul_reference (dequantise, then f64 dot products) for every supported type,
+// on every Highway target this binary has and this CPU runs, over odd shapes.
+//
+// Error bound per output, derived from the kernels' arithmetic:
+// - block formats quantise each activation block b of 32 to int8 with step dx_b = max|x| / 127,
+//   so each x_j moves by at most dx_b / 2 and the product by sum_b dx_b / 2 * sum_{j in b} |w_j|;
+//   the int32 dot products are exact, and the f32 scaling and summation add at most
+//   (2 * blocks + 8) * 2^-24 times the sum of the magnitudes of the terms added. A term is
+//   (d * q) * x or m * x with |d * q| + |m| <= 3 max_{j in b} |w_j| (random blocks span their
+//   code range, so one weight of the block is near m), and |x| <= amax_b.
+// - F32 / F16 / BF16 weights are exact in f32, so only the f32 summation of the products counts:
+//   (cols + 8) * 2^-24 * sum_j |x_j w_j|.
+// Both add the reference's own rounding to f32 (2^-24 |ref|).
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL 1  // as kvp_quant is built, so the AVX3_DL kernels are tested too
+#endif
 #include <gtest/gtest.h>
+#include <hwy/targets.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "common/dtype.h"
+#include "quant/quant_matmul.h"
 
 namespace kvp::quant {
 namespace {
 
-TEST(QuantMatmul, F32MatchesReference) {
-  const int64_t rows = 37, cols = 67, n = 3;
-  std::mt19937 rng(7);
+constexpr double kU = 1.0 / (1 << 24);  // f32 unit roundoff
+
+constexpr GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,    GgmlType::BF16,  GgmlType::Q4_0,
+                                  GgmlType::Q4_1, GgmlType::Q5_0,   GgmlType::Q5_1,  GgmlType::Q8_0,
+                                  GgmlType::Q2_K, GgmlType::Q3_K,   GgmlType::Q4_K,  GgmlType::Q5_K,
+                                  GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS};
+
+bool is_float_type(GgmlType t) {
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
+
+// Byte offsets of a block's f16 scale fields (d, m, dmin): random bytes there could be inf or
+// NaN, so they get sane values.
+std::vector<size_t> scale_offsets(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_1:
+    case GgmlType::Q5_1:
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
+      return {0, 2};
+    case GgmlType::Q2_K:
+      return {80, 82};
+    case GgmlType::Q3_K:
+      return {108};
+    case GgmlType::Q6_K:
+      return {208};
+    default:
+      return {0};
+  }
+}
+
+// rows x cols of type t: random codes, scales of either sign and magnitude in [1e-3, 5e-2].
+std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const GgmlTypeInfo& info = ggml_type_info(t);
+  const size_t bytes = ggml_row_size_bytes(t, static_cast<size_t>(cols)) * rows;
+  std::vector<uint8_t> data(bytes);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  if (is_float_type(t)) {
+    const size_t n = static_cast<size_t>(rows * cols);
+    for (size_t i = 0; i < n; ++i) {
+      const float v = value(rng);
+      if (t == GgmlType::F32) {
+        std::memcpy(data.data() + 4 * i, &v, 4);
+      } else {
+        const uint16_t bits = t == GgmlType::F16 ? f32_to_f16(v).bits : f32_to_bf16(v).bits;
+        std::memcpy(data.data() + 2 * i, &bits, 2);
+      }
+    }
+    return data;
+  }
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (uint8_t& b : data) b = static_cast<uint8_t>(byte(rng));
+  std::uniform_real_distribution<float> scale(1e-3f, 5e-2f);
+  const size_t num_blocks = bytes / info.type_size;
+  for (size_t b = 0; b < num_blocks; ++b) {
+    for (size_t off : scale_offsets(t)) {
+      const float s = (byte(rng) & 1 ? 1.0f : -1.0f) * scale(rng);
+      const uint16_t bits = f32_to_f16(s).bits;
+      std::memcpy(data.data() + b * info.type_size + off, &bits, 2);
+    }
+  }
+  return data;
+}
+
+// Per output (t, o): the bound described at the top of the file.
+std::vector<double> error_bounds(const QuantMatrix& w, const float* x, int64_t num_rows,
+                                 int64_t ldx, const std::vector<float>& ref, int64_t ldy) {
+  std::vector<double> bounds(static_cast<size_t>(num_rows * ldy), 0.0);
+  std::vector<float> row(static_cast<size_t>(w.cols));
+  const int64_t num_blocks = w.cols / 32;
+  for (int64_t o = 0; o < w.rows; ++o) {
+    dequantize_row(w, o, row.data());
+    for (int64_t t = 0; t < num_rows; ++t) {
+      const float* xr = x + t * ldx;
+      double bound = 0;
+      if (is_float_type(w.type)) {
+        double mag = 0;
+        for (int64_t i = 0; i < w.cols; ++i) mag += std::fabs(double{xr[i]} * row[i]);
+        bound = double(w.cols + 8) * kU * mag;
+      } else {
+        double quant = 0, mag = 0;
+        for (int64_t b = 0; b < num_blocks; ++b) {
+          double amax = 0, wsum = 0, wmax = 0;
+          for (int64_t j = 32 * b; j < 32 * b + 32; ++j) {
+            amax = std::max(amax, double{std::fabs(xr[j])});
+            wsum += std::fabs(row[j]);
+            wmax = std::max(wmax, double{std::fabs(row[j])});
+          }
+          const double dx = amax / 127.0;
+          quant += dx / 2 * wsum;
+          mag += 3 * wmax * 32 * amax * 1.01;
+        }
+        bound = quant + double(2 * num_blocks + 8) * kU * mag;
+      }
+      bounds[static_cast<size_t>(t * ldy + o)] = bound + kU * std::fabs(ref[t * ldy + o]);
+    }
+  }
+  return bounds;
+}
+
+struct Shape {
+  int64_t rows;
+  int64_t blocks;  // cols = blocks * block size (F32/F16/BF16: blocks * 32 + 3)
+  int64_t num_rows;
+};
+
+constexpr Shape kShapes[] = {{1, 1, 1},    {5, 3, 3},  {37, 2, 7}, {67, 5, 17},
+                             {130, 3, 64}, {9, 1, 70}, {21, 4, 1}, {18, 2, 8}};
+
+int64_t cols_of(GgmlType t, int64_t blocks) {
+  if (is_float_type(t)) return blocks * 32 + 3;  // not a multiple of any vector width
+  return blocks * ggml_type_info(t).block_size;
+}
+
+// Runs matmul on every target and checks every output against its bound; returns the largest
+// |y - ref| / bound seen.
+double check_type(GgmlType type, const Shape& shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t cols = cols_of(type, shape.blocks);
+  const int64_t ldx = cols + 5, ldy = shape.rows + 3;
+  const std::vector<uint8_t> data = random_matrix(type, shape.rows, cols, rng);
+  const QuantMatrix w = make_matrix(type, data.data(), shape.rows, cols);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> w(rows * cols), x(n * cols);
-  for (float& v : w) v = u(rng);
-  for (float& v : x) v = u(rng);
-  const QuantMatrix m = make_matrix(GgmlType::F32, w.data(), rows, cols);
-  std::vector<float> y(n * rows), ref(n * rows);
+  std::vector<float> x(static_cast<size_t>(shape.num_rows * ldx));
+  for (float& v : x) v = u(rng) * (u(rng) > 0.8f ? 8.0f : 1.0f);  // some outliers
+  std::vector<float> ref(static_cast<size_t>(shape.num_rows * ldy), 0.0f);
+  matmul_reference(w, x.data(), shape.num_rows, ldx, ref.data(), ldy);
+  const std::vector<double> bounds = error_bounds(w, x.data(), shape.num_rows, ldx, ref, ldy);
   ThreadPool pool(2);
-  matmul(m, x.data(), n, cols, y.data(), rows, &pool);
-  matmul_reference(m, x.data(), n, cols, ref.data(), rows);
-  for (size_t i = 0; i < y.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-4f) << i;
+  double worst_overall = 0;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      constexpr float kUntouched = 12345.0f;
+      std::vector<float> y(ref.size(), kUntouched);
+      matmul(w, x.data(), shape.num_rows, ldx, y.data(), ldy, p);
+      double worst = 0;  // largest |y - ref| / bound
+      int64_t worst_at = 0;
+      for (int64_t t = 0; t < shape.num_rows; ++t) {
+        for (int64_t o = 0; o < ldy; ++o) {
+          const size_t i = static_cast<size_t>(t * ldy + o);
+          if (o >= shape.rows) {
+            EXPECT_EQ(y[i], kUntouched) << "column " << o << " of row " << t << " was written";
+            continue;
+          }
+          const double ratio = std::fabs(double{y[i]} - ref[i]) / std::max(bounds[i], 1e-30);
+          if (!(ratio <= worst)) {  // NaN counts as worst
+            worst = ratio;
+            worst_at = static_cast<int64_t>(i);
+          }
+        }
+      }
+      EXPECT_LE(worst, 1.0) << ggml_type_name(type) << " on " << hwy::TargetName(target) << " "
+                            << shape.rows << "x" << cols << " num_rows " << shape.num_rows
+                            << (p ? " pool" : " no pool") << ": worst at " << worst_at << " y "
+                            << y[worst_at] << " ref " << ref[worst_at] << " bound "
+                            << bounds[worst_at];
+      worst_overall = std::max(worst_overall, worst);
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+  return worst_overall;
+}
+
+class MatmulParity : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(MatmulParity, MatchesReferenceWithinDerivedBoundOnEveryTarget) {
+  ASSERT_TRUE(matmul_supports(GetParam()));
+  uint32_t seed = 1;
+  double worst = 0;
+  for (const Shape& shape : kShapes) worst = std::max(worst, check_type(GetParam(), shape, seed++));
+  std::string targets;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    targets += std::string(" ") + hwy::TargetName(target);
+  }
+  std::printf("%s: largest |y - ref| / bound %.3g over targets%s\n",
+              std::string(ggml_type_name(GetParam())).c_str(), worst, targets.c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulParity, ::testing::ValuesIn(kAllTypes),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(ggml_type_name(info.param));
+                         });
+
+TEST(QuantMatmul, StackedPartsOfDifferentTypesFillTheirColumns) {
+  std::mt19937 rng(11);
+  const int64_t cols = 512, num_rows = 5, ldx = cols + 7;
+  const GgmlType types[] = {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q6_K,
+                            GgmlType::Q4_K};
+  const int64_t rows[] = {13, 7, 5, 9, 4};
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<QuantMatrix> parts;
+  int64_t total_rows = 0;
+  for (size_t p = 0; p < std::size(types); ++p) {
+    data.push_back(random_matrix(types[p], rows[p], cols, rng));
+    total_rows += rows[p];
+  }
+  for (size_t p = 0; p < std::size(types); ++p) {
+    parts.push_back(make_matrix(types[p], data[p].data(), rows[p], cols));
+  }
+  const int64_t ldy = total_rows + 4;
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(num_rows * ldx));
+  for (float& v : x) v = u(rng);
+  std::vector<float> y(static_cast<size_t>(num_rows * ldy), -7.0f);
+  ThreadPool pool(2);
+  matmul(parts, x.data(), num_rows, ldx, y.data(), ldy, &pool);
+  int64_t offset = 0;
+  for (const QuantMatrix& w : parts) {
+    std::vector<float> alone(static_cast<size_t>(num_rows * w.rows));
+    matmul(w, x.data(), num_rows, ldx, alone.data(), w.rows, nullptr);
+    for (int64_t t = 0; t < num_rows; ++t) {
+      for (int64_t o = 0; o < w.rows; ++o) {
+        EXPECT_EQ(y[t * ldy + offset + o], alone[t * w.rows + o])
+            << ggml_type_name(w.type) << " row " << t << " output " << o;
+      }
+    }
+    offset += w.rows;
+  }
+  for (int64_t t = 0; t < num_rows; ++t) {
+    for (int64_t o = total_rows; o < ldy; ++o) EXPECT_EQ(y[t * ldy + o], -7.0f);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,224 @@
+// matmul over GGUF block formats (quant_matmul.h) on the default models' shapes.
+//
+//   quant_matmul_bench [TYPE...|all] [--rows N]... [--csv FILE]
+//   default: Q4_1 Q8_0 Q5_0 Q4_K Q6_K F16, activation rows 1 8 512
+//
+// Per type, shape (rows x cols), activation rows (1, 8, 512) and threads (1, 2), one line:
+//   weight GB/s   bytes of the stored weights ÷ time per call, next to the memcpy bandwidth of the
+//                 same thread count measured in this run (the ceiling of decode: it reads every
+//                 weight once per call). Decode cases rotate over enough copies of the matrix to
+//                 miss the last-level cache, so the weights come from memory as in a model.
+//   GFLOP/s       2 rows cols num_rows ÷ time, and for 512 rows next to OpenBLAS sgemm on the
+//                 dequantised f32 matrix (same threads): the prefill baseline kvpool had before.
+// Times are the median of 7 runs of ≥ 50 ms each.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/thread_pool.h"
+#include "quant/quant_matmul.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace kvp::quant {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Median seconds per call of fn over 7 runs, each repeating fn for at least 50 ms.
+template <typename Fn>
+double time_per_call(Fn&& fn) {
+  fn();
+  std::vector<double> runs;
+  for (int run = 0; run < 7; ++run) {
+    int64_t calls = 0;
+    const auto start = Clock::now();
+    double elapsed = 0;
+    do {
+      fn();
+      ++calls;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    } while (elapsed < 0.05);
+    runs.push_back(elapsed / static_cast<double>(calls));
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
+}
+
+// GB/s of memcpy of 256 MiB split over the pool's threads (bytes copied ÷ time).
+double copy_bandwidth(ThreadPool* pool) {
+  const size_t bytes = size_t{256} << 20;
+  std::vector<char> src(bytes, 1), dst(bytes, 0);
+  const int threads = pool ? pool->num_threads() : 1;
+  const double t = time_per_call([&] {
+    parallel_for(pool, threads, [&](int64_t i, int) {
+      const size_t chunk = bytes / threads;
+      std::memcpy(dst.data() + i * chunk, src.data() + i * chunk, chunk);
+    });
+  });
+  return double(bytes) / t / 1e9;
+}
+
+std::vector<uint8_t> random_matrix(GgmlType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const GgmlTypeInfo& info = ggml_type_info(t);
+  const size_t bytes = ggml_row_size_bytes(t, static_cast<size_t>(cols)) * rows;
+  std::vector<uint8_t> data(bytes);
+  std::uniform_int_distribution<uint32_t> word;
+  for (size_t i = 0; i + 4 <= bytes; i += 4) {
+    const uint32_t v = word(rng);
+    std::memcpy(data.data() + i, &v, 4);
+  }
+  // Sane scales: every 16-bit word that is a scale field gets a small f16; simplest is to
+  // rewrite the f16 fields of every block (and every element of F16/BF16/F32) with one value
+  // range. The kernels' speed does not depend on the values.
+  const uint16_t f16 = f32_to_f16(0.01f).bits;
+  const uint16_t bf16 = f32_to_bf16(0.01f).bits;
+  if (t == GgmlType::F32) {
+    const float v = 0.01f;
+    for (size_t i = 0; i + 4 <= bytes; i += 4) std::memcpy(data.data() + i, &v, 4);
+  } else if (t == GgmlType::F16 || t == GgmlType::BF16) {
+    for (size_t i = 0; i + 2 <= bytes; i += 2) {
+      std::memcpy(data.data() + i, t == GgmlType::F16 ? &f16 : &bf16, 2);
+    }
+  } else {
+    size_t offsets[2] = {0, 2};
+    if (t == GgmlType::Q2_K) offsets[0] = 80, offsets[1] = 82;
+    if (t == GgmlType::Q3_K) offsets[0] = offsets[1] = 108;
+    if (t == GgmlType::Q6_K) offsets[0] = offsets[1] = 208;
+    for (size_t b = 0; b < bytes / info.type_size; ++b) {
+      for (size_t off : offsets) std::memcpy(data.data() + b * info.type_size + off, &f16, 2);
+    }
+  }
+  return data;
+}
+
+struct ShapeCase {
+  int64_t rows, cols;
+  const char* what;
+};
+
+constexpr ShapeCase kShapes[] = {{1536, 576, "SmolLM2 gate/up"},  {576, 1536, "SmolLM2 down"},
+                                 {49152, 576, "SmolLM2 lm-head"}, {2048, 640, "Gemma3 gate/up"},
+                                 {640, 2048, "Gemma3 down"},      {262144, 640, "Gemma3 lm-head"}};
+
+int run(int argc, char** argv) {
+  std::vector<GgmlType> types;
+  FILE* csv = nullptr;
+  std::vector<int64_t> row_counts;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--rows" && i + 1 < argc) {
+      row_counts.push_back(std::stoll(argv[++i]));
+    } else if (arg == "--csv" && i + 1 < argc) {
+      csv = std::fopen(argv[++i], "w");
+    } else if (arg == "all") {
+      for (GgmlType t :
+           {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
+            GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
+            GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
+        types.push_back(t);
+      }
+    } else {
+      bool found = false;
+      for (uint32_t raw = 0; raw < 64; ++raw) {
+        const GgmlTypeInfo* info = ggml_type_info(raw);
+        if (info != nullptr && info->name == arg && matmul_supports(info->type)) {
+          types.push_back(info->type);
+          found = true;
+        }
+      }
+      if (!found) {
+        std::fprintf(stderr, "unknown or unsupported type %s\n", arg.c_str());
+        return 2;
+      }
+    }
+  }
+  if (types.empty()) {
+    types = {GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q5_0,
+             GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16};
+  }
+  if (row_counts.empty()) row_counts = {1, 8, 512};
+  ThreadPool pool2(2);
+  ThreadPool* pools[2] = {nullptr, &pool2};
+  double copy_gbs[2] = {copy_bandwidth(nullptr), copy_bandwidth(&pool2)};
+  std::printf("memcpy GB/s: 1 thread %.1f, 2 threads %.1f\n", copy_gbs[0], copy_gbs[1]);
+  if (csv)
+    std::fprintf(csv,
+                 "type,rows,cols,num_rows,threads,ms,weight_gbs,copy_gbs,gflops,sgemm_gflops\n");
+  std::printf("%-6s %7s %5s %4s %2s %9s %9s %6s %5s %8s %8s\n", "type", "rows", "cols", "n", "th",
+              "ms", "weightGB/s", "copy", "frac", "GFLOP/s", "sgemm");
+  std::mt19937 rng(1);
+  constexpr size_t kColdBytes = size_t{96} << 20;  // > 2x the 32 MiB L3
+  for (GgmlType type : types) {
+    for (const ShapeCase& shape : kShapes) {
+      if (type != GgmlType::Q8_0 && shape.rows == 262144) continue;  // Gemma's Q8_0 lm-head
+      // K-quants need cols % 256 == 0 (llama.cpp stores such tensors in a 32-block format).
+      if (shape.cols % ggml_type_info(type).block_size != 0) continue;
+      const std::vector<uint8_t> data = random_matrix(type, shape.rows, shape.cols, rng);
+      const QuantMatrix w = make_matrix(type, data.data(), shape.rows, shape.cols);
+      // Copies of the matrix to rotate over so decode reads come from memory.
+      const size_t copies = std::max<size_t>(1, (kColdBytes + w.size_bytes() - 1) / w.size_bytes());
+      std::vector<std::vector<uint8_t>> cold(copies - 1, data);
+      std::vector<QuantMatrix> ws{w};
+      for (auto& c : cold) ws.push_back(make_matrix(type, c.data(), shape.rows, shape.cols));
+      std::vector<float> f32;  // dequantised, for sgemm
+      for (int64_t num_rows : row_counts) {
+        if (num_rows >= 32 && shape.rows > 60000) continue;
+        std::vector<float> x(static_cast<size_t>(num_rows * shape.cols));
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (float& v : x) v = u(rng);
+        std::vector<float> y(static_cast<size_t>(num_rows * shape.rows));
+        if (num_rows >= 32 && f32.empty()) {
+          f32.resize(static_cast<size_t>(shape.rows * shape.cols));
+          for (int64_t r = 0; r < shape.rows; ++r)
+            dequantize_row(w, r, f32.data() + r * shape.cols);
+        }
+        for (int th = 1; th <= 2; ++th) {
+          size_t next = 0;
+          const bool rotate = num_rows < 32;
+          const double t = time_per_call([&] {
+            const QuantMatrix& m = rotate ? ws[next++ % ws.size()] : w;
+            matmul(m, x.data(), num_rows, shape.cols, y.data(), shape.rows, pools[th - 1]);
+          });
+          const double gbs = double(w.size_bytes()) / t / 1e9;
+          const double gflops = 2.0 * shape.rows * shape.cols * num_rows / t / 1e9;
+          double sgemm = 0;
+          if (num_rows >= 32) {
+            openblas_set_num_threads(th);
+            const double ts = time_per_call([&] {
+              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, num_rows, shape.rows, shape.cols,
+                          1.0f, x.data(), shape.cols, f32.data(), shape.cols, 0.0f, y.data(),
+                          shape.rows);
+            });
+            sgemm = 2.0 * shape.rows * shape.cols * num_rows / ts / 1e9;
+          }
+          std::printf("%-6s %7lld %5lld %4lld %2d %9.3f %9.1f %6.1f %5.2f %8.1f %8.1f  %s\n",
+                      std::string(ggml_type_name(type)).c_str(), (long long)shape.rows,
+                      (long long)shape.cols, (long long)num_rows, th, t * 1e3, gbs,
+                      copy_gbs[th - 1], gbs / copy_gbs[th - 1], gflops, sgemm, shape.what);
+          std::fflush(stdout);
+          if (csv) {
+            std::fprintf(csv, "%s,%lld,%lld,%lld,%d,%.4f,%.2f,%.2f,%.2f,%.2f\n",
+                         std::string(ggml_type_name(type)).c_str(), (long long)shape.rows,
+                         (long long)shape.cols, (long long)num_rows, th, t * 1e3, gbs,
+                         copy_gbs[th - 1], gflops, sgemm);
+          }
+        }
+      }
+    }
+  }
+  if (csv) std::fclose(csv);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvp::quant
+
+int main(int argc, char** argv) { return kvp::quant::run(argc, argv); }

@@ -1,0 +1,57 @@
+// Activation quantisation to int8 blocks of 32 (quant_act.h). Plain loops over one block: the
+// compiler vectorises them, and the cost is small next to the matmul that reads the result.
+#include "quant/quant_act.h"
+
+#include <cmath>
+
+#include "common/check.h"
+
+namespace kvp::quant {
+
+ActBlocks quantize_acts(const float* x, int64_t num_rows, int64_t ldx, int64_t cols,
+                        ActBuffer& buf) {
+  KVP_CHECK(cols % kActBlock == 0, "quantize_acts: {} columns are not blocks of 32", cols);
+  const int64_t num_blocks = cols / kActBlock;
+  const size_t total_blocks = static_cast<size_t>(num_rows * num_blocks);
+  if (buf.q.size() < total_blocks * kActBlock) buf.q.resize(total_blocks * kActBlock);
+  if (buf.d.size() < total_blocks) buf.d.resize(total_blocks);
+  if (buf.s.size() < total_blocks * 8) buf.s.resize(total_blocks * 8);
+  for (int64_t t = 0; t < num_rows; ++t) {
+    const float* xr = x + t * ldx;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const float* xb = xr + b * kActBlock;  // [32]
+      const size_t blk = static_cast<size_t>(t * num_blocks + b);
+      int8_t* q = buf.q.data() + blk * kActBlock;  // [32]
+      float amax = 0;
+      for (int j = 0; j < kActBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+      const float d = amax / 127.0f;
+      const float id = d != 0 ? 1.0f / d : 0.0f;
+      int32_t sum[2] = {0, 0};
+      for (int h = 0; h < 2; ++h) {
+        for (int j = 16 * h; j < 16 * h + 16; ++j) {
+          // |x * id| <= 127 up to rounding of id; the clamp keeps a stray 127.5 in range.
+          // Adding and subtracting 1.5 * 2^23 rounds to nearest even for |v| < 2^22 in plain
+          // f32 arithmetic, which vectorises where nearbyint is a library call.
+          const float v = std::fmin(127.0f, std::fmax(-127.0f, xb[j] * id));
+          q[j] = static_cast<int8_t>((v + 12582912.0f) - 12582912.0f);
+          sum[h] += q[j];
+        }
+      }
+      buf.d[blk] = d;
+      float* s = buf.s.data() + blk * 8;  // [8]
+      for (int l = 0; l < 4; ++l) {
+        s[l] = 0.25f * d * static_cast<float>(sum[0]);
+        s[4 + l] = 0.25f * d * static_cast<float>(sum[1]);
+      }
+    }
+  }
+  ActBlocks a;
+  a.num_rows = num_rows;
+  a.num_blocks = num_blocks;
+  a.q = buf.q.data();
+  a.d = buf.d.data();
+  a.s = buf.s.data();
+  return a;
+}
+
+}  // namespace kvp::quant

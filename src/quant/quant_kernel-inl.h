@@ -1,0 +1,287 @@
+// The integer block kernel shared by the format families (quant_kernels_32.cc,
+// quant_kernels_k.cc), included once per Highway target by their foreach_target passes.
+//
+// Every supported block format is seen the same way: a block of 32 * kSubs weights is kSubs
+// sub-blocks of 32, and weight j of sub-block s is
+//     w = d16[2s + j/16] * q[j] + m16[2s + j/16]
+// with q[j] an 8-bit integer (unsigned, or signed for kSigned formats) and d16 / m16 f32 scales
+// and offsets per 16 weights (equal halves where the format scales per 32). A format provides
+//   header(block, d16, m16)  the 2 * kSubs scales and offsets, once per block
+//   load(block, s)           the 32 q of sub-block s in one 256-bit register (x86 targets)
+//   unpack(block, s, q)      the same 32 q as bytes (the portable path)
+// and the kernel computes, per activation block k of 32 (quant_act.h: x ~ dx * xq),
+//     sum_j w[j] x[j] ~ dx * sum_halves(d16 * sum_j q[j] xq[j]) + sum_halves(m16 * dx * sum xq)
+// with exact int32 dot products (AVX-512 VNNI dpbusd, or AVX2 maddubs + madd) and f32 scaling.
+// Each weight block is decoded once per tile and dotted with R activation rows, C weight rows
+// at a time, so a small batch costs little more than one row.
+#if defined(KVP_QUANT_KERNEL_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef KVP_QUANT_KERNEL_INL_H_
+#undef KVP_QUANT_KERNEL_INL_H_
+#else
+#define KVP_QUANT_KERNEL_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "quant/quant_kernels.h"
+
+#undef KVP_QUANT_X86
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define KVP_QUANT_X86 1
+#include <immintrin.h>
+#else
+#define KVP_QUANT_X86 0
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace kvp::quant::HWY_NAMESPACE {
+
+// The f16 at p (any alignment) as f32.
+HWY_INLINE float f16_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if KVP_QUANT_X86
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    const float f = static_cast<float>(mant) * (1.0f / 16777216.0f);  // subnormal: mant * 2^-24
+    std::memcpy(&bits, &f, 4);
+    bits |= sign;
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+#endif
+}
+
+// IQ4_NL / IQ4_XS levels (dequant.cc's table).
+alignas(16) constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                               1,    13,   25,  38,  53,  69,  89,  113};
+
+// Nibble pairs qs[16] as q[32]: low nibbles, then high nibbles.
+HWY_INLINE void unpack_nibbles(const uint8_t* qs, uint8_t* q) {
+  for (int j = 0; j < 16; ++j) {
+    q[j] = qs[j] & 0x0f;
+    q[j + 16] = qs[j] >> 4;
+  }
+}
+
+#if KVP_QUANT_X86
+
+HWY_INLINE __m256i load256(const uint8_t* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+// 16 bytes of nibble pairs -> 32 bytes: the low nibbles, then the high nibbles.
+HWY_INLINE __m256i nibbles_32(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i m = _mm_set1_epi8(0x0f);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+// Byte j of the result is 0xff where bit j of the little-endian u32 at p is set, else 0.
+HWY_INLINE __m256i bits_32(const uint8_t* p) {
+  uint32_t x;
+  std::memcpy(&x, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int32_t>(x)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i all_but_bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_bit), _mm256_set1_epi64x(-1));
+}
+
+// Bytes of v shifted right by n within each byte, masked to `mask`.
+HWY_INLINE __m256i shift_mask(__m256i v, int n, int mask) {
+  return _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(n)), _mm256_set1_epi8(mask));
+}
+
+// 0x?? where bit `bit` of each byte of v is set, else 0.
+HWY_INLINE __m256i bit_select(__m256i v, int bit, int value) {
+  const __m256i b = _mm256_set1_epi8(static_cast<char>(1 << bit));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, b), b), _mm256_set1_epi8(value));
+}
+
+// int32 lanes: lane i = sum of u[4i + l] * s[4i + l], l < 4; u unsigned (<= 128), s signed.
+// maddubs cannot saturate: |u| <= 128 and |s| <= 127 give pairs of at most 32512.
+HWY_INLINE __m256i dot_u8_i8(__m256i u, __m256i s) {
+#if HWY_TARGET == HWY_AVX3_DL
+  // Highway 1.0.3's AVX3_DL target also enables AVX-VNNI, so GCC would emit the VEX form of
+  // vpdpbusd, which AVX-512 VNNI CPUs without AVX-VNNI (Zen 4, Ice Lake) fault on. The EVEX
+  // form is asked for explicitly.
+  __m256i acc = _mm256_setzero_si256();
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+// [a, a, a, a, b, b, b, b]
+HWY_INLINE __m256 halves(float a, float b) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(a)), _mm_set1_ps(b), 1);
+}
+
+HWY_INLINE float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// C weight rows (from o0) x R activation rows (from t0): y[t0 + r][o0 + c].
+template <class Fmt, int C, int R>
+HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& a, int64_t t0,
+                             float* y, int64_t ldy) {
+  constexpr int kSubs = Fmt::kSubs;
+  const int64_t num_blocks = w.cols / (32 * kSubs);
+  const uint8_t* wr[C];
+  for (int c = 0; c < C; ++c) wr[c] = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
+  const int8_t* xq[R];
+  const float* xd[R];
+  const float* xs[R];
+  for (int r = 0; r < R; ++r) {
+    xq[r] = a.q_row(t0 + r);
+    xd[r] = a.d_row(t0 + r);
+    xs[r] = a.s_row(t0 + r);
+  }
+  __m256 acc[C][R];
+  for (int c = 0; c < C; ++c) {
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    float d16[C][2 * kSubs];
+    float m16[C][2 * kSubs];
+    for (int c = 0; c < C; ++c) Fmt::header(wr[c] + b * Fmt::kBytes, d16[c], m16[c]);
+    for (int s = 0; s < kSubs; ++s) {
+      const int64_t k = b * kSubs + s;  // activation block
+      __m256i q[C];
+      __m256 sv[C];
+      __m256 mv[C];
+      for (int c = 0; c < C; ++c) {
+        q[c] = Fmt::load(wr[c] + b * Fmt::kBytes, s);
+        sv[c] = halves(d16[c][2 * s], d16[c][2 * s + 1]);
+        if constexpr (Fmt::kHasMin) mv[c] = halves(m16[c][2 * s], m16[c][2 * s + 1]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i xv = load256(reinterpret_cast<const uint8_t*>(xq[r] + 32 * k));
+        const __m256 dx = _mm256_set1_ps(xd[r][k]);
+        __m256 sx;
+        if constexpr (Fmt::kHasMin) sx = _mm256_loadu_ps(xs[r] + 8 * k);
+        for (int c = 0; c < C; ++c) {
+          __m256i p;
+          if constexpr (Fmt::kSigned) {
+            // maddubs / dpbusd take one unsigned operand: |q| times x with q's sign.
+            p = dot_u8_i8(_mm256_sign_epi8(q[c], q[c]), _mm256_sign_epi8(xv, q[c]));
+          } else {
+            p = dot_u8_i8(q[c], xv);
+          }
+          acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv[c], dx), acc[c][r]);
+          if constexpr (Fmt::kHasMin) acc[c][r] = _mm256_fmadd_ps(mv[c], sx, acc[c][r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) y[(t0 + r) * ldy + o0 + c] = hsum(acc[c][r]);
+  }
+}
+
+// Weight rows per tile when R activation rows share it: more rows where fewer activation rows
+// leave registers free (AVX-512 targets have 32, AVX2 16).
+template <int R>
+constexpr int tile_weight_rows() {
+  if constexpr (R <= 2) return 4;
+  return HWY_TARGET == HWY_AVX2 ? 2 : 4;
+}
+
+#else  // !KVP_QUANT_X86: portable, one weight row and one activation row at a time
+
+template <class Fmt, int C, int R>
+HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& a, int64_t t0,
+                             float* y, int64_t ldy) {
+  constexpr int kSubs = Fmt::kSubs;
+  const int64_t num_blocks = w.cols / (32 * kSubs);
+  for (int c = 0; c < C; ++c) {
+    const auto* wr = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = a.q_row(t0 + r);
+      const float* xd = a.d_row(t0 + r);
+      const float* xs = a.s_row(t0 + r);
+      float acc = 0;
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        float d16[2 * kSubs];
+        float m16[2 * kSubs];
+        Fmt::header(wr + b * Fmt::kBytes, d16, m16);
+        for (int s = 0; s < kSubs; ++s) {
+          const int64_t k = b * kSubs + s;
+          uint8_t q[32];
+          Fmt::unpack(wr + b * Fmt::kBytes, s, q);
+          int32_t sum[2] = {0, 0};
+          for (int j = 0; j < 32; ++j) {
+            const int32_t qj = Fmt::kSigned ? int32_t{static_cast<int8_t>(q[j])} : int32_t{q[j]};
+            sum[j / 16] += qj * int32_t{xq[32 * k + j]};
+          }
+          acc += static_cast<float>(sum[0]) * (d16[2 * s] * xd[k]);
+          acc += static_cast<float>(sum[1]) * (d16[2 * s + 1] * xd[k]);
+          if constexpr (Fmt::kHasMin) {
+            acc += m16[2 * s] * (4.0f * xs[8 * k]) + m16[2 * s + 1] * (4.0f * xs[8 * k + 4]);
+          }
+        }
+      }
+      y[(t0 + r) * ldy + o0 + c] = acc;
+    }
+  }
+}
+
+template <int R>
+constexpr int tile_weight_rows() {
+  return 1;
+}
+
+#endif  // KVP_QUANT_X86
+
+template <class Fmt, int R>
+HWY_INLINE void block_rows_r(const RowRange& rr, const ActBlocks& a, int64_t t0) {
+  constexpr int kC = tile_weight_rows<R>();
+  int64_t o = rr.row_begin;
+  for (; o + kC <= rr.row_end; o += kC) block_tile<Fmt, kC, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
+  for (; o < rr.row_end; ++o) block_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
+}
+
+// The rows of rr for every activation row, 4 activation rows per tile: the weight rows of the
+// range are read from memory for the first tile and from cache for the others.
+template <class Fmt>
+void block_rows(const RowRange& rr, const ActBlocks& a) {
+  int64_t t = 0;
+  for (; t + 4 <= rr.num_rows; t += 4) block_rows_r<Fmt, 4>(rr, a, t);
+  switch (rr.num_rows - t) {
+    case 3:
+      block_rows_r<Fmt, 3>(rr, a, t);
+      break;
+    case 2:
+      block_rows_r<Fmt, 2>(rr, a, t);
+      break;
+    case 1:
+      block_rows_r<Fmt, 1>(rr, a, t);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace kvp::quant::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#endif  // KVP_QUANT_KERNEL_INL_H_

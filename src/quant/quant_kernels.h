@@ -1,0 +1,38 @@
+// The kernels behind matmul (quant_matmul.h), one entry per format family, each compiled for
+// every Highway target and dispatched at run time. They compute a range of output rows of one
+// matrix for every activation row; matmul splits the rows over threads and prepares the
+// activations. Internal to quant/.
+#pragma once
+
+#include <cstdint>
+
+#include "quant/quant_act.h"
+#include "quant/quant_matmul.h"
+
+namespace kvp::quant {
+
+// Output rows [row_begin, row_end) of w for activation rows [0, num_rows):
+//   y[t * ldy + o] = sum_i x[t][i] * W[o][i]
+struct RowRange {
+  const QuantMatrix* w = nullptr;
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  int64_t num_rows = 0;
+  float* y = nullptr;  // [num_rows][ldy]; columns [row_begin, row_end) written
+  int64_t ldy = 0;
+};
+
+// Integer kernels over activations quantised per 32 (quant_act.h): weight blocks of 32
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of 256 (Q2_K..Q6_K, IQ4_XS).
+// requires: block_kernel_supports(w.type); acts.num_blocks * 32 == w.cols.
+bool block_kernel_supports(GgmlType type);
+void block_rows_32(const RowRange& range, const ActBlocks& acts);
+void block_rows_k(const RowRange& range, const ActBlocks& acts);
+
+// F32 / F16 / BF16 weights against f32 activations x [num_rows][ldx], multiply-add in f32.
+void float_rows(const RowRange& range, const float* x, int64_t ldx);
+
+// The Highway target the kernels run on now ("AVX3_DL", "AVX2", ...).
+const char* block_kernel_target();
+
+}  // namespace kvp::quant

@@ -1,0 +1,171 @@
+// The integer kernels for the formats with blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL):
+// each format's view as q * d16 + m16 (quant_kernel-inl.h), compiled per Highway target.
+// Layouts: dequant.h.
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "quant/quant_kernels_32.cc"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// foreach_target must come first: it re-includes this file once per target.
+#include <hwy/highway.h>
+
+#include "quant/quant_kernel-inl.h"
+#include "quant/quant_kernels.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvp::quant::HWY_NAMESPACE {
+
+// q[j] |= 16 where bit j of the u32 at qh is set.
+HWY_INLINE void add_fifth_bits(const uint8_t* qh, uint8_t* q) {
+  for (int j = 0; j < 32; ++j) q[j] |= ((qh[j / 8] >> (j % 8)) & 1) << 4;
+}
+
+// Q4_0 [18 B]: d | qs[16]; w = d * (q - 8).
+struct FmtQ4_0 {
+  static constexpr int kSubs = 1;
+  static constexpr size_t kBytes = 18;
+  static constexpr bool kSigned = false;
+  static constexpr bool kHasMin = true;
+  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
+    d16[0] = d16[1] = f16_at(b);
+    m16[0] = m16[1] = -8.0f * d16[0];
+  }
+  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) { unpack_nibbles(b + 2, q); }
+#if KVP_QUANT_X86
+  static HWY_INLINE __m256i load(const uint8_t* b, int) { return nibbles_32(b + 2); }
+#endif
+};
+
+// Q4_1 [20 B]: d | m | qs[16]; w = d * q + m.
+struct FmtQ4_1 {
+  static constexpr int kSubs = 1;
+  static constexpr size_t kBytes = 20;
+  static constexpr bool kSigned = false;
+  static constexpr bool kHasMin = true;
+  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
+    d16[0] = d16[1] = f16_at(b);
+    m16[0] = m16[1] = f16_at(b + 2);
+  }
+  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) { unpack_nibbles(b + 4, q); }
+#if KVP_QUANT_X86
+  static HWY_INLINE __m256i load(const uint8_t* b, int) { return nibbles_32(b + 4); }
+#endif
+};
+
+// Q5_0 [22 B]: d | qh (u32) | qs[16]; w = d * (q - 16), bit j of qh is bit 4 of q[j].
+struct FmtQ5_0 {
+  static constexpr int kSubs = 1;
+  static constexpr size_t kBytes = 22;
+  static constexpr bool kSigned = false;
+  static constexpr bool kHasMin = true;
+  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
+    d16[0] = d16[1] = f16_at(b);
+    m16[0] = m16[1] = -16.0f * d16[0];
+  }
+  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) {
+    unpack_nibbles(b + 6, q);
+    add_fifth_bits(b + 2, q);
+  }
+#if KVP_QUANT_X86
+  static HWY_INLINE __m256i load(const uint8_t* b, int) {
+    return _mm256_or_si256(nibbles_32(b + 6),
+                           _mm256_and_si256(bits_32(b + 2), _mm256_set1_epi8(0x10)));
+  }
+#endif
+};
+
+// Q5_1 [24 B]: d | m | qh (u32) | qs[16]; w = d * q + m.
+struct FmtQ5_1 {
+  static constexpr int kSubs = 1;
+  static constexpr size_t kBytes = 24;
+  static constexpr bool kSigned = false;
+  static constexpr bool kHasMin = true;
+  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
+    d16[0] = d16[1] = f16_at(b);
+    m16[0] = m16[1] = f16_at(b + 2);
+  }
+  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) {
+    unpack_nibbles(b + 8, q);
+    add_fifth_bits(b + 4, q);
+  }
+#if KVP_QUANT_X86
+  static HWY_INLINE __m256i load(const uint8_t* b, int) {
+    return _mm256_or_si256(nibbles_32(b + 8),
+                           _mm256_and_si256(bits_32(b + 4), _mm256_set1_epi8(0x10)));
+  }
+#endif
+};
+
+// Q8_0 [34 B]: d | qs[32] (int8); w = d * q.
+struct FmtQ8_0 {
+  static constexpr int kSubs = 1;
+  static constexpr size_t kBytes = 34;
+  static constexpr bool kSigned = true;
+  static constexpr bool kHasMin = false;
+  static HWY_INLINE void header(const uint8_t* b, float* d16, float*) {
+    d16[0] = d16[1] = f16_at(b);
+  }
+  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) { std::memcpy(q, b + 2, 32); }
+#if KVP_QUANT_X86
+  static HWY_INLINE __m256i load(const uint8_t* b, int) { return load256(b + 2); }
+#endif
+};
+
+// IQ4_NL [18 B]: d | qs[16] (4-bit indices); w = d * level[index].
+struct FmtIq4Nl {
+  static constexpr int kSubs = 1;
+  static constexpr size_t kBytes = 18;
+  static constexpr bool kSigned = true;
+  static constexpr bool kHasMin = false;
+  static HWY_INLINE void header(const uint8_t* b, float* d16, float*) {
+    d16[0] = d16[1] = f16_at(b);
+  }
+  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) {
+    unpack_nibbles(b + 2, q);
+    for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(kIq4Levels[q[j]]);
+  }
+#if KVP_QUANT_X86
+  static HWY_INLINE __m256i load(const uint8_t* b, int) {
+    const __m256i table =
+        _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Levels)));
+    return _mm256_shuffle_epi8(table, nibbles_32(b + 2));
+  }
+#endif
+};
+
+void block_rows_32(const RowRange& rr, const ActBlocks& a) {
+  switch (rr.w->type) {
+    case GgmlType::Q4_0:
+      return block_rows<FmtQ4_0>(rr, a);
+    case GgmlType::Q4_1:
+      return block_rows<FmtQ4_1>(rr, a);
+    case GgmlType::Q5_0:
+      return block_rows<FmtQ5_0>(rr, a);
+    case GgmlType::Q5_1:
+      return block_rows<FmtQ5_1>(rr, a);
+    case GgmlType::Q8_0:
+      return block_rows<FmtQ8_0>(rr, a);
+    case GgmlType::IQ4_NL:
+      return block_rows<FmtIq4Nl>(rr, a);
+    default:
+      break;
+  }
+}
+
+const char* block_kernel_target() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace kvp::quant::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvp::quant {
+
+HWY_EXPORT(block_rows_32);
+HWY_EXPORT(block_kernel_target);
+
+void block_rows_32(const RowRange& rr, const ActBlocks& a) {
+  HWY_DYNAMIC_DISPATCH(block_rows_32)(rr, a);
+}
+const char* block_kernel_target() { return HWY_DYNAMIC_DISPATCH(block_kernel_target)(); }
+
+}  // namespace kvp::quant
+#endif
