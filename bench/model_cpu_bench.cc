@@ -6,7 +6,8 @@
 // Floor of one decode step = (weight bytes read + KV bytes read) / copy bandwidth, where the copy
 // bandwidth is memcpy between two 1 GiB buffers (bytes read + bytes written, best of 5) and the
 // weights are the matrices as the runner keeps them (the file's block formats: every layer
-// matrix and the lm-head once per step; ModelWeights::decode_read_bytes). Prefill is one forward pass over `prompt` tokens of one sequence.
+// matrix and the lm-head once per step; ModelWeights::decode_read_bytes). Prefill is one forward
+// pass over `prompt` tokens of one sequence.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

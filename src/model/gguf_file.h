@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "quant/dequant.h"
 #include "model/mapped_file.h"
+#include "quant/dequant.h"
 
 namespace kvp {
 

@@ -106,14 +106,16 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
     LayerWeights& lw = w.layers[l];
     const std::string p = fmt::format("model.layers.{}.", l);
     KVP_RETURN_IF_ERROR(read_into(source, p + "input_layernorm.weight", {hidden}, &lw.attn_norm));
-    KVP_RETURN_IF_ERROR(add_part(source, p + "self_attn.q_proj.weight", q_dim, hidden, &lw.qkv, &w));
-    KVP_RETURN_IF_ERROR(add_part(source, p + "self_attn.k_proj.weight", kv_dim, hidden, &lw.qkv, &w));
-    KVP_RETURN_IF_ERROR(add_part(source, p + "self_attn.v_proj.weight", kv_dim, hidden, &lw.qkv, &w));
+    KVP_RETURN_IF_ERROR(
+        add_part(source, p + "self_attn.q_proj.weight", q_dim, hidden, &lw.qkv, &w));
+    KVP_RETURN_IF_ERROR(
+        add_part(source, p + "self_attn.k_proj.weight", kv_dim, hidden, &lw.qkv, &w));
+    KVP_RETURN_IF_ERROR(
+        add_part(source, p + "self_attn.v_proj.weight", kv_dim, hidden, &lw.qkv, &w));
     if (spec.qkv_bias) {
       for (const char* name : {"q_proj", "k_proj", "v_proj"}) {
         const int64_t n = name[0] == 'q' ? q_dim : kv_dim;
-        KVP_RETURN_IF_ERROR(
-            read_into(source, p + "self_attn." + name + ".bias", {n}, &part));
+        KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn." + name + ".bias", {n}, &part));
         lw.qkv_bias.insert(lw.qkv_bias.end(), part.begin(), part.end());
       }
     }
@@ -133,7 +135,8 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
       KVP_RETURN_IF_ERROR(
           read_into(source, p + "post_attention_layernorm.weight", {hidden}, &lw.mlp_norm));
     }
-    KVP_RETURN_IF_ERROR(add_part(source, p + "mlp.gate_proj.weight", inter, hidden, &lw.gate_up, &w));
+    KVP_RETURN_IF_ERROR(
+        add_part(source, p + "mlp.gate_proj.weight", inter, hidden, &lw.gate_up, &w));
     KVP_RETURN_IF_ERROR(add_part(source, p + "mlp.up_proj.weight", inter, hidden, &lw.gate_up, &w));
     KVP_RETURN_IF_ERROR(add_part(source, p + "mlp.down_proj.weight", hidden, inter, &lw.down, &w));
   }
@@ -321,7 +324,8 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     const bool sliding = spec_.layer_is_sliding[l];
     cpu::rms_norm(x.data(), lw.attn_norm.data(), xn.data(), num_tokens, hidden, eps,
                   spec_.norm_style);
-    quant::matmul(lw.qkv.parts, xn.data(), num_tokens, hidden, qkv.data(), qkv_dim, pool_);
+    quant::matmul(lw.qkv.parts, xn.data(), num_tokens, hidden, qkv.data(), qkv_dim, pool_,
+                  precision_);
     if (!lw.qkv_bias.empty()) {
       for (int64_t t = 0; t < num_tokens; ++t) {
         float* row = qkv.data() + t * qkv_dim;
@@ -383,7 +387,8 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     KVP_RETURN_IF_ERROR(
         cpu::paged_attention(params, ab, kv, q.data(), DType::F32, attn.data(), pool_));
 
-    quant::matmul(lw.o.parts, attn.data(), num_tokens, q_dim, proj.data(), hidden, pool_);
+    quant::matmul(lw.o.parts, attn.data(), num_tokens, q_dim, proj.data(), hidden, pool_,
+                  precision_);
     if (!lw.post_attn_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_attn_norm.data(), num_tokens, hidden, eps,
                     spec_.norm_style);
@@ -392,10 +397,11 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
 
     cpu::rms_norm(x.data(), lw.mlp_norm.data(), xn.data(), num_tokens, hidden, eps,
                   spec_.norm_style);
-    quant::matmul(lw.gate_up.parts, xn.data(), num_tokens, hidden, gate_up.data(), 2 * inter,
-                  pool_);
+    quant::matmul(lw.gate_up.parts, xn.data(), num_tokens, hidden, gate_up.data(), 2 * inter, pool_,
+                  precision_);
     cpu::gated_activation(gate_up.data(), act.data(), num_tokens, inter, spec_.activation);
-    quant::matmul(lw.down.parts, act.data(), num_tokens, inter, proj.data(), hidden, pool_);
+    quant::matmul(lw.down.parts, act.data(), num_tokens, inter, proj.data(), hidden, pool_,
+                  precision_);
     if (!lw.post_mlp_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_mlp_norm.data(), num_tokens, hidden, eps,
                     spec_.norm_style);
@@ -410,7 +416,8 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
   }
   cpu::rms_norm(rows.data(), weights_.final_norm.data(), num_rows, hidden, eps, spec_.norm_style);
   const quant::QuantMatrix& head = weights_.lm_head.rows == 0 ? weights_.embed : weights_.lm_head;
-  quant::matmul(head, rows.data(), num_rows, hidden, logits.data(), spec_.vocab_size, pool_);
+  quant::matmul(head, rows.data(), num_rows, hidden, logits.data(), spec_.vocab_size, pool_,
+                precision_);
   if (spec_.final_logit_softcap > 0.0f) {
     cpu::soft_cap(logits.data(), static_cast<int64_t>(logits.size()), spec_.final_logit_softcap);
   }

@@ -36,7 +36,7 @@ namespace kvp {
 struct LinearWeight {
   std::vector<quant::QuantMatrix> parts;
 
-  int64_t rows() const;   // output features: the parts' rows together
+  int64_t rows() const;  // output features: the parts' rows together
   size_t size_bytes() const;
 };
 
@@ -121,6 +121,9 @@ class ModelRunner {
 
   const ModelSpec& spec() const { return spec_; }
   const ModelWeights& weights() const { return weights_; }
+  // How decode steps multiply activations by block-format weights (quant_matmul.h): int8
+  // activations (default, llama.cpp's choice) or f32 (exact; tests against references).
+  void set_act_precision(quant::ActPrecision precision) { precision_ = precision; }
   // Number of cache groups (1, or 2 with sliding-window layers) and the layers of each.
   int32_t num_cache_groups() const { return static_cast<int32_t>(group_layers_.size()); }
   const std::vector<int32_t>& group_layers(int32_t group) const { return group_layers_[group]; }
@@ -146,6 +149,7 @@ class ModelRunner {
   std::vector<int32_t> layer_slot_;                 // [layer] -> index within its group
   std::vector<float> inv_freq_global_, inv_freq_local_;
   ThreadPool* pool_ = nullptr;
+  quant::ActPrecision precision_ = quant::ActPrecision::kInt8;
 };
 
 }  // namespace kvp

@@ -25,7 +25,7 @@ struct QuantMatrix {
   GgmlType type = GgmlType::F32;
   const std::byte* data = nullptr;  // rows * row_bytes bytes, any alignment; not owned
   int64_t rows = 0;
-  int64_t cols = 0;  // a multiple of the type's block size
+  int64_t cols = 0;      // a multiple of the type's block size
   size_t row_bytes = 0;  // ggml_row_size_bytes(type, cols)
 
   const std::byte* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
@@ -39,22 +39,31 @@ QuantMatrix make_matrix(GgmlType type, const void* data, int64_t rows, int64_t c
 // Q2_K..Q6_K, IQ4_NL, IQ4_XS).
 bool matmul_supports(GgmlType type);
 
+// How activations meet block-format weights on the decode path (few activation rows):
+//   kInt8: quantised per 32 to int8 with a scale (llama.cpp's Q8 activations): integer dot
+//          products, the fastest kernels; each product carries the rounding of the activation
+//          (relative error <= 1/254 of the block's largest |x| per element)
+//   kF32:  the weights are dequantised to f32 and multiplied in f32, as the prefill path always
+//          does: the same numbers as dequantise-then-f32 up to summation order, slower at decode
+// F32/F16/BF16 weights always multiply in f32.
+enum class ActPrecision { kInt8, kF32 };
+
 // y[t * ldy + o] = sum_i x[t * ldx + i] * W[o][i] for t < num_rows, o < w.rows. Overwrites y's
 // w.rows columns of each row and nothing else. Threads: the pool's (null: the caller only).
 // requires: matmul_supports(w.type); ldx >= w.cols; ldy >= w.rows; x and y do not overlap;
 //   not called from inside a parallel_for of the same pool.
 void matmul(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
-            int64_t ldy, ThreadPool* pool);
+            int64_t ldy, ThreadPool* pool, ActPrecision precision = ActPrecision::kInt8);
 // Several matrices of the same cols stacked as output rows (q, k, v; gate, up), in one pass over
 // the pool: part p's output o is column (rows of parts before p) + o of y. The parts may have
 // different types. requires: as above for each part; ldy >= the sum of their rows.
 void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows, int64_t ldx,
-            float* y, int64_t ldy, ThreadPool* pool);
+            float* y, int64_t ldy, ThreadPool* pool, ActPrecision precision = ActPrecision::kInt8);
 
 // The exact product of the dequantised weights with x (f64 accumulation), one thread: the
 // reference the kernels are tested against.
-void matmul_reference(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx,
-                      float* y, int64_t ldy);
+void matmul_reference(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx, float* y,
+                      int64_t ldy);
 
 // out[0..cols) = row r of W as f32 (an embedding lookup). requires: can_dequantize(w.type).
 void dequantize_row(const QuantMatrix& w, int64_t r, float* out);
