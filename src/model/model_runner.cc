@@ -298,6 +298,9 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     max_kv_len = std::max(max_kv_len, batch.kv_lens[s]);
   }
 
+  // A step with a prompt chunk in it multiplies in f32; a step of decode rows only in the
+  // runner's precision (int8 activations by default): see set_act_precision.
+  const quant::ActPrecision precision = max_q_len > 1 ? quant::ActPrecision::kF32 : precision_;
   std::vector<float> x(num_tokens * hidden);           // [num_tokens][hidden] residual stream
   std::vector<float> xn(num_tokens * hidden);          // [num_tokens][hidden] normed
   std::vector<float> qkv(num_tokens * qkv_dim);        // [num_tokens][q_dim + 2 kv_dim]
@@ -325,7 +328,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     cpu::rms_norm(x.data(), lw.attn_norm.data(), xn.data(), num_tokens, hidden, eps,
                   spec_.norm_style);
     quant::matmul(lw.qkv.parts, xn.data(), num_tokens, hidden, qkv.data(), qkv_dim, pool_,
-                  precision_);
+                  precision);
     if (!lw.qkv_bias.empty()) {
       for (int64_t t = 0; t < num_tokens; ++t) {
         float* row = qkv.data() + t * qkv_dim;
@@ -388,7 +391,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
         cpu::paged_attention(params, ab, kv, q.data(), DType::F32, attn.data(), pool_));
 
     quant::matmul(lw.o.parts, attn.data(), num_tokens, q_dim, proj.data(), hidden, pool_,
-                  precision_);
+                  precision);
     if (!lw.post_attn_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_attn_norm.data(), num_tokens, hidden, eps,
                     spec_.norm_style);
@@ -398,10 +401,10 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     cpu::rms_norm(x.data(), lw.mlp_norm.data(), xn.data(), num_tokens, hidden, eps,
                   spec_.norm_style);
     quant::matmul(lw.gate_up.parts, xn.data(), num_tokens, hidden, gate_up.data(), 2 * inter, pool_,
-                  precision_);
+                  precision);
     cpu::gated_activation(gate_up.data(), act.data(), num_tokens, inter, spec_.activation);
     quant::matmul(lw.down.parts, act.data(), num_tokens, inter, proj.data(), hidden, pool_,
-                  precision_);
+                  precision);
     if (!lw.post_mlp_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_mlp_norm.data(), num_tokens, hidden, eps,
                     spec_.norm_style);
@@ -417,7 +420,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
   cpu::rms_norm(rows.data(), weights_.final_norm.data(), num_rows, hidden, eps, spec_.norm_style);
   const quant::QuantMatrix& head = weights_.lm_head.rows == 0 ? weights_.embed : weights_.lm_head;
   quant::matmul(head, rows.data(), num_rows, hidden, logits.data(), spec_.vocab_size, pool_,
-                precision_);
+                precision);
   if (spec_.final_logit_softcap > 0.0f) {
     cpu::soft_cap(logits.data(), static_cast<int64_t>(logits.size()), spec_.final_logit_softcap);
   }

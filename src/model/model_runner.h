@@ -121,8 +121,14 @@ class ModelRunner {
 
   const ModelSpec& spec() const { return spec_; }
   const ModelWeights& weights() const { return weights_; }
-  // How decode steps multiply activations by block-format weights (quant_matmul.h): int8
-  // activations (default, llama.cpp's choice) or f32 (exact; tests against references).
+  // How steps of decode rows only multiply activations by block-format weights
+  // (quant_matmul.h): int8 activations (default, as llama.cpp) or f32 (exact; tests against
+  // references). A step with a prompt chunk (any sequence with more than one new token) always
+  // multiplies in f32: prompts set up everything a sequence attends to, and int8 activations
+  // there measurably derail small models — SmolLM2-135M with its default system prompt answers
+  // "What is the capital of France?" with "L'Étoile, la Marseillaise, ..." when its prompt is
+  // multiplied with int8 activations (llama.cpp, which does so, gives the same words) and "The
+  // capital of France is Paris." in f32. Prefill of 32+ rows is faster in f32 anyway (panels).
   void set_act_precision(quant::ActPrecision precision) { precision_ = precision; }
   // Number of cache groups (1, or 2 with sliding-window layers) and the layers of each.
   int32_t num_cache_groups() const { return static_cast<int32_t>(group_layers_.size()); }

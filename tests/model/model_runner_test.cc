@@ -379,14 +379,15 @@ TEST(RealModel, SmolLm2GreedyMatchesTransformersLoadingTheSameGguf) {
   }
 }
 
-// The default (fast) decode path quantises activations to int8 per 32 values, as llama.cpp
-// does (Q8_0/Q8_1 activations), which moves logits: fed transformers' greedy tokens one step at
-// a time, each step's distribution is compared with the exact path's (one teacher-forced pass in
-// f32) by KL divergence, the measure llama.cpp's perplexity tool reports for quantisation.
-// Measured here (x86, AVX-512 VNNI): mean KLD 0.003, worst step 0.018, the greedy token the
-// same at 126 of 128 steps (both misses are near-ties). The bounds (mean 0.01, any step 0.05,
-// 95 % agreement) leave room for other targets' rounding and still fail a kernel with a wrong
-// scale or offset (that moves logits by whole units: KLD far above 0.1).
+// The default decode path quantises activations to int8 per 32 values, as llama.cpp does
+// (Q8_0/Q8_1 activations), which moves logits (prompt steps stay in f32: ModelRunner::
+// set_act_precision): fed transformers' greedy tokens one step at a time, each step's
+// distribution is compared with the exact path's (one teacher-forced pass in f32) by KL
+// divergence, the measure llama.cpp's perplexity tool reports for quantisation. Measured here
+// (x86, AVX-512 VNNI): mean KLD 0.0017, worst step 0.010, the greedy token the same at 124 of
+// 128 steps. The bounds (mean 0.01, any step 0.05, 95 % agreement) leave room for other
+// targets' rounding and still fail a kernel with a wrong scale or offset (that moves logits by
+// whole units: KLD far above 0.1).
 TEST(RealModel, SmolLm2Int8ActivationsStayNearTheExactLogits) {
   const std::string path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (scripts/setup.sh)";
