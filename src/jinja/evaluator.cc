@@ -67,6 +67,13 @@ Status Evaluator::count_iterations(uint64_t count) {
                                     limits_.max_loop_iterations);
 }
 
+Status Evaluator::count_built_bytes(uint64_t num_bytes) {
+  num_built_bytes_ += num_bytes;
+  if (num_built_bytes_ <= limits_.max_built_bytes) return Status::ok();
+  return Status::resource_exhausted("limit on the bytes of strings built ({}) exceeded",
+                                    limits_.max_built_bytes);
+}
+
 Status Evaluator::emit(std::string_view text, std::string* out) const {
   KVP_RETURN_IF_ERROR(check_size(out->size() + text.size()));
   out->append(text);
@@ -213,7 +220,7 @@ Status Evaluator::assign(const std::vector<std::string>& targets, bool unpack, c
     scope_->vars[targets[0]] = value;
     return Status::ok();
   }
-  Result<std::vector<Value>> items = iterate(value);
+  Result<std::vector<Value>> items = iterate(*this, value);
   if (!items.is_ok()) return located(pos, items.status());
   if (items->size() != targets.size()) {
     return located(pos, Status::invalid_argument("cannot unpack {} values into {} names",
@@ -229,7 +236,7 @@ Result<Evaluator::Flow> Evaluator::exec_for(const Stmt& stmt, std::string* out) 
       iterable.undefined_hint().find("unsafe") != std::string::npos) {
     return located(stmt.expr->pos, undefined_error(iterable));
   }
-  Result<std::vector<Value>> listed = iterate(iterable);
+  Result<std::vector<Value>> listed = iterate(*this, iterable);
   if (!listed.is_ok()) return located(stmt.expr->pos, listed.status());
   std::vector<Value> items = std::move(listed).value();
   const std::shared_ptr<Scope> outer = scope_;
@@ -397,6 +404,13 @@ Result<Value> Evaluator::eval(const Expr& expr) {
   }
   Result<Value> result = eval_inner(expr);
   if (!result.is_ok()) return located(expr.pos, result.status());
+  // Operators, filters, calls and slices make new strings (names, attributes and items share
+  // theirs): their bytes count, so a loop that rebuilds a long string stops.
+  const bool builds = expr.kind == Expr::Kind::kBinary || expr.kind == Expr::Kind::kFilter ||
+                      expr.kind == Expr::Kind::kCall || expr.kind == Expr::Kind::kSlice;
+  if (builds && result->is_string()) {
+    KVP_RETURN_IF_ERROR(located(expr.pos, count_built_bytes(result->as_string().size())));
+  }
   return result;
 }
 
@@ -517,7 +531,7 @@ Result<Value> Evaluator::eval_binary(const Expr& expr) {
     return eval(*expr.b);
   }
   KVP_ASSIGN_OR_RETURN(Value right, eval(*expr.b));
-  return binary_op(expr.op, left, right, limits_);
+  return binary_op(*this, expr.op, left, right);
 }
 
 }  // namespace kvp::jinja
