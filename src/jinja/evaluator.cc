@@ -257,32 +257,41 @@ Result<Evaluator::Flow> Evaluator::exec_for(const Stmt& stmt, std::string* out) 
     return exec_body(stmt.else_body, out);
   }
   const auto num_items = static_cast<int64_t>(items.size());
+  // One `loop` object per loop, updated in place each iteration (jinja2's LoopContext advances
+  // the same way): building it afresh cost a dozen allocations per iteration.
+  auto index = std::make_shared<int64_t>(0);
+  Value loop = Value::dict();
+  DictData& d = loop.dict_data();
+  for (const char* key : {"index", "index0", "revindex", "revindex0", "first", "last", "length",
+                          "depth", "depth0", "previtem", "nextitem"}) {
+    (void)d.set(Value::string(key), Value());
+  }
+  (void)d.set(Value::string("cycle"),
+              Value::callable("cycle", [index](Evaluator&, CallArgs& args) -> Result<Value> {
+                if (args.positional.empty()) {
+                  return Status::invalid_argument("no items for cycling given");
+                }
+                return args.positional[static_cast<size_t>(*index) % args.positional.size()];
+              }));
   for (int64_t i = 0; i < num_items; ++i) {
     // Each iteration starts from the enclosing scope: a `set` in the body lasts one iteration.
     ScopeGuard guard(&scope_, child_of(outer));
     KVP_RETURN_IF_ERROR(located(stmt.pos, count_iterations(1)));
     KVP_RETURN_IF_ERROR(assign(stmt.targets, stmt.targets_tuple, items[i], stmt.pos));
-    Value loop = Value::dict();
-    DictData& d = loop.dict_data();
-    auto put = [&d](const char* key, Value v) { (void)d.set(Value::string(key), std::move(v)); };
-    put("index", Value::integer(i + 1));
-    put("index0", Value::integer(i));
-    put("revindex", Value::integer(num_items - i));
-    put("revindex0", Value::integer(num_items - i - 1));
-    put("first", Value::boolean(i == 0));
-    put("last", Value::boolean(i == num_items - 1));
-    put("length", Value::integer(num_items));
-    put("depth", Value::integer(1));
-    put("depth0", Value::integer(0));
-    if (i > 0) put("previtem", items[i - 1]);
-    if (i + 1 < num_items) put("nextitem", items[i + 1]);
-    put("cycle", Value::callable("cycle", [i](Evaluator&, CallArgs& args) -> Result<Value> {
-          if (args.positional.empty()) {
-            return Status::invalid_argument("no items for cycling given");
-          }
-          return args.positional[static_cast<size_t>(i) % args.positional.size()];
-        }));
-    scope_->vars["loop"] = std::move(loop);
+    *index = i;
+    auto& e = d.entries;  // in the order set above
+    e[0].second = Value::integer(i + 1);
+    e[1].second = Value::integer(i);
+    e[2].second = Value::integer(num_items - i);
+    e[3].second = Value::integer(num_items - i - 1);
+    e[4].second = Value::boolean(i == 0);
+    e[5].second = Value::boolean(i == num_items - 1);
+    e[6].second = Value::integer(num_items);
+    e[7].second = Value::integer(1);
+    e[8].second = Value::integer(0);
+    e[9].second = i > 0 ? items[i - 1] : Value::undefined("there is no previous item");
+    e[10].second = i + 1 < num_items ? items[i + 1] : Value::undefined("there is no next item");
+    scope_->vars["loop"] = loop;
     KVP_ASSIGN_OR_RETURN(Flow flow, exec_body(stmt.body, out));
     if (flow == Flow::kBreak) break;
   }
