@@ -162,6 +162,18 @@ TEST(JinjaErrors, SyntaxErrorNamesLineAndColumn) {
   EXPECT_TRUE(status.message().starts_with("line 4:")) << status.to_string();
 }
 
+TEST(JinjaErrors, SliceInsideATupleSubscriptIsASyntaxError) {
+  // chat_template_fuzz: the slice was left without its target, and rendering dereferenced it
+  for (const char* source : {"{{ l[3:0:,1] }}", "{{ l[1, :2] }}", "{{ l[::1, ::2] }}"}) {
+    const Status status = render_status(source);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << source;
+    EXPECT_NE(status.message().find("a slice cannot be part of a tuple subscript"),
+              std::string::npos)
+        << status.to_string();
+  }
+  EXPECT_TRUE(render_status("{{ [1, 2, 3][1:] }}{{ {(1, 2): 3}[1, 2] }}").is_ok());
+}
+
 TEST(JinjaErrors, RenderErrorNamesLineAndColumn) {
   const Status status = render_status("ok\n  {{ nope.attr }}");
   EXPECT_EQ(status.message(), "line 2:10: 'nope' is undefined") << status.to_string();
