@@ -279,18 +279,19 @@ Result<Evaluator::Flow> Evaluator::exec_for(const Stmt& stmt, std::string* out) 
     KVP_RETURN_IF_ERROR(located(stmt.pos, count_iterations(1)));
     KVP_RETURN_IF_ERROR(assign(stmt.targets, stmt.targets_tuple, items[i], stmt.pos));
     *index = i;
-    auto& e = d.entries;  // in the order set above
-    e[0].second = Value::integer(i + 1);
-    e[1].second = Value::integer(i);
-    e[2].second = Value::integer(num_items - i);
-    e[3].second = Value::integer(num_items - i - 1);
-    e[4].second = Value::boolean(i == 0);
-    e[5].second = Value::boolean(i == num_items - 1);
-    e[6].second = Value::integer(num_items);
-    e[7].second = Value::integer(1);
-    e[8].second = Value::integer(0);
-    e[9].second = i > 0 ? items[i - 1] : Value::undefined("there is no previous item");
-    e[10].second = i + 1 < num_items ? items[i + 1] : Value::undefined("there is no next item");
+    auto& fields = d.entries;  // in the order set above
+    fields[0].second = Value::integer(i + 1);
+    fields[1].second = Value::integer(i);
+    fields[2].second = Value::integer(num_items - i);
+    fields[3].second = Value::integer(num_items - i - 1);
+    fields[4].second = Value::boolean(i == 0);
+    fields[5].second = Value::boolean(i == num_items - 1);
+    fields[6].second = Value::integer(num_items);
+    fields[7].second = Value::integer(1);
+    fields[8].second = Value::integer(0);
+    fields[9].second = i > 0 ? items[i - 1] : Value::undefined("there is no previous item");
+    fields[10].second =
+        i + 1 < num_items ? items[i + 1] : Value::undefined("there is no next item");
     scope_->vars["loop"] = loop;
     KVP_ASSIGN_OR_RETURN(Flow flow, exec_body(stmt.body, out));
     if (flow == Flow::kBreak) break;
