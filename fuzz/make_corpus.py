@@ -13,9 +13,17 @@ the fixtures in tests/, each seed small (the whole folder stays well under 2 MB)
                    first byte 0x01 asks the target to fix the checksum
   tokenizer/       lines of tests/tokenizer/corpus.txt (encode) and id runs (decode), each
                    behind tokenizer_fuzz.cc's mode byte
+  chat_template/   the published chat templates of tests/server/fixtures/templates/ and the
+                   models' GGUF templates, each with a conversation of
+                   tests/server/fixtures/chat_conversations.json, then jinja constructs from
+                   tests/jinja/cases.json and a few hand-written templates (HAND_TEMPLATES),
+                   as chat_template_fuzz.cc reads them: template, NUL, JSON options
+  request/         request bodies (REQUEST_BODIES) and model output with tool calls, each behind
+                   request_fuzz.cc's mode byte
+Inputs a fuzzer found (files named found_*) are kept when a folder is rewritten.
 
 Usage (from the repository root, with the project's .venv):
-  .venv/bin/python fuzz/make_corpus.py [--out fuzz/corpus]
+  .venv/bin/python fuzz/make_corpus.py [--out fuzz/corpus] [--targets chat_template,request]
 """
 import argparse
 import json
@@ -31,6 +39,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "token
 import hf_reference  # noqa: E402  (tests/tokenizer/hf_reference.py)
 
 MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"]
+TARGETS = ("gguf", "safetensors", "config", "tokenizer_json", "cache_file", "tokenizer",
+           "chat_template", "request")
 NUM_TOKENS = 600  # tokens kept of a vocabulary (Gemma's bytes end at id 493)
 
 
@@ -191,29 +201,206 @@ def tokenizer_seeds(out_dir):
               bytes([mode]) + b"".join(struct.pack("<i", x) for x in ids))
 
 
+# Hand-written templates for chat_template/: the constructs the published templates use, and the
+# ones that reach the interpreter's limits.
+HAND_TEMPLATES = {
+    "loop_controls": "{% for m in messages %}{% if loop.index0 > 5 %}{% break %}{% endif %}"
+                     "{% if m.role == 'system' %}{% continue %}{% endif %}{{ loop.index }}:"
+                     "{{ m['content'] | trim }}{% if not loop.last %}\n{% endif %}"
+                     "{% else %}none{% endfor %}",
+    "macro_caller": "{% macro wrap(tag) %}<{{ tag }}>{{ caller() }}</{{ tag }}>{% endmacro %}"
+                    "{% for m in messages %}{% call wrap(m.role) %}{{ m.content }}{% endcall %}"
+                    "{% endfor %}",
+    "namespace_set_block": "{% set ns = namespace(sys='', n=0) %}{% for m in messages %}"
+                           "{% if m.role == 'system' %}{% set ns.sys = m.content %}{% endif %}"
+                           "{% set ns.n = ns.n + 1 %}{% endfor %}{% set head %}[{{ ns.sys }}]"
+                           "{% endset %}{{ head | upper }} {{ ns.n }}",
+    "tools_json": "{% if tools %}{% for t in tools %}{{ t | tojson(indent=2) }}{% endfor %}"
+                  "{% endif %}{% for m in messages %}{% if m.tool_calls %}"
+                  "{% for c in m.tool_calls %}{{ c.function.name }}"
+                  "({{ c.function.arguments | tojson }}){% endfor %}{% else %}"
+                  "{{ m.content }}{% endif %}{% endfor %}",
+    "filters": "{{ messages | map(attribute='role') | unique | list | join(',') }}"
+               "{{ messages | selectattr('role', 'equalto', 'user') | list | length }}"
+               "{{ messages[-1].content | replace('a', 'b') | title | center(20) }}"
+               "{{ (messages | last).content[1:4] }}{{ '%s-%d' | format('x', 3) }}"
+               "{{ [3, 1, 2] | sort | reverse | list }}{{ {'b': 1, 'a': 2} | dictsort }}",
+    "string_methods": "{% for m in messages %}{{ m.content.strip().split(' ') | first }}"
+                      "{{ m.content.startswith('<') }}{{ m.content.lstrip('H').rstrip() }}"
+                      "{{ m.role.capitalize() }}{{ m.content.find('o') }}{% endfor %}",
+    "recursive_loop": "{% for item in extra_tree recursive %}{{ item.name }}"
+                      "{% if item.children %}({{ loop(item.children) }}){% endif %}{% endfor %}",
+    "with_filter_block": "{% with a = messages | length, b = bos_token %}{{ b }}{{ a }}"
+                         "{% endwith %}{% filter upper %}{{ eos_token }} done{% endfilter %}",
+    "raise_and_date": "{% if messages[0].role != 'system' %}"
+                      "{{ raise_exception('first message must be system') }}{% endif %}"
+                      "{{ strftime_now('%Y-%m-%d') }}",
+    "limits": "{{ 'ab' * 1000 | length }}{% for i in range(300) %}{% for j in range(300) %}"
+              "{% endfor %}{% endfor %}{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "dict_items_is_tests": "{% set d = dict(a=1, b=[1, 2], c=none) %}{% for k, v in d.items() %}"
+                           "{{ k }}={{ v is none }}/{{ v is iterable }}/{{ v is number }};"
+                           "{% endfor %}{{ d.get('z', 'default') }}{{ 7 // 2 }}{{ 7 % 3 }}"
+                           "{{ 2 ** 10 }}{{ 1.5e3 }}{{ -3 | abs }}{{ 'x' in 'xyz' }}",
+}
+
+JINJA_CASES = ["text_plain", "for_else_empty", "macro_defaults", "loop_cycle", "tojson_sort_keys",
+               "namespace_counter", "slice_negative_step", "string_escape_repr"]
+
+
+def chat_template_seeds(models_dir, out_dir):
+    conversations = json.load(open("tests/server/fixtures/chat_conversations.json"))
+    templates = []
+    fixtures = "tests/server/fixtures/templates"
+    for name in sorted(os.listdir(fixtures)):
+        if name.endswith(".jinja"):
+            with open(os.path.join(fixtures, name), encoding="utf-8") as f:
+                templates.append((name[:-len(".jinja")], f.read()))
+    for model in MODELS:  # Gemma 3 270M is a base model: no template
+        reader = gguf.GGUFReader(os.path.join(models_dir, model))
+        if "tokenizer.chat_template" in reader.fields:
+            name = model.split(".")[0].lower() + "_gguf"
+            templates.append((name, reader.fields["tokenizer.chat_template"].contents()))
+    for i, (name, template) in enumerate(templates):
+        # templates with tool support get the tool conversations, the others plain ones
+        tools = "tools" in template or "tool_calls" in template
+        pool = [c for c in conversations if ("tools" in c) == tools] or conversations
+        conv = pool[i % len(pool)]
+        options = {"messages": conv["messages"], "add_generation_prompt": True}
+        if "tools" in conv:
+            options["tools"] = conv["tools"]
+        if "extra" in conv:
+            options["extra"] = conv["extra"]
+        write(os.path.join(out_dir, f"{name}_{conv['name']}"),
+              template.encode() + b"\0" + json.dumps(options).encode())
+    first = conversations[0]["messages"]
+    tree = [{"name": "a", "children": [{"name": "b", "children": []}]}, {"name": "c"}]
+    for name, template in HAND_TEMPLATES.items():
+        options = {"messages": first, "extra": {"extra_tree": tree}}
+        write(os.path.join(out_dir, f"hand_{name}"),
+              template.encode() + b"\0" + json.dumps(options).encode())
+    cases = {c["name"]: c for c in json.load(open("tests/jinja/cases.json"))}
+    for name in JINJA_CASES:
+        if name not in cases:
+            continue
+        context = dict(cases[name].get("context", {}))
+        options = {"messages": context.pop("messages", first),
+                   "extra": {k: v for k, v in context.items()
+                             if k not in ("tools", "documents", "add_generation_prompt")}}
+        write(os.path.join(out_dir, f"case_{name}"),
+              cases[name]["template"].encode() + b"\0" + json.dumps(options).encode())
+    # a tool_use template beside the default one (tokenizer_config.json's named templates)
+    tools_conv = next(c for c in conversations if "tools" in c)
+    options = {"messages": tools_conv["messages"], "tools": tools_conv["tools"],
+               "tool_use": HAND_TEMPLATES["tools_json"]}
+    write(os.path.join(out_dir, "named_tool_use"),
+          HAND_TEMPLATES["loop_controls"].encode() + b"\0" + json.dumps(options).encode())
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city"]}}}]
+
+# request/: 'c' chat, 'p' completions, 'd' detokenize, 't' model output (request_fuzz.cc).
+REQUEST_BODIES = {
+    "chat_minimal": ("c", {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}),
+    "chat_sampling": ("c", {
+        "model": "smollm2", "messages": [{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": "Count to 3."}],
+        "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 42,
+        "presence_penalty": 0.5, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
+        "max_tokens": 32, "min_tokens": 2, "n": 2, "stop": ["\n\n", "END"],
+        "stop_token_ids": [2], "logprobs": True, "top_logprobs": 3, "user": "u1",
+        "logit_bias": {"50256": -100}, "response_format": {"type": "json_object"}}),
+    "chat_stream": ("c", {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Say "},
+                                                  {"type": "text", "text": "hello"}]}],
+        "stream": True, "stream_options": {"include_usage": True},
+        "max_completion_tokens": 8, "stop": "!", "ignore_eos": False,
+        "skip_special_tokens": False}),
+    "chat_tools": ("c", {
+        "messages": [{"role": "user", "content": "Weather in Paris?"},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "call_1", "type": "function", "function": {
+                             "name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}],
+        "tools": TOOLS, "tool_choice": "auto", "parallel_tool_calls": False}),
+    "chat_session_kwargs": ("c", {
+        "messages": [{"role": "developer", "content": "Think."},
+                     {"role": "user", "content": "2+2?"},
+                     {"role": "assistant", "content": "4", "reasoning_content": "easy"}],
+        "session_id": "agent-7.run_1", "chat_template_kwargs": {"enable_thinking": False},
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "tools": TOOLS}),
+    "completion_text": ("p", {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 16,
+                              "temperature": 0, "logprobs": 2, "stop": ["."], "seed": -1}),
+    "completion_ids": ("p", {"prompt": [1, 9690, 198, 2683], "max_tokens": 4, "echo": False,
+                             "stream": True}),
+    "completion_list": ("p", {"prompt": ["one prompt in a list"], "n": 3, "top_k": -1}),
+    "detokenize": ("d", {"tokens": [1, 9690, 198, 2683, 0, 49151]}),
+    "tokenize_chat": ("a", {"messages": [{"role": "user", "content": "Hello"}]}),
+    "tokenize_prompt": ("b", {"prompt": "Hello world", "add_special_tokens": False}),
+}
+
+MODEL_OUTPUTS = {
+    "hermes": 'Sure.\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+              '</tool_call>\n<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n',
+    "llama3": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; '
+              '{"name": "f", "parameters": {"x": [1, 2]}}',
+    "mistral": '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+    "mistral_v11": '[TOOL_CALLS]get_weather[ARGS]{"city": "Lima"}',
+    "not_a_call": 'Text <tool_call>{"name": oops</tool_call> and [TOOL_CALLS] more',
+}
+
+
+def request_seeds(out_dir):
+    for name, (mode, body) in REQUEST_BODIES.items():
+        write(os.path.join(out_dir, name), mode.encode() + json.dumps(body).encode())
+    for name, text in MODEL_OUTPUTS.items():
+        write(os.path.join(out_dir, f"output_{name}"), b"t" + text.encode())
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="fuzz/corpus")
     ap.add_argument("--models", default="models")
+    ap.add_argument("--targets", default=",".join(TARGETS),
+                    help="comma-separated seed folders to rewrite (default: all)")
     args = ap.parse_args()
-    for target in ("gguf", "safetensors", "config", "tokenizer_json", "cache_file", "tokenizer"):
-        shutil.rmtree(os.path.join(args.out, target), ignore_errors=True)
+    targets = args.targets.split(",")
+    for target in targets:  # inputs the fuzzers found (found_*) stay: they are regressions
+        folder = os.path.join(args.out, target)
+        for name in os.listdir(folder) if os.path.isdir(folder) else []:
+            if not name.startswith("found_"):
+                os.remove(os.path.join(folder, name))
     for model in MODELS:
         path = os.path.join(args.models, model)
         name = model.split(".")[0].split("-q")[0].lower()
-        gguf_seed(path, os.path.join(args.out, "gguf", f"{name}.gguf"), tiny_dims=False)
-        gguf_seed(path, os.path.join(args.out, "gguf", f"{name}_tiny_dims.gguf"), tiny_dims=True)
-        tokenizer_json_seeds(path, os.path.join(args.out, "tokenizer_json"), name)
-    safetensors_seeds(os.path.join(args.out, "safetensors"))
-    os.makedirs(os.path.join(args.out, "config"), exist_ok=True)
-    for src in sorted(os.listdir("tests/cache/fixtures")):
-        shutil.copy(os.path.join("tests/cache/fixtures", src), os.path.join(args.out, "config"))
-    for model in ("llama", "gemma3", "qwen2"):
-        shutil.copy(f"tests/model/fixtures/tiny/{model}/config.json",
-                    os.path.join(args.out, "config", f"tiny_{model}.json"))
-    cache_file_seeds(os.path.join(args.out, "cache_file"))
-    tokenizer_seeds(os.path.join(args.out, "tokenizer"))
-
+        if "gguf" in targets:
+            gguf_seed(path, os.path.join(args.out, "gguf", f"{name}.gguf"), tiny_dims=False)
+            gguf_seed(path, os.path.join(args.out, "gguf", f"{name}_tiny_dims.gguf"),
+                      tiny_dims=True)
+        if "tokenizer_json" in targets:
+            tokenizer_json_seeds(path, os.path.join(args.out, "tokenizer_json"), name)
+    if "safetensors" in targets:
+        safetensors_seeds(os.path.join(args.out, "safetensors"))
+    if "config" in targets:
+        os.makedirs(os.path.join(args.out, "config"), exist_ok=True)
+        for src in sorted(os.listdir("tests/cache/fixtures")):
+            shutil.copy(os.path.join("tests/cache/fixtures", src),
+                        os.path.join(args.out, "config"))
+        for model in ("llama", "gemma3", "qwen2"):
+            shutil.copy(f"tests/model/fixtures/tiny/{model}/config.json",
+                        os.path.join(args.out, "config", f"tiny_{model}.json"))
+    if "cache_file" in targets:
+        cache_file_seeds(os.path.join(args.out, "cache_file"))
+    if "tokenizer" in targets:
+        tokenizer_seeds(os.path.join(args.out, "tokenizer"))
+    if "chat_template" in targets:
+        chat_template_seeds(args.models, os.path.join(args.out, "chat_template"))
+    if "request" in targets:
+        request_seeds(os.path.join(args.out, "request"))
 
 if __name__ == "__main__":
     main()

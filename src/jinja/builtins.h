@@ -19,15 +19,18 @@ struct Scope;
 struct Limits;
 
 // ---- operators.cc ----
-// a op b for everything but and/or (which the evaluator short-circuits).
-Result<Value> binary_op(BinaryOp op, const Value& a, const Value& b, const Limits& limits);
-// The items a for loop, `in` or a filter sees: list items, dict keys, string characters;
-// nothing for undefined. An error for values that are not iterable.
-Result<std::vector<Value>> iterate(const Value& value);
+// a op b for everything but and/or (which the evaluator short-circuits). Strings built are held
+// to the output size limit; list items built count against the loop iteration limit.
+Result<Value> binary_op(Evaluator& ev, BinaryOp op, const Value& a, const Value& b);
+// The items a for loop or a filter sees: list items, dict keys, string characters; nothing for
+// undefined. An error for values that are not iterable. Each item counts against the loop
+// iteration limit (a long string or list walked in a loop is work).
+Result<std::vector<Value>> iterate(Evaluator& ev, const Value& value);
 // value[start:stop:step] of a list, tuple or string (absent parts are null).
 Result<Value> slice(const Value& value, const Value* start, const Value* stop, const Value* step);
-// Python `needle in haystack`.
-Result<bool> contains(const Value& haystack, const Value& needle);
+// Python `needle in haystack`; the items of a list compared count against the loop iteration
+// limit.
+Result<bool> contains(Evaluator& ev, const Value& haystack, const Value& needle);
 
 // ---- filters.cc ----
 bool is_filter(std::string_view name);

@@ -67,6 +67,13 @@ Status Evaluator::count_iterations(uint64_t count) {
                                     limits_.max_loop_iterations);
 }
 
+Status Evaluator::count_built_bytes(uint64_t num_bytes) {
+  num_built_bytes_ += num_bytes;
+  if (num_built_bytes_ <= limits_.max_built_bytes) return Status::ok();
+  return Status::resource_exhausted("limit on the bytes of strings built ({}) exceeded",
+                                    limits_.max_built_bytes);
+}
+
 Status Evaluator::emit(std::string_view text, std::string* out) const {
   KVP_RETURN_IF_ERROR(check_size(out->size() + text.size()));
   out->append(text);
@@ -213,7 +220,7 @@ Status Evaluator::assign(const std::vector<std::string>& targets, bool unpack, c
     scope_->vars[targets[0]] = value;
     return Status::ok();
   }
-  Result<std::vector<Value>> items = iterate(value);
+  Result<std::vector<Value>> items = iterate(*this, value);
   if (!items.is_ok()) return located(pos, items.status());
   if (items->size() != targets.size()) {
     return located(pos, Status::invalid_argument("cannot unpack {} values into {} names",
@@ -229,7 +236,7 @@ Result<Evaluator::Flow> Evaluator::exec_for(const Stmt& stmt, std::string* out) 
       iterable.undefined_hint().find("unsafe") != std::string::npos) {
     return located(stmt.expr->pos, undefined_error(iterable));
   }
-  Result<std::vector<Value>> listed = iterate(iterable);
+  Result<std::vector<Value>> listed = iterate(*this, iterable);
   if (!listed.is_ok()) return located(stmt.expr->pos, listed.status());
   std::vector<Value> items = std::move(listed).value();
   const std::shared_ptr<Scope> outer = scope_;
@@ -250,32 +257,42 @@ Result<Evaluator::Flow> Evaluator::exec_for(const Stmt& stmt, std::string* out) 
     return exec_body(stmt.else_body, out);
   }
   const auto num_items = static_cast<int64_t>(items.size());
+  // One `loop` object per loop, updated in place each iteration (jinja2's LoopContext advances
+  // the same way): building it afresh cost a dozen allocations per iteration.
+  auto index = std::make_shared<int64_t>(0);
+  Value loop = Value::dict();
+  DictData& d = loop.dict_data();
+  for (const char* key : {"index", "index0", "revindex", "revindex0", "first", "last", "length",
+                          "depth", "depth0", "previtem", "nextitem"}) {
+    (void)d.set(Value::string(key), Value());
+  }
+  (void)d.set(Value::string("cycle"),
+              Value::callable("cycle", [index](Evaluator&, CallArgs& args) -> Result<Value> {
+                if (args.positional.empty()) {
+                  return Status::invalid_argument("no items for cycling given");
+                }
+                return args.positional[static_cast<size_t>(*index) % args.positional.size()];
+              }));
   for (int64_t i = 0; i < num_items; ++i) {
     // Each iteration starts from the enclosing scope: a `set` in the body lasts one iteration.
     ScopeGuard guard(&scope_, child_of(outer));
     KVP_RETURN_IF_ERROR(located(stmt.pos, count_iterations(1)));
     KVP_RETURN_IF_ERROR(assign(stmt.targets, stmt.targets_tuple, items[i], stmt.pos));
-    Value loop = Value::dict();
-    DictData& d = loop.dict_data();
-    auto put = [&d](const char* key, Value v) { (void)d.set(Value::string(key), std::move(v)); };
-    put("index", Value::integer(i + 1));
-    put("index0", Value::integer(i));
-    put("revindex", Value::integer(num_items - i));
-    put("revindex0", Value::integer(num_items - i - 1));
-    put("first", Value::boolean(i == 0));
-    put("last", Value::boolean(i == num_items - 1));
-    put("length", Value::integer(num_items));
-    put("depth", Value::integer(1));
-    put("depth0", Value::integer(0));
-    if (i > 0) put("previtem", items[i - 1]);
-    if (i + 1 < num_items) put("nextitem", items[i + 1]);
-    put("cycle", Value::callable("cycle", [i](Evaluator&, CallArgs& args) -> Result<Value> {
-          if (args.positional.empty()) {
-            return Status::invalid_argument("no items for cycling given");
-          }
-          return args.positional[static_cast<size_t>(i) % args.positional.size()];
-        }));
-    scope_->vars["loop"] = std::move(loop);
+    *index = i;
+    auto& fields = d.entries;  // in the order set above
+    fields[0].second = Value::integer(i + 1);
+    fields[1].second = Value::integer(i);
+    fields[2].second = Value::integer(num_items - i);
+    fields[3].second = Value::integer(num_items - i - 1);
+    fields[4].second = Value::boolean(i == 0);
+    fields[5].second = Value::boolean(i == num_items - 1);
+    fields[6].second = Value::integer(num_items);
+    fields[7].second = Value::integer(1);
+    fields[8].second = Value::integer(0);
+    fields[9].second = i > 0 ? items[i - 1] : Value::undefined("there is no previous item");
+    fields[10].second =
+        i + 1 < num_items ? items[i + 1] : Value::undefined("there is no next item");
+    scope_->vars["loop"] = loop;
     KVP_ASSIGN_OR_RETURN(Flow flow, exec_body(stmt.body, out));
     if (flow == Flow::kBreak) break;
   }
@@ -397,6 +414,13 @@ Result<Value> Evaluator::eval(const Expr& expr) {
   }
   Result<Value> result = eval_inner(expr);
   if (!result.is_ok()) return located(expr.pos, result.status());
+  // Operators, filters, calls and slices make new strings (names, attributes and items share
+  // theirs): their bytes count, so a loop that rebuilds a long string stops.
+  const bool builds = expr.kind == Expr::Kind::kBinary || expr.kind == Expr::Kind::kFilter ||
+                      expr.kind == Expr::Kind::kCall || expr.kind == Expr::Kind::kSlice;
+  if (builds && result->is_string()) {
+    KVP_RETURN_IF_ERROR(located(expr.pos, count_built_bytes(result->as_string().size())));
+  }
   return result;
 }
 
@@ -517,7 +541,7 @@ Result<Value> Evaluator::eval_binary(const Expr& expr) {
     return eval(*expr.b);
   }
   KVP_ASSIGN_OR_RETURN(Value right, eval(*expr.b));
-  return binary_op(expr.op, left, right, limits_);
+  return binary_op(*this, expr.op, left, right);
 }
 
 }  // namespace kvp::jinja

@@ -42,6 +42,8 @@ class Evaluator {
   Status check_size(size_t num_bytes) const;
   // Counts loop bodies (and other per-item work) against max_loop_iterations.
   Status count_iterations(uint64_t count);
+  // Counts the bytes of a string an expression built against max_built_bytes.
+  Status count_built_bytes(uint64_t num_bytes);
   const Limits& limits() const { return limits_; }
   // A namespace() made during the render: emptied when the render ends, so one that holds
   // itself (or a macro that holds its own scope) is not kept alive by the cycle.
@@ -80,6 +82,7 @@ class Evaluator {
   size_t depth_ = 0;       // current eval/exec recursion
   size_t call_depth_ = 0;  // current macro recursion
   uint64_t num_iterations_ = 0;
+  uint64_t num_built_bytes_ = 0;
 };
 
 }  // namespace kvp::jinja

@@ -108,7 +108,7 @@ Result<Value> aggregate(Evaluator& ev, const Value& input, CallArgs& args, bool 
   KVP_RETURN_IF_ERROR(a.status());
   const bool case_sensitive = a.get_or(0, Value::boolean(false)).truthy();
   const Value attribute = a.get_or(1, Value::none());
-  KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+  KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
   if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
   auto key = [&](const Value& v) {
     const Value k = attribute.is_string() ? get_path(v, attribute.as_string()) : v;
@@ -128,7 +128,7 @@ Result<Value> aggregate(Evaluator& ev, const Value& input, CallArgs& args, bool 
 // select / reject / selectattr / rejectattr.
 Result<Value> select_items(Evaluator& ev, const Value& input, CallArgs& args, bool with_attribute,
                            bool keep_passing) {
-  KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+  KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
   std::vector<Value>& positional = args.positional;
   std::string attribute;
   size_t next = 0;
@@ -164,7 +164,7 @@ Result<Value> select_items(Evaluator& ev, const Value& input, CallArgs& args, bo
 }
 
 Result<Value> map_items(Evaluator& ev, const Value& input, CallArgs& args) {
-  KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+  KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
   std::vector<Value> out;
   const Value* attribute = nullptr;
   const Value* fallback = nullptr;
@@ -197,13 +197,15 @@ Result<Value> map_items(Evaluator& ev, const Value& input, CallArgs& args) {
   return Value::list(std::move(out));
 }
 
-Result<Value> tojson(const Value& input, CallArgs& args) {
+Result<Value> tojson(Evaluator& ev, const Value& input, CallArgs& args) {
   ArgBinder a("tojson", args, {"ensure_ascii", "indent", "separators", "sort_keys"});
   KVP_RETURN_IF_ERROR(a.status());
   JsonOptions options;
+  options.max_bytes = ev.limits().max_output_bytes;
   options.ensure_ascii = a.get_or(0, Value::boolean(false)).truthy();
   const Value indent = a.get_or(1, Value::none());
   if (indent.is_int()) {
+    KVP_RETURN_IF_ERROR(ev.check_size(static_cast<size_t>(std::max<int64_t>(0, indent.as_int()))));
     options.has_indent = true;
     options.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, indent.as_int())), ' ');
   } else if (indent.is_string()) {
@@ -226,11 +228,14 @@ Result<Value> tojson(const Value& input, CallArgs& args) {
   return Value::string(std::move(text));
 }
 
-Result<Value> indent(const Value& input, CallArgs& args) {
+Result<Value> indent(Evaluator& ev, const Value& input, CallArgs& args) {
   ArgBinder a("indent", args, {"width", "first", "blank"});
   KVP_RETURN_IF_ERROR(a.status());
   KVP_ASSIGN_OR_RETURN(std::string text, input.to_str());
   const Value width = a.get_or(0, Value::integer(4));
+  if (!width.is_string()) {
+    KVP_RETURN_IF_ERROR(ev.check_size(static_cast<size_t>(std::max<int64_t>(0, width.as_int()))));
+  }
   const std::string pad =
       width.is_string()
           ? width.as_string()
@@ -245,8 +250,10 @@ Result<Value> indent(const Value& input, CallArgs& args) {
       if (blank || !lines[i].empty()) out += pad;
     }
     out += lines[i];
+    KVP_RETURN_IF_ERROR(ev.check_size(out.size()));
   }
   if (first) out = pad + out;
+  KVP_RETURN_IF_ERROR(ev.check_size(out.size()));
   return Value::string(std::move(out));
 }
 
@@ -291,7 +298,7 @@ Result<Value> builtin_filter(Evaluator& ev, const std::string& name, const Value
     }
     return input;
   }
-  if (name == "tojson") return tojson(input, args);
+  if (name == "tojson") return tojson(ev, input, args);
   if (name == "map") return map_items(ev, input, args);
   if (name == "select" || name == "reject") {
     return select_items(ev, input, args, false, name == "select");
@@ -299,22 +306,21 @@ Result<Value> builtin_filter(Evaluator& ev, const std::string& name, const Value
   if (name == "selectattr" || name == "rejectattr") {
     return select_items(ev, input, args, true, name == "selectattr");
   }
-  if (name == "indent") return indent(input, args);
+  if (name == "indent") return indent(ev, input, args);
   if (name == "round") return round_filter(input, args);
   if (name == "max" || name == "min") return aggregate(ev, input, args, name == "max");
   if (name == "format") {
     CallArgs rest = args;
     if (!rest.keyword.empty()) return Status::unsupported("format() keyword arguments");
     KVP_ASSIGN_OR_RETURN(std::string text, input.to_str());
-    return binary_op(BinaryOp::kMod, Value::string(text), Value::list(rest.positional, true),
-                     ev.limits());
+    return binary_op(ev, BinaryOp::kMod, Value::string(text), Value::list(rest.positional, true));
   }
   if (name == "join") {
     ArgBinder a("join", args, {"d", "attribute"});
     KVP_RETURN_IF_ERROR(a.status());
     KVP_ASSIGN_OR_RETURN(std::string sep, a.get_or(0, Value::string("")).to_str());
     const Value attribute = a.get_or(1, Value::none());
-    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
     std::string out;
     for (size_t i = 0; i < items.size(); ++i) {
       if (i > 0) out += sep;
@@ -356,7 +362,7 @@ Result<Value> builtin_filter(Evaluator& ev, const std::string& name, const Value
         return fold_case(v.items()[pos], case_sensitive);
       };
     } else {
-      KVP_ASSIGN_OR_RETURN(items, iterate(input));
+      KVP_ASSIGN_OR_RETURN(items, iterate(ev, input));
       const Value attribute = a.get_or(name == "sort" ? 2 : 1, Value::none());
       key = [attribute, case_sensitive](const Value& v) {
         return fold_case(attribute.is_string() ? get_path(v, attribute.as_string()) : v,
@@ -386,7 +392,7 @@ Result<Value> builtin_filter(Evaluator& ev, const std::string& name, const Value
       return Status::invalid_argument("batch() needs a positive linecount");
     }
     const auto size = static_cast<size_t>(a.get(0)->as_int());
-    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
     std::vector<Value> batches;
     for (size_t i = 0; i < items.size(); i += size) {
       std::vector<Value> batch(
@@ -417,9 +423,10 @@ Result<Value> builtin_filter(Evaluator& ev, const std::string& name, const Value
     KVP_ASSIGN_OR_RETURN(std::string from, a.get(0)->to_str());
     KVP_ASSIGN_OR_RETURN(std::string to, a.get(1)->to_str());
     const Value count = a.get_or(2, Value::none());
-    const std::string out = replace(text, from, to, count.is_none() ? -1 : count.as_int());
-    KVP_RETURN_IF_ERROR(ev.check_size(out.size()));
-    return Value::string(out);
+    std::optional<std::string> out = replace(text, from, to, count.is_none() ? -1 : count.as_int(),
+                                             ev.limits().max_output_bytes);
+    if (!out) return ev.check_size(ev.limits().max_output_bytes + 1);
+    return Value::string(std::move(*out));
   }
   if (name == "trim") {
     ArgBinder a("trim", args, {"chars"});
@@ -457,11 +464,11 @@ Result<Value> builtin_filter(Evaluator& ev, const std::string& name, const Value
     ArgBinder a("sum", args, {"attribute", "start"});
     KVP_RETURN_IF_ERROR(a.status());
     const Value attribute = a.get_or(0, Value::none());
-    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
     Value total = a.get_or(1, Value::integer(0));
     for (const Value& item : items) {
       const Value term = attribute.is_string() ? get_path(item, attribute.as_string()) : item;
-      KVP_ASSIGN_OR_RETURN(total, binary_op(BinaryOp::kAdd, total, term, ev.limits()));
+      KVP_ASSIGN_OR_RETURN(total, binary_op(ev, BinaryOp::kAdd, total, term));
     }
     return total;
   }
@@ -487,12 +494,12 @@ Result<Value> builtin_filter(Evaluator& ev, const std::string& name, const Value
     return Status::invalid_argument("object of type '{}' has no len()", input.type_name());
   }
   if (name == "first" || name == "last") {
-    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
     if (items.empty()) return Value::undefined("No " + name + " item, sequence was empty.");
     return name == "first" ? items.front() : items.back();
   }
   if (name == "list") {
-    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
     return Value::list(std::move(items));
   }
   if (name == "reverse") {
@@ -501,7 +508,7 @@ Result<Value> builtin_filter(Evaluator& ev, const std::string& name, const Value
       std::reverse(cps.begin(), cps.end());
       return Value::string(encode_utf8(cps));
     }
-    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(input));
+    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, input));
     std::reverse(items.begin(), items.end());
     return Value::list(std::move(items));
   }
@@ -575,11 +582,11 @@ Result<bool> builtin_test(Evaluator& ev, const std::string& name, const Value& i
                            : to_upper(text) == text && to_lower(text) != text;
   }
   if (name == "in") {
-    return contains(arg, input);
+    return contains(ev, arg, input);
   }
   if (name == "odd" || name == "even" || name == "divisibleby") {
     const Value divisor = name == "divisibleby" ? arg : Value::integer(2);
-    KVP_ASSIGN_OR_RETURN(Value rest, binary_op(BinaryOp::kMod, input, divisor, ev.limits()));
+    KVP_ASSIGN_OR_RETURN(Value rest, binary_op(ev, BinaryOp::kMod, input, divisor));
     const bool zero = values_equal(rest, Value::integer(0));
     return name == "odd" ? !zero : zero;
   }
@@ -599,7 +606,7 @@ Result<bool> builtin_test(Evaluator& ev, const std::string& name, const Value& i
   } else {
     return Status::internal("test '{}' is not wired", name);
   }
-  KVP_ASSIGN_OR_RETURN(Value result, binary_op(op, input, arg, ev.limits()));
+  KVP_ASSIGN_OR_RETURN(Value result, binary_op(ev, op, input, arg));
   return result.truthy();
 }
 

@@ -1,4 +1,6 @@
 // Attribute and item access, Python's str / dict / list methods, and the template globals.
+#include <algorithm>
+#include <cctype>
 #include <ctime>
 #include <memory>
 
@@ -54,7 +56,7 @@ Value string_list(std::vector<std::string> parts) {
 }
 
 // "{} {0} {name}".format(...): fields without format specs.
-Result<Value> format_string(const std::string& format, const CallArgs& args) {
+Result<Value> format_string(Evaluator& ev, const std::string& format, const CallArgs& args) {
   std::string out;
   size_t auto_index = 0;
   for (size_t i = 0; i < format.size(); ++i) {
@@ -82,9 +84,17 @@ Result<Value> format_string(const std::string& format, const CallArgs& args) {
     }
     const Value* v = nullptr;
     if (field.empty() || std::isdigit(static_cast<unsigned char>(field[0]))) {
-      const size_t index = field.empty() ? auto_index++ : std::stoul(field);
+      // Python reads the whole field as an index ("{1x}" names a keyword it will not find)
+      size_t index = field.empty() ? auto_index++ : 0;
+      for (char d : field) {
+        if (!std::isdigit(static_cast<unsigned char>(d))) {
+          return Status::invalid_argument("format key '{}' not given", field);
+        }
+        index = std::min<size_t>(index * 10 + static_cast<size_t>(d - '0'), size_t{1} << 32);
+      }
       if (index >= args.positional.size()) {
-        return Status::invalid_argument("format index {} out of range", index);
+        return Status::invalid_argument("format index {} out of range",
+                                        field.empty() ? std::to_string(index) : field);
       }
       v = &args.positional[index];
     } else {
@@ -95,6 +105,7 @@ Result<Value> format_string(const std::string& format, const CallArgs& args) {
     }
     KVP_ASSIGN_OR_RETURN(std::string text, v->to_str());
     out += text;
+    KVP_RETURN_IF_ERROR(ev.check_size(out.size()));
   }
   return Value::string(std::move(out));
 }
@@ -108,8 +119,9 @@ Value all_chars(const std::string& s, Pred pred) {
   return Value::boolean(true);
 }
 
-Result<Value> call_str_method(const std::string& s, const std::string& name, CallArgs& args) {
-  if (name == "format") return format_string(s, args);
+Result<Value> call_str_method(Evaluator& ev, const std::string& s, const std::string& name,
+                              CallArgs& args) {
+  if (name == "format") return format_string(ev, s, args);
   ArgBinder a(name, args, {"arg0", "arg1", "arg2"});
   KVP_RETURN_IF_ERROR(a.status());
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -148,7 +160,10 @@ Result<Value> call_str_method(const std::string& s, const std::string& name, Cal
       return Status::invalid_argument("replace() takes two str arguments");
     }
     KVP_ASSIGN_OR_RETURN(int64_t count, int_arg(a.get(2), -1, "count"));
-    return Value::string(replace(s, a.get(0)->as_string(), a.get(1)->as_string(), count));
+    std::optional<std::string> out = replace(s, a.get(0)->as_string(), a.get(1)->as_string(), count,
+                                             ev.limits().max_output_bytes);
+    if (!out) return ev.check_size(ev.limits().max_output_bytes + 1);
+    return Value::string(std::move(*out));
   }
   if (name == "find" || name == "rfind" || name == "count" || name == "removeprefix" ||
       name == "removesuffix") {
@@ -169,7 +184,7 @@ Result<Value> call_str_method(const std::string& s, const std::string& name, Cal
   }
   if (name == "join") {
     if (a.get(0) == nullptr) return Status::invalid_argument("join() takes one argument");
-    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(*a.get(0)));
+    KVP_ASSIGN_OR_RETURN(std::vector<Value> items, iterate(ev, *a.get(0)));
     std::string out;
     for (size_t i = 0; i < items.size(); ++i) {
       if (!items[i].is_string()) {
@@ -178,6 +193,7 @@ Result<Value> call_str_method(const std::string& s, const std::string& name, Cal
       }
       if (i > 0) out += s;
       out += items[i].as_string();
+      KVP_RETURN_IF_ERROR(ev.check_size(out.size()));
     }
     return Value::string(std::move(out));
   }
@@ -203,7 +219,8 @@ bool is_str_method(std::string_view name) {
        "isspace",  "islower", "isupper", "removeprefix", "removesuffix"});
 }
 
-Result<Value> call_dict_method(const Value& d, const std::string& name, CallArgs& args) {
+Result<Value> call_dict_method(Evaluator&, const Value& d, const std::string& name,
+                               CallArgs& args) {
   ArgBinder a(name, args, {"arg0", "arg1"});
   KVP_RETURN_IF_ERROR(a.status());
   const DictData& data = d.dict_data();
@@ -231,7 +248,8 @@ Result<Value> call_dict_method(const Value& d, const std::string& name, CallArgs
   return Value::list(std::move(items));
 }
 
-Result<Value> call_list_method(const Value& list, const std::string& name, CallArgs& args) {
+Result<Value> call_list_method(Evaluator&, const Value& list, const std::string& name,
+                               CallArgs& args) {
   ArgBinder a(name, args, {"arg0"});
   KVP_RETURN_IF_ERROR(a.status());
   if (name == "copy") return Value::list(list.items(), list.is_tuple());
@@ -248,14 +266,15 @@ Result<Value> call_list_method(const Value& list, const std::string& name, CallA
 }
 
 Value bound(const Value& object, const std::string& name,
-            Result<Value> (*method)(const Value&, const std::string&, CallArgs&)) {
-  return Value::callable(name, [object, name, method](Evaluator&, CallArgs& args) {
-    return method(object, name, args);
+            Result<Value> (*method)(Evaluator&, const Value&, const std::string&, CallArgs&)) {
+  return Value::callable(name, [object, name, method](Evaluator& ev, CallArgs& args) {
+    return method(ev, object, name, args);
   });
 }
 
-Result<Value> str_method_on(const Value& s, const std::string& name, CallArgs& args) {
-  return call_str_method(s.as_string(), name, args);
+Result<Value> str_method_on(Evaluator& ev, const Value& s, const std::string& name,
+                            CallArgs& args) {
+  return call_str_method(ev, s.as_string(), name, args);
 }
 
 }  // namespace
@@ -357,37 +376,40 @@ Value get_item(const Value& object, const Value& key) {
 }
 
 void add_globals(Scope* scope) {
-  scope->vars["range"] = Value::callable("range", [](Evaluator&, CallArgs& args) -> Result<Value> {
-    if (!args.keyword.empty())
-      return Status::invalid_argument("range() takes no keyword arguments");
-    int64_t bounds[3] = {0, 0, 1};
-    const size_t n = args.positional.size();
-    if (n < 1 || n > 3)
-      return Status::invalid_argument("range expected 1 to 3 arguments, got {}", n);
-    for (size_t i = 0; i < n; ++i) {
-      const Value& v = args.positional[i];
-      if (!v.is_int() && !v.is_bool()) {
-        return Status::invalid_argument("'{}' object cannot be interpreted as an integer",
-                                        v.type_name());
-      }
-      bounds[n == 1 ? 1 : i] = v.as_int();
-    }
-    const int64_t start = bounds[0], stop = bounds[1], step = bounds[2];
-    if (step == 0) return Status::invalid_argument("range() arg 3 must not be zero");
-    const double count =
-        step > 0 ? std::max(0.0, std::ceil((double(stop) - double(start)) / double(step)))
-                 : std::max(0.0, std::ceil((double(start) - double(stop)) / double(-step)));
-    if (count > kMaxRange) {
-      return Status::resource_exhausted(
-          "Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange);
-    }
-    std::vector<Value> items;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      items.push_back(Value::integer(i));
-    }
-    return Value::list(std::move(items));
-  });
-  auto fill_dict = [](const char* what, CallArgs& args, Value* out) -> Status {
+  scope->vars["range"] =
+      Value::callable("range", [](Evaluator& ev, CallArgs& args) -> Result<Value> {
+        if (!args.keyword.empty())
+          return Status::invalid_argument("range() takes no keyword arguments");
+        int64_t bounds[3] = {0, 0, 1};
+        const size_t n = args.positional.size();
+        if (n < 1 || n > 3)
+          return Status::invalid_argument("range expected 1 to 3 arguments, got {}", n);
+        for (size_t i = 0; i < n; ++i) {
+          const Value& v = args.positional[i];
+          if (!v.is_int() && !v.is_bool()) {
+            return Status::invalid_argument("'{}' object cannot be interpreted as an integer",
+                                            v.type_name());
+          }
+          bounds[n == 1 ? 1 : i] = v.as_int();
+        }
+        const int64_t start = bounds[0], stop = bounds[1], step = bounds[2];
+        if (step == 0) return Status::invalid_argument("range() arg 3 must not be zero");
+        const double count =
+            step > 0 ? std::max(0.0, std::ceil((double(stop) - double(start)) / double(step)))
+                     : std::max(0.0, std::ceil((double(start) - double(stop)) / double(-step)));
+        if (count > kMaxRange) {
+          return Status::resource_exhausted(
+              "Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange);
+        }
+        // its items count against the loop iteration limit: a range in a loop body is work too
+        KVP_RETURN_IF_ERROR(ev.count_iterations(static_cast<uint64_t>(count)));
+        std::vector<Value> items;
+        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+          items.push_back(Value::integer(i));
+        }
+        return Value::list(std::move(items));
+      });
+  auto fill_dict = [](Evaluator& ev, const char* what, CallArgs& args, Value* out) -> Status {
     if (args.positional.size() > 1) {
       return Status::invalid_argument("{} expected at most 1 positional argument", what);
     }
@@ -398,7 +420,7 @@ void add_globals(Scope* scope) {
           KVP_RETURN_IF_ERROR(out->dict_data().set(key, value));
         }
       } else {
-        KVP_ASSIGN_OR_RETURN(std::vector<Value> pairs, iterate(source));
+        KVP_ASSIGN_OR_RETURN(std::vector<Value> pairs, iterate(ev, source));
         for (const Value& pair : pairs) {
           if (!pair.is_list() || pair.items().size() != 2) {
             return Status::invalid_argument("{} sequence elements must be pairs", what);
@@ -413,16 +435,16 @@ void add_globals(Scope* scope) {
     return Status::ok();
   };
   scope->vars["dict"] =
-      Value::callable("dict", [fill_dict](Evaluator&, CallArgs& args) -> Result<Value> {
+      Value::callable("dict", [fill_dict](Evaluator& ev, CallArgs& args) -> Result<Value> {
         Value d = Value::dict();
-        KVP_RETURN_IF_ERROR(fill_dict("dict", args, &d));
+        KVP_RETURN_IF_ERROR(fill_dict(ev, "dict", args, &d));
         return d;
       });
   scope->vars["namespace"] =
       Value::callable("namespace", [fill_dict](Evaluator& ev, CallArgs& args) -> Result<Value> {
         Value ns = Value::namespace_dict();
         ev.track_namespace(ns);
-        KVP_RETURN_IF_ERROR(fill_dict("namespace", args, &ns));
+        KVP_RETURN_IF_ERROR(fill_dict(ev, "namespace", args, &ns));
         for (const auto& [key, value] : ns.dict_data().entries) {
           if (key.is_string() && key.as_string().starts_with("_")) {
             return Status::invalid_argument(

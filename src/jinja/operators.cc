@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "jinja/builtins.h"
+#include "jinja/evaluator.h"
 #include "jinja/template.h"
 #include "jinja/text.h"
 
@@ -47,13 +48,12 @@ Status type_error(BinaryOp op, const Value& a, const Value& b) {
 
 Status overflow() { return Status::invalid_argument("integer overflow (past 64 bits)"); }
 
-Result<Value> repeat(const Value& seq, int64_t times, const Limits& limits) {
+Result<Value> repeat(Evaluator& ev, const Value& seq, int64_t times) {
   if (times < 0) times = 0;
   if (seq.is_string()) {
     const size_t size = seq.as_string().size();
-    if (size > 0 && static_cast<uint64_t>(times) > limits.max_output_bytes / size) {
-      return Status::resource_exhausted("output size limit ({} bytes) exceeded",
-                                        limits.max_output_bytes);
+    if (size > 0 && static_cast<uint64_t>(times) > ev.limits().max_output_bytes / size) {
+      return ev.check_size(ev.limits().max_output_bytes + 1);
     }
     std::string out;
     out.reserve(size * static_cast<size_t>(times));
@@ -61,10 +61,10 @@ Result<Value> repeat(const Value& seq, int64_t times, const Limits& limits) {
     return Value::string(std::move(out));
   }
   const size_t size = seq.items().size();
-  if (size > 0 && static_cast<uint64_t>(times) * size > limits.max_loop_iterations) {
-    return Status::resource_exhausted("loop iteration limit ({}) exceeded",
-                                      limits.max_loop_iterations);
+  if (size > 0 && static_cast<uint64_t>(times) > ev.limits().max_loop_iterations / size) {
+    return ev.count_iterations(ev.limits().max_loop_iterations + 1);
   }
+  KVP_RETURN_IF_ERROR(ev.count_iterations(size * static_cast<uint64_t>(times)));
   std::vector<Value> items;
   for (int64_t i = 0; i < times; ++i) {
     items.insert(items.end(), seq.items().begin(), seq.items().end());
@@ -79,7 +79,7 @@ double python_fmod(double a, double b) {
 }
 
 // "%s" % args, for %s, %d, %i, %r and %%.
-Result<Value> percent_format(const std::string& format, const Value& args) {
+Result<Value> percent_format(Evaluator& ev, const std::string& format, const Value& args) {
   std::vector<Value> values;
   if (args.is_tuple()) {
     values = args.items();
@@ -102,6 +102,7 @@ Result<Value> percent_format(const std::string& format, const Value& args) {
     if (next >= values.size()) {
       return Status::invalid_argument("not enough arguments for format string");
     }
+    KVP_RETURN_IF_ERROR(ev.check_size(out.size()));
     const Value& v = values[next++];
     if (spec == 's') {
       KVP_ASSIGN_OR_RETURN(std::string text, v.to_str());
@@ -119,10 +120,11 @@ Result<Value> percent_format(const std::string& format, const Value& args) {
   if (next < values.size()) {
     return Status::invalid_argument("not all arguments converted during string formatting");
   }
+  KVP_RETURN_IF_ERROR(ev.check_size(out.size()));
   return Value::string(std::move(out));
 }
 
-Result<Value> arithmetic(BinaryOp op, const Value& a, const Value& b, const Limits& limits) {
+Result<Value> arithmetic(BinaryOp op, const Value& a, const Value& b) {
   if (!a.is_number() || !b.is_number()) return type_error(op, a, b);
   const bool ints = !a.is_float() && !b.is_float();
   const int64_t x = ints ? a.as_int() : 0;
@@ -178,13 +180,12 @@ Result<Value> arithmetic(BinaryOp op, const Value& a, const Value& b, const Limi
     default:
       break;
   }
-  (void)limits;
   return type_error(op, a, b);
 }
 
 }  // namespace
 
-Result<Value> binary_op(BinaryOp op, const Value& a, const Value& b, const Limits& limits) {
+Result<Value> binary_op(Evaluator& ev, BinaryOp op, const Value& a, const Value& b) {
   switch (op) {
     case BinaryOp::kEq:
       return Value::boolean(values_equal(a, b));
@@ -207,64 +208,64 @@ Result<Value> binary_op(BinaryOp op, const Value& a, const Value& b, const Limit
     }
     case BinaryOp::kIn:
     case BinaryOp::kNotIn: {
-      KVP_ASSIGN_OR_RETURN(bool found, contains(b, a));
+      KVP_ASSIGN_OR_RETURN(bool found, contains(ev, b, a));
       return Value::boolean(found == (op == BinaryOp::kIn));
     }
     case BinaryOp::kConcat: {
       KVP_ASSIGN_OR_RETURN(std::string x, a.to_str());
       KVP_ASSIGN_OR_RETURN(std::string y, b.to_str());
-      if (x.size() + y.size() > limits.max_output_bytes) {
-        return Status::resource_exhausted("output size limit ({} bytes) exceeded",
-                                          limits.max_output_bytes);
-      }
+      KVP_RETURN_IF_ERROR(ev.check_size(x.size() + y.size()));
       return Value::string(x + y);
     }
     case BinaryOp::kAdd:
       if (a.is_string() && b.is_string()) {
-        if (a.as_string().size() + b.as_string().size() > limits.max_output_bytes) {
-          return Status::resource_exhausted("output size limit ({} bytes) exceeded",
-                                            limits.max_output_bytes);
-        }
+        KVP_RETURN_IF_ERROR(ev.check_size(a.as_string().size() + b.as_string().size()));
         return Value::string(a.as_string() + b.as_string());
       }
       if (a.is_list() && b.is_list() && a.is_tuple() == b.is_tuple()) {
+        // every item of the new list counts: a list doubled in a loop stops at the limit
+        KVP_RETURN_IF_ERROR(ev.count_iterations(a.items().size() + b.items().size()));
         std::vector<Value> items = a.items();
         items.insert(items.end(), b.items().begin(), b.items().end());
         return Value::list(std::move(items), a.is_tuple());
       }
-      return arithmetic(op, a, b, limits);
+      return arithmetic(op, a, b);
     case BinaryOp::kMul:
       if ((a.is_string() || a.is_list()) && (b.is_int() || b.is_bool())) {
-        return repeat(a, b.as_int(), limits);
+        return repeat(ev, a, b.as_int());
       }
       if ((b.is_string() || b.is_list()) && (a.is_int() || a.is_bool())) {
-        return repeat(b, a.as_int(), limits);
+        return repeat(ev, b, a.as_int());
       }
-      return arithmetic(op, a, b, limits);
+      return arithmetic(op, a, b);
     case BinaryOp::kMod:
-      if (a.is_string()) return percent_format(a.as_string(), b);
-      return arithmetic(op, a, b, limits);
+      if (a.is_string()) return percent_format(ev, a.as_string(), b);
+      return arithmetic(op, a, b);
     default:
-      return arithmetic(op, a, b, limits);
+      return arithmetic(op, a, b);
   }
 }
 
-Result<std::vector<Value>> iterate(const Value& value) {
+Result<std::vector<Value>> iterate(Evaluator& ev, const Value& value) {
   switch (value.kind()) {
     case Value::Kind::kUndefined:
       return std::vector<Value>();
     case Value::Kind::kList:
+      KVP_RETURN_IF_ERROR(ev.count_iterations(value.items().size()));
       return value.items();
     case Value::Kind::kDict: {
       if (value.is_namespace()) break;
+      KVP_RETURN_IF_ERROR(ev.count_iterations(value.dict_data().size()));
       std::vector<Value> keys;
       keys.reserve(value.dict_data().size());
       for (const auto& [key, item] : value.dict_data().entries) keys.push_back(key);
       return keys;
     }
     case Value::Kind::kString: {
+      const std::vector<uint32_t> code_points = decode_utf8(value.as_string());
+      KVP_RETURN_IF_ERROR(ev.count_iterations(code_points.size()));
       std::vector<Value> chars;
-      for (uint32_t cp : decode_utf8(value.as_string())) {
+      for (uint32_t cp : code_points) {
         std::string c;
         append_utf8(cp, &c);
         chars.push_back(Value::string(std::move(c)));
@@ -277,7 +278,7 @@ Result<std::vector<Value>> iterate(const Value& value) {
   return Status::invalid_argument("'{}' object is not iterable", value.type_name());
 }
 
-Result<bool> contains(const Value& haystack, const Value& needle) {
+Result<bool> contains(Evaluator& ev, const Value& haystack, const Value& needle) {
   switch (haystack.kind()) {
     case Value::Kind::kUndefined:
       return false;
@@ -288,6 +289,7 @@ Result<bool> contains(const Value& haystack, const Value& needle) {
       }
       return haystack.as_string().find(needle.as_string()) != std::string::npos;
     case Value::Kind::kList:
+      KVP_RETURN_IF_ERROR(ev.count_iterations(haystack.items().size()));
       for (const Value& item : haystack.items()) {
         if (values_equal(item, needle)) return true;
       }

@@ -728,6 +728,13 @@ class Parser {
       if (indexes.size() == 1) {
         e->b = std::move(indexes[0]);
       } else {
+        // a slice is a subscript of its own (it gets the target); jinja2 would make a tuple
+        // holding a slice object, which no list, dict or string takes as an index
+        for (const ExprPtr& index : indexes) {
+          if (index->kind == Expr::Kind::kSlice) {
+            return error_at(at, "a slice cannot be part of a tuple subscript");
+          }
+        }
         e->b = node(Expr::Kind::kTuple, at);
         e->b->items = std::move(indexes);
         KVP_RETURN_IF_ERROR(seal(*e->b));

@@ -23,10 +23,13 @@
 namespace kvp::jinja {
 
 struct Limits {
-  size_t max_nesting_depth = 200;            // blocks, brackets and expression height in the source
-  size_t max_call_depth = 64;                // nested macro / caller() calls while rendering
-  uint64_t max_loop_iterations = 1'000'000;  // loop bodies run in one render
-  size_t max_output_bytes = 16 << 20;        // the output, and any string built on the way
+  size_t max_nesting_depth = 200;  // blocks, brackets and expression height in the source
+  size_t max_call_depth = 64;      // nested macro / caller() calls while rendering
+  // loop bodies run, and list items built (range, list + and *), in one render
+  uint64_t max_loop_iterations = 1'000'000;
+  size_t max_output_bytes = kMaxTextBytes;  // the output, and any string built on the way
+  // all the strings expressions build in one render together (a long string rebuilt in a loop)
+  uint64_t max_built_bytes = uint64_t{256} << 20;
 };
 
 struct TemplateOptions {

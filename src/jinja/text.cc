@@ -249,8 +249,8 @@ std::vector<std::string> split_lines(std::string_view text) {
   return lines;
 }
 
-std::string replace(std::string_view text, std::string_view from, std::string_view to,
-                    int64_t count) {
+std::optional<std::string> replace(std::string_view text, std::string_view from,
+                                   std::string_view to, int64_t count, size_t max_bytes) {
   std::string out;
   if (from.empty()) {
     const std::vector<uint32_t> cps = decode_utf8(text);
@@ -261,6 +261,7 @@ std::string replace(std::string_view text, std::string_view from, std::string_vi
         ++done;
       }
       if (i < cps.size()) append_utf8(cps[i], &out);
+      if (out.size() > max_bytes) return std::nullopt;
     }
     return out;
   }
@@ -271,10 +272,12 @@ std::string replace(std::string_view text, std::string_view from, std::string_vi
     if (at == std::string_view::npos) break;
     out.append(text.substr(start, at - start));
     out.append(to);
+    if (out.size() > max_bytes) return std::nullopt;
     start = at + from.size();
     ++done;
   }
   out.append(text.substr(start));
+  if (out.size() > max_bytes) return std::nullopt;
   return out;
 }
 

@@ -40,9 +40,10 @@ std::vector<std::string> rsplit(std::string_view text, const std::optional<std::
                                 int64_t max_splits);
 // str.splitlines(keepends=False).
 std::vector<std::string> split_lines(std::string_view text);
-// str.replace(old, new, count); count < 0 replaces all.
-std::string replace(std::string_view text, std::string_view from, std::string_view to,
-                    int64_t count);
+// str.replace(old, new, count); count < 0 replaces all. nullopt when the result would pass
+// max_bytes (it is not built).
+std::optional<std::string> replace(std::string_view text, std::string_view from,
+                                   std::string_view to, int64_t count, size_t max_bytes);
 // Non-overlapping occurrences (str.count); an empty needle counts code points + 1.
 int64_t count_occurrences(std::string_view text, std::string_view needle);
 // str.find as a code point index, or -1.

@@ -14,11 +14,20 @@ Status depth_error(size_t max_depth) {
   return Status::resource_exhausted("value nesting depth limit ({}) exceeded", max_depth);
 }
 
+Status size_error(size_t max_bytes) {
+  return Status::resource_exhausted("output size limit ({} bytes) exceeded", max_bytes);
+}
+
 }  // namespace
+
+const std::string& Value::empty_string() {
+  static const std::string empty;
+  return empty;
+}
 
 Value Value::undefined(std::string hint) {
   Value v;
-  v.string_ = std::move(hint);
+  if (!hint.empty()) v.string_ = std::make_shared<const std::string>(std::move(hint));
   return v;
 }
 
@@ -52,7 +61,7 @@ Value Value::number(double f) {
 Value Value::string(std::string s) {
   Value v;
   v.kind_ = Kind::kString;
-  v.string_ = std::move(s);
+  v.string_ = std::make_shared<const std::string>(std::move(s));
   return v;
 }
 
@@ -161,7 +170,7 @@ bool Value::truthy() const {
     case Kind::kFloat:
       return float_ != 0.0;
     case Kind::kString:
-      return !string_.empty();
+      return !as_string().empty();
     case Kind::kList:
       return !list_->items.empty();
     case Kind::kDict:
@@ -172,18 +181,18 @@ bool Value::truthy() const {
   return false;
 }
 
-Result<std::string> Value::to_str(size_t max_depth) const {
+Result<std::string> Value::to_str(size_t max_depth, size_t max_bytes) const {
   switch (kind_) {
     case Kind::kUndefined:
       return std::string();
     case Kind::kString:
-      return string_;
+      return as_string();
     default:
-      return to_repr(max_depth);
+      return to_repr(max_depth, max_bytes);
   }
 }
 
-Result<std::string> Value::to_repr(size_t max_depth) const {
+Result<std::string> Value::to_repr(size_t max_depth, size_t max_bytes) const {
   if (max_depth == 0) return depth_error(256);
   switch (kind_) {
     case Kind::kUndefined:
@@ -197,13 +206,14 @@ Result<std::string> Value::to_repr(size_t max_depth) const {
     case Kind::kFloat:
       return format_float(float_);
     case Kind::kString:
-      return repr_string(string_);
+      return repr_string(as_string());
     case Kind::kList: {
       std::string out = list_->is_tuple ? "(" : "[";
       for (size_t i = 0; i < list_->items.size(); ++i) {
         if (i > 0) out += ", ";
-        KVP_ASSIGN_OR_RETURN(std::string item, list_->items[i].to_repr(max_depth - 1));
+        KVP_ASSIGN_OR_RETURN(std::string item, list_->items[i].to_repr(max_depth - 1, max_bytes));
         out += item;
+        if (out.size() > max_bytes) return size_error(max_bytes);
       }
       if (list_->is_tuple && list_->items.size() == 1) out += ",";
       out += list_->is_tuple ? ")" : "]";
@@ -215,9 +225,10 @@ Result<std::string> Value::to_repr(size_t max_depth) const {
       for (const auto& [key, value] : dict_->entries) {
         if (!first) out += ", ";
         first = false;
-        KVP_ASSIGN_OR_RETURN(std::string key_text, key.to_repr(max_depth - 1));
-        KVP_ASSIGN_OR_RETURN(std::string value_text, value.to_repr(max_depth - 1));
+        KVP_ASSIGN_OR_RETURN(std::string key_text, key.to_repr(max_depth - 1, max_bytes));
+        KVP_ASSIGN_OR_RETURN(std::string value_text, value.to_repr(max_depth - 1, max_bytes));
         out += key_text + ": " + value_text;
+        if (out.size() > max_bytes) return size_error(max_bytes);
       }
       out += dict_->is_namespace ? "}>" : "}";
       return out;
@@ -513,10 +524,13 @@ std::string json_float(double f) {
 Status write_json(const Value& value, const JsonOptions& options, size_t level, size_t max_depth,
                   std::string* out) {
   if (level > max_depth) return depth_error(max_depth);
+  if (out->size() > options.max_bytes) return size_error(options.max_bytes);
   auto newline = [&](size_t at_level) {
     if (!options.has_indent) return;
     out->push_back('\n');
-    for (size_t i = 0; i < at_level; ++i) *out += options.indent;
+    for (size_t i = 0; i < at_level && out->size() <= options.max_bytes; ++i) {
+      *out += options.indent;
+    }
   };
   switch (value.kind()) {
     case Value::Kind::kNone:
@@ -602,6 +616,7 @@ Status write_json(const Value& value, const JsonOptions& options, size_t level, 
 Result<std::string> to_json(const Value& value, const JsonOptions& options, size_t max_depth) {
   std::string out;
   KVP_RETURN_IF_ERROR(write_json(value, options, 0, max_depth, &out));
+  if (out.size() > options.max_bytes) return size_error(options.max_bytes);
   return out;
 }
 

@@ -1,9 +1,9 @@
 // Value: what a Jinja expression evaluates to, with Python's semantics as jinja2 sees them.
 //
-// Scalars (undefined, none, bool, int, float, string) are held by value; lists, dicts and
-// callables are shared (copying a Value copies a pointer), as Python objects are: a namespace
-// set through one name is seen through every other. Dicts keep insertion order (Python 3.7+) and
-// index their keys for constant-time lookup.
+// Scalars (undefined, none, bool, int, float) are held by value; strings, lists, dicts and
+// callables are shared (a string is immutable, as in Python) (copying a Value copies a pointer), as
+// Python objects are: a namespace set through one name is seen through every other. Dicts keep
+// insertion order (Python 3.7+) and index their keys for constant-time lookup.
 //
 // Data flows in from JSON (from_json) and out as text: to_str() is Python's str(), to_repr()
 // Python's repr(), and to_json() is json.dumps as transformers' tojson filter calls it.
@@ -25,6 +25,9 @@ namespace kvp::jinja {
 
 class Value;
 class Evaluator;
+
+// The longest text to_str, to_repr and to_json write (Limits::max_output_bytes' default).
+inline constexpr size_t kMaxTextBytes = size_t{16} << 20;
 
 // Arguments of one call: positional then keyword, as written.
 struct CallArgs {
@@ -77,20 +80,21 @@ class Value {
   bool as_bool() const { return bool_; }
   int64_t as_int() const { return is_bool() ? int64_t{bool_} : int_; }  // kInt or kBool
   double as_double() const;                                             // any number
-  const std::string& as_string() const { return string_; }
+  const std::string& as_string() const { return string_ ? *string_ : empty_string(); }
   std::vector<Value>& items() const;  // kList
   DictData& dict_data() const;        // kDict
   const CallableData& callable_data() const;
 
   // The reason an undefined value is undefined ("'x' is undefined"), for errors on use.
-  const std::string& undefined_hint() const { return string_; }
+  const std::string& undefined_hint() const { return as_string(); }
 
   // Python truthiness (undefined is false).
   bool truthy() const;
   // Python str() (undefined prints as ""). Fails past max_depth nesting (a namespace that
-  // holds itself).
-  Result<std::string> to_str(size_t max_depth = 256) const;
-  Result<std::string> to_repr(size_t max_depth = 256) const;
+  // holds itself) and, for lists and dicts, when the text would pass max_bytes (a list that
+  // holds one long string many times).
+  Result<std::string> to_str(size_t max_depth = 256, size_t max_bytes = kMaxTextBytes) const;
+  Result<std::string> to_repr(size_t max_depth = 256, size_t max_bytes = kMaxTextBytes) const;
   // jinja2's name for the type in messages: "dict object", "list object", "str object".
   std::string type_name() const;
 
@@ -102,7 +106,11 @@ class Value {
   bool bool_ = false;
   int64_t int_ = 0;
   double float_ = 0.0;
-  std::string string_;  // kString; kUndefined: the hint
+  static const std::string& empty_string();
+
+  // kString: the text; kUndefined: the hint (null: empty). Shared and never modified, so a copy
+  // of a string value (a variable read, an item of a list) costs no bytes however long it is.
+  std::shared_ptr<const std::string> string_;
   std::shared_ptr<ListData> list_;
   std::shared_ptr<DictData> dict_;
   std::shared_ptr<CallableData> callable_;
@@ -147,6 +155,7 @@ struct JsonOptions {
   std::string item_separator = ", ";
   std::string key_separator = ": ";
   bool sort_keys = false;
+  size_t max_bytes = kMaxTextBytes;  // longer text fails (resource exhausted)
 };
 Result<std::string> to_json(const Value& value, const JsonOptions& options, size_t max_depth = 256);
 

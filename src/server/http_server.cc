@@ -41,22 +41,6 @@ std::string owner_of_key(const std::string& key) {
   return fmt::format("k{:016x}", XXH64(key.data(), key.size(), 0x6b7670));
 }
 
-// The body as JSON, or a 400 naming the parse error.
-std::variant<json, ApiError> parse_body(const httplib::Request& req) {
-  json body = json::parse(req.body, nullptr, false);
-  if (body.is_discarded()) {
-    // parse again with exceptions for the position of the error
-    try {
-      body = json::parse(req.body);
-    } catch (const json::parse_error& e) {
-      return ApiError::bad_request("", fmt::format("the body is not valid JSON: {}", e.what()));
-    }
-    return ApiError::bad_request("", "the body is not valid JSON");
-  }
-  if (!body.is_object()) return ApiError::bad_request("", "the body must be a JSON object");
-  return body;
-}
-
 }  // namespace
 
 struct HttpServer::Active {
@@ -200,7 +184,7 @@ void HttpServer::handle_generation(const httplib::Request& req, httplib::Respons
     reply_error(res, ApiError::unavailable("the server is shutting down"));
     return;
   }
-  auto body = parse_body(req);
+  auto body = parse_request_body(req.body, context_->limits);
   if (auto* error = std::get_if<ApiError>(&body)) {
     reply_error(res, *error);
     return;
@@ -315,7 +299,7 @@ void HttpServer::handle_generation(const httplib::Request& req, httplib::Respons
 }
 
 void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response& res) {
-  auto body = parse_body(req);
+  auto body = parse_request_body(req.body, context_->limits);
   if (auto* error = std::get_if<ApiError>(&body)) {
     reply_error(res, *error);
     return;
@@ -363,30 +347,18 @@ void HttpServer::handle_tokenize(const httplib::Request& req, httplib::Response&
 }
 
 void HttpServer::handle_detokenize(const httplib::Request& req, httplib::Response& res) {
-  auto body = parse_body(req);
+  auto body = parse_request_body(req.body, context_->limits);
   if (auto* error = std::get_if<ApiError>(&body)) {
     reply_error(res, *error);
     return;
   }
-  const json& b = std::get<json>(body);
-  auto tokens = b.find("tokens");
-  if (tokens == b.end() || !tokens->is_array()) {
-    reply_error(res, ApiError::bad_request("tokens", "'tokens' must be a list of token ids"));
+  auto ids = parse_detokenize_request(std::get<json>(body),
+                                      static_cast<int64_t>(context_->tokenizer->num_tokens()));
+  if (auto* error = std::get_if<ApiError>(&ids)) {
+    reply_error(res, *error);
     return;
   }
-  std::vector<TokenId> ids;
-  for (const json& t : *tokens) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
-        t.get<int64_t>() >= static_cast<int64_t>(context_->tokenizer->num_tokens())) {
-      reply_error(
-          res, ApiError::bad_request(
-                   "tokens", fmt::format("token {} is not an id of the vocabulary of {}", t.dump(),
-                                         static_cast<int64_t>(context_->tokenizer->num_tokens()))));
-      return;
-    }
-    ids.push_back(t.get<TokenId>());
-  }
-  Result<std::string> text = context_->tokenizer->decode(ids);
+  Result<std::string> text = context_->tokenizer->decode(std::get<std::vector<int32_t>>(ids));
   if (!text.is_ok()) {
     reply_error(res, ApiError::bad_request("tokens", text.status().message()));
     return;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -143,26 +144,108 @@ std::optional<std::string> check_message(const json& message, size_t index, std:
   return r;
 }
 
+// The deepest nesting of arrays and objects in JSON text (brackets inside strings skipped).
+// Stops counting past `limit`.
+int32_t json_nesting_depth(std::string_view text, int32_t limit) {
+  int32_t depth = 0;
+  int32_t deepest = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+      if (deepest > limit) return deepest;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
 // Tool-call arguments arrive as JSON text (OpenAI's wire format); templates expect objects
 // (transformers' templates iterate over them), so text that parses as an object is replaced by it.
-void parse_tool_call_arguments(nlohmann::ordered_json& messages) {
-  for (auto& message : messages) {
-    auto calls = message.find("tool_calls");
-    if (calls == message.end() || !calls->is_array()) continue;
-    for (auto& call : *calls) {
+// Text nested past max_depth is refused: it is a body inside the body, held to the same limit.
+std::optional<ApiError> parse_tool_call_arguments(nlohmann::ordered_json& messages,
+                                                  int32_t max_depth) {
+  for (size_t m = 0; m < messages.size(); ++m) {
+    auto calls = messages[m].find("tool_calls");
+    if (calls == messages[m].end() || !calls->is_array()) continue;
+    for (size_t c = 0; c < calls->size(); ++c) {
+      auto& call = (*calls)[c];
       if (!call.is_object() || !call.contains("function")) continue;
       auto& function = call["function"];
       if (!function.is_object()) continue;
       auto args = function.find("arguments");
       if (args == function.end() || !args->is_string()) continue;
-      nlohmann::ordered_json parsed =
-          nlohmann::ordered_json::parse(args->get<std::string>(), nullptr, false);
+      const std::string& text = args->get_ref<const std::string&>();
+      if (json_nesting_depth(text, max_depth) > max_depth) {
+        return ApiError::bad_request(
+            "messages", fmt::format("messages[{}].tool_calls[{}].function.arguments nests arrays "
+                                    "and objects deeper than the limit of {} levels",
+                                    m, c, max_depth));
+      }
+      nlohmann::ordered_json parsed = nlohmann::ordered_json::parse(text, nullptr, false);
       if (!parsed.is_discarded() && parsed.is_object()) *args = std::move(parsed);
     }
   }
+  return std::nullopt;
 }
 
 }  // namespace
+
+std::variant<json, ApiError> parse_request_body(std::string_view text,
+                                                const RequestLimits& limits) {
+  if (json_nesting_depth(text, limits.max_json_depth) > limits.max_json_depth) {
+    return ApiError::bad_request(
+        "", fmt::format("the body nests arrays and objects deeper than the limit of {} levels",
+                        limits.max_json_depth));
+  }
+  json body = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded()) {
+    // parse again with exceptions for the position of the error: a parse_error, or an
+    // out_of_range for a number past a double ("1e400")
+    try {
+      body = json::parse(text);
+    } catch (const json::exception& e) {
+      return ApiError::bad_request("", fmt::format("the body is not valid JSON: {}", e.what()));
+    }
+    return ApiError::bad_request("", "the body is not valid JSON");
+  }
+  if (!body.is_object()) return ApiError::bad_request("", "the body must be a JSON object");
+  return body;
+}
+
+std::variant<std::vector<int32_t>, ApiError> parse_detokenize_request(const json& body,
+                                                                      int64_t vocab_size) {
+  auto tokens = body.find("tokens");
+  if (tokens == body.end() || !tokens->is_array()) {
+    return ApiError::bad_request("tokens", "'tokens' must be a list of token ids");
+  }
+  std::vector<int32_t> ids;
+  for (const json& t : *tokens) {
+    const bool in_vocab =
+        t.is_number_unsigned()  ? t.get<uint64_t>() < static_cast<uint64_t>(vocab_size)
+        : t.is_number_integer() ? t.get<int64_t>() >= 0 && t.get<int64_t>() < vocab_size
+                                : false;
+    if (!in_vocab) {
+      return ApiError::bad_request(
+          "tokens",
+          fmt::format("token {} is not an id of the vocabulary of {}", t.dump(), vocab_size));
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  return ids;
+}
 
 Status validate_session_id(const std::string& id, int32_t max_bytes) {
   if (id.empty()) return Status::invalid_argument("session id is empty");
@@ -204,7 +287,7 @@ std::variant<GenerationRequest, ApiError> parse_generation_request(const json& b
       if (!check_message((*messages)[i], i, &why)) return ApiError::bad_request("messages", why);
     }
     r.messages = nlohmann::ordered_json::parse(messages->dump());
-    parse_tool_call_arguments(r.messages);
+    if (auto error = parse_tool_call_arguments(r.messages, limits.max_json_depth)) return *error;
     if (const json* tools = f.get("tools")) {
       if (!tools->is_array()) return ApiError::bad_request("tools", "'tools' must be a list");
       if (static_cast<int32_t>(tools->size()) > limits.max_tools) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -26,6 +27,10 @@ struct RequestLimits {
   int32_t max_messages = 4096;
   int32_t max_tools = 256;
   int32_t max_session_id_bytes = 128;
+  // Arrays and objects nested in a body, or in a tool call's arguments text (tool schemas nest
+  // a few levels); deeper ones are refused before they are parsed, as JSON's own functions
+  // (dump, copy, ==) recurse once per level.
+  int32_t max_json_depth = 64;
 };
 
 struct GenerationRequest {
@@ -56,12 +61,22 @@ struct GenerationRequest {
   std::optional<std::string> session_id;  // kvpool's extension (or the X-Session-Id header)
 };
 
+// A request body as JSON. 400 errors: not valid JSON (naming the parse error), not an object,
+// or arrays and objects nested deeper than limits.max_json_depth (naming the limit).
+std::variant<nlohmann::json, ApiError> parse_request_body(std::string_view text,
+                                                          const RequestLimits& limits);
+
 // Parses a body of /v1/chat/completions (chat) or /v1/completions. Unknown fields are ignored,
 // as OpenAI's server does; known fields of the wrong type or out of range are a 400 naming the
 // field.
 std::variant<GenerationRequest, ApiError> parse_generation_request(const nlohmann::json& body,
                                                                    bool chat,
                                                                    const RequestLimits& limits);
+
+// The ids of a /detokenize body ({"tokens": [ids]}); each must lie in [0, vocab_size). A 400
+// naming the first id that does not.
+std::variant<std::vector<int32_t>, ApiError> parse_detokenize_request(const nlohmann::json& body,
+                                                                      int64_t vocab_size);
 
 // A session id names a file under --session-dir: 1..128 characters of [A-Za-z0-9_.-], not
 // starting with '.'. invalid_argument naming the id otherwise.

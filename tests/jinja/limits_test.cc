@@ -80,6 +80,67 @@ TEST(JinjaLimits, StringRepeatAndDoublingAreCapped) {
                "output size limit");
 }
 
+// Work that a template repeats in a loop counts: list items built, walked or searched, and the
+// bytes of strings rebuilt, so no loop body can multiply the work past the limits.
+TEST(JinjaLimits, ListDoublingStopsAtTheIterationLimit) {
+  expect_limit(render_status("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}"
+                             "{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | length }}"),
+               "loop iteration limit (1000000)");
+  expect_limit(render_status("{% for i in range(1000) %}{% set l = [0] * 100000 %}{% endfor %}"),
+               "loop iteration limit (1000000)");
+}
+
+TEST(JinjaLimits, RangesListsAndStringsWalkedInALoopCountTheirItems) {
+  expect_limit(render_status("{% for i in range(1000) %}{{ range(100000) | length }}{% endfor %}"),
+               "loop iteration limit (1000000)");
+  expect_limit(render_status("{{ ('x' * 2000000) | list | length }}"),
+               "loop iteration limit (1000000)");
+  expect_limit(render_status("{% set big = range(100000) | list %}{% for i in range(100) %}"
+                             "{{ -1 in big }}{% endfor %}"),
+               "loop iteration limit (1000000)");
+}
+
+TEST(JinjaLimits, StringsRebuiltInALoopStopAtTheBuiltBytesLimit) {
+  expect_limit(render_status("{% set s = 'x' * 1000000 %}{% for i in range(1000) %}"
+                             "{% set t = s ~ '' %}{% endfor %}"),
+               "limit on the bytes of strings built (268435456)");
+}
+
+TEST(JinjaLimits, ALongStringRepeatedInAListIsSharedNotCopied) {
+  const std::string source =
+      "{% set s = 'x' * 10000000 %}{% set l = [s] * 100000 %}{{ l | length }}";
+  Result<Template> t = Template::parse(source);
+  ASSERT_TRUE(t.is_ok());
+  Result<std::string> out = t->render(nlohmann::ordered_json::object());
+  ASSERT_TRUE(out.is_ok()) << out.status().to_string();
+  EXPECT_EQ(*out, "100000");
+  expect_limit(render_status("{% set s = 'x' * 10000000 %}{{ ([s] * 100000) | tojson | length }}"),
+               "output size limit");
+  expect_limit(render_status("{% set s = 'x' * 10000000 %}{{ ([s] * 100000) | string }}"),
+               "output size limit");
+}
+
+TEST(JinjaLimits, ReplaceIsRefusedBeforeItsResultIsBuilt) {
+  expect_limit(render_status("{% set s = 'x' * 100000 %}{{ s | replace('x', s) | length }}"),
+               "output size limit");
+  expect_limit(render_status("{% set s = 'x' * 100000 %}{{ s.replace('x', s) | length }}"),
+               "output size limit");
+  expect_limit(render_status("{% set s = 'x' * 100000 %}{{ s | replace('', s) | length }}"),
+               "output size limit");
+}
+
+TEST(JinjaLimits, HugeIndentWidthsAreRefused) {
+  expect_limit(render_status("{{ [1, 2] | tojson(indent=1000000000000) }}"), "output size limit");
+  expect_limit(render_status("{{ 'a\\nb' | indent(1000000000000) }}"), "output size limit");
+}
+
+TEST(JinjaErrors, FormatIndexPast64BitsIsAnErrorNotAnException) {
+  const Status status = render_status("{{ '{99999999999999999999999}'.format(1) }}");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.to_string();
+  EXPECT_NE(status.message().find("out of range"), std::string::npos) << status.to_string();
+  EXPECT_EQ(render_status("{{ '{1}{0}'.format('a', 'b') }}").code(), StatusCode::kOk);
+}
+
 TEST(JinjaLimits, SelfContainingNamespaceDoesNotRecurseForever) {
   const Status status =
       render_status("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns }}");
@@ -99,6 +160,18 @@ TEST(JinjaErrors, SyntaxErrorNamesLineAndColumn) {
   const Status status = render_status("line one\nline {{ two }}\n{% if x %}\n  {{ 1 + }}\n");
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(status.message().starts_with("line 4:")) << status.to_string();
+}
+
+TEST(JinjaErrors, SliceInsideATupleSubscriptIsASyntaxError) {
+  // chat_template_fuzz: the slice was left without its target, and rendering dereferenced it
+  for (const char* source : {"{{ l[3:0:,1] }}", "{{ l[1, :2] }}", "{{ l[::1, ::2] }}"}) {
+    const Status status = render_status(source);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << source;
+    EXPECT_NE(status.message().find("a slice cannot be part of a tuple subscript"),
+              std::string::npos)
+        << status.to_string();
+  }
+  EXPECT_TRUE(render_status("{{ [1, 2, 3][1:] }}{{ {(1, 2): 3}[1, 2] }}").is_ok());
 }
 
 TEST(JinjaErrors, RenderErrorNamesLineAndColumn) {
