@@ -90,17 +90,20 @@ kvpool=$out/kvpool
 
 {
   echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo "kvpool: $(git -C "$kvpool_build" rev-parse --short HEAD 2>/dev/null) ($kvpool_build, binaries from $(date -u -r "$kvpool_build/apps/kvpool" '+%Y-%m-%d %H:%M UTC'))"
+  built=$(date -u -r "$kvpool_build/apps/kvpool" '+%Y-%m-%d %H:%M UTC')
+  echo "kvpool: $(git -C "$kvpool_build" rev-parse --short HEAD 2>/dev/null) ($kvpool_build, built $built)"
   echo "llama.cpp: $llama_dir"
   echo "threads: $threads, reps: $reps"
-  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
+  echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$out/env.txt"
 
 # --- interleaved runs ------------------------------------------------------------------------
 for m in "${models[@]}"; do
   name=$(basename "$m" .gguf)
   for r in $(seq 1 "$reps"); do
-    echo "== $name rep $r/$reps" >&2
+    echo "== $name rep $r/$reps (load average $(cut -d' ' -f1 /proc/loadavg))" >&2
+    cut -d' ' -f1 /proc/loadavg >> "$out/loadavg.txt"
     OPENBLAS_NUM_THREADS=$threads "$kv_bench" --model "$m" --threads "$threads" \
       --prompt 512 --decode 128 --batch 1,1 > "$out/$name.kvpool.$r.txt" 2>&1 ||
       echo "  kvpool run failed (see $out/$name.kvpool.$r.txt)" >&2
@@ -172,8 +175,15 @@ def max_rss_mb(path):
     except OSError:
         return None
 
-print(f"llama.cpp build {llama_commit()}; medians of {reps} interleaved runs\n")
-print("| model | phase | kvpool tok/s | llama.cpp tok/s | kvpool / llama.cpp | copy GB/s | kvpool floor tok/s | kvpool / floor | runs |")
+try:
+    load = [float(x) for x in open(f"{out}/loadavg.txt").read().split()]
+    load = f"{min(load):.1f}-{max(load):.1f}"
+except (OSError, ValueError):
+    load = "?"
+print(f"llama.cpp build {llama_commit()}; medians of {reps} interleaved runs; "
+      f"1-min load average at the start of a rep: {load}\n")
+print("| model | phase | kvpool tok/s | llama.cpp tok/s | kvpool / llama.cpp | copy GB/s "
+      "| kvpool floor tok/s | kvpool / floor | runs |")
 print("|---|---|--:|--:|--:|--:|--:|--:|--:|")
 mem = []
 for path in models:

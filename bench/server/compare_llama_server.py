@@ -88,7 +88,8 @@ def system_prompt(tokens: int) -> str:
     # ~1.3 tokens per word for these words (SmolLM2's tokenizer, measured); the usage of the
     # first turn reports the real count
     rng = random.Random(1234)
-    return "You are a careful assistant. Background notes follow. " + words(rng, int(tokens / TOKENS_PER_WORD))
+    return ("You are a careful assistant. Background notes follow. " +
+            words(rng, int(tokens / TOKENS_PER_WORD)))
 
 
 # --- one streamed request -----------------------------------------------------------------------
