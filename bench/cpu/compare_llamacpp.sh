@@ -29,6 +29,9 @@
 #   bench/cpu/compare_llamacpp.sh                                  # both default models, -t 2, 5 reps
 #   bench/cpu/compare_llamacpp.sh --llama-dir /work/peers/llama_cpp_python-0.3.36/vendor/llama.cpp \
 #       --threads 2 --reps 5 --out build/compare-llamacpp models/SmolLM2-135M-Instruct.Q4_1.gguf
+# On a shared machine, --quiet-wait S waits (at most S seconds) before every rep until no other
+# process is runnable (procs_running in /proc/stat); the table prints the load average at the
+# start of each rep either way.
 # Raw outputs of every run and the table (table.md) go to --out. The kvpool binaries are copied
 # there first, so a rebuild of build/release during the run does not change what is measured.
 set -u -o pipefail
@@ -39,6 +42,7 @@ threads=2
 reps=5
 kvpool_build=build/release
 out=""
+quiet_wait=0
 models=()
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
@@ -48,6 +52,7 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift 2 ;;
     --kvpool-build) kvpool_build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --quiet-wait) quiet_wait=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     -*) echo "unknown option $1" >&2; usage 2 ;;
     *) models+=("$1"); shift ;;
@@ -98,10 +103,28 @@ kvpool=$out/kvpool
   echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$out/env.txt"
 
+# Wait up to $quiet_wait s until five samples of procs_running over 1 s are all 1 (this shell).
+wait_quiet() {
+  local end=$((SECONDS + quiet_wait)) busy n line i
+  while [ "$SECONDS" -lt "$end" ]; do
+    busy=0
+    for i in 1 2 3 4 5; do
+      while read -r line; do
+        case "$line" in procs_running*) n=${line#procs_running }; [ "$n" -gt 1 ] && busy=1 ;; esac
+      done < /proc/stat
+      sleep 0.2
+    done
+    [ "$busy" -eq 0 ] && return 0
+    sleep 5
+  done
+  echo "  (machine still busy after ${quiet_wait} s; running anyway)" >&2
+}
+
 # --- interleaved runs ------------------------------------------------------------------------
 for m in "${models[@]}"; do
   name=$(basename "$m" .gguf)
   for r in $(seq 1 "$reps"); do
+    [ "$quiet_wait" -gt 0 ] && wait_quiet
     echo "== $name rep $r/$reps (load average $(cut -d' ' -f1 /proc/loadavg))" >&2
     cut -d' ' -f1 /proc/loadavg >> "$out/loadavg.txt"
     OPENBLAS_NUM_THREADS=$threads "$kv_bench" --model "$m" --threads "$threads" \
