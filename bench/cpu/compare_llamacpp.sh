@@ -16,8 +16,8 @@
 #   peak RSS (/usr/bin/time -v, "Maximum resident set size"), once per model:
 #           llama.cpp: the llama-bench decode run above (context 640, f16 KV)
 #           kvpool:    `kvpool bench --workload offline --requests 1`, a 512-token prompt and 128
-#                      output tokens, --blocks 48 (768 tokens of KV). Not model_cpu_bench, whose
-#                      1 GiB copy buffers would dominate its peak.
+#                      output tokens, KV blocks for prompt + decode + 128 tokens. Not
+#                      model_cpu_bench, whose 1 GiB copy buffers would dominate its peak.
 #
 # llama.cpp is built from source as docs say (/work/shared/PEERS.md): the llama-cpp-python sdist
 # from PyPI carries the llama.cpp tree (0.3.36: llama.cpp 0c1e570); `cmake -DGGML_NATIVE=ON
@@ -27,6 +27,8 @@
 #
 # Run from the repository root, after `make build`:
 #   bench/cpu/compare_llamacpp.sh                                  # both default models, -t 2, 5 reps
+#   bench/cpu/compare_llamacpp.sh --reps 3 --decode 32 /work/peers/llama8b-q4km.gguf   # the 8B
+#       (scripts/make_llama8b_q4km.py writes it; --prompt / --decode change 512 / 128 everywhere)
 #   bench/cpu/compare_llamacpp.sh --llama-dir /work/peers/llama_cpp_python-0.3.36/vendor/llama.cpp \
 #       --threads 2 --reps 5 --out build/compare-llamacpp models/SmolLM2-135M-Instruct.Q4_1.gguf
 # On a shared machine, --quiet-wait S waits (at most S seconds) before every rep until no other
@@ -43,6 +45,8 @@ reps=5
 kvpool_build=build/release
 out=""
 quiet_wait=0
+prompt=512    # tokens before decode, and the prefill length
+decode=128    # decode tokens
 models=()
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
@@ -53,6 +57,8 @@ while [ $# -gt 0 ]; do
     --kvpool-build) kvpool_build=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --quiet-wait) quiet_wait=$2; shift 2 ;;
+    --prompt) prompt=$2; shift 2 ;;
+    --decode) decode=$2; shift 2 ;;
     -h|--help) usage 0 ;;
     -*) echo "unknown option $1" >&2; usage 2 ;;
     *) models+=("$1"); shift ;;
@@ -98,7 +104,7 @@ kvpool=$out/kvpool
   built=$(date -u -r "$kvpool_build/apps/kvpool" '+%Y-%m-%d %H:%M UTC')
   echo "kvpool: $(git -C "$kvpool_build" rev-parse --short HEAD 2>/dev/null) ($kvpool_build, built $built)"
   echo "llama.cpp: $llama_dir"
-  echo "threads: $threads, reps: $reps"
+  echo "threads: $threads, reps: $reps, prompt: $prompt, decode: $decode"
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores"
   echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 } | tee "$out/env.txt"
@@ -128,29 +134,29 @@ for m in "${models[@]}"; do
     echo "== $name rep $r/$reps (load average $(cut -d' ' -f1 /proc/loadavg))" >&2
     cut -d' ' -f1 /proc/loadavg >> "$out/loadavg.txt"
     OPENBLAS_NUM_THREADS=$threads "$kv_bench" --model "$m" --threads "$threads" \
-      --prompt 512 --decode 128 --batch 1,1 > "$out/$name.kvpool.$r.txt" 2>&1 ||
+      --prompt "$prompt" --decode "$decode" --batch 1,1 > "$out/$name.kvpool.$r.txt" 2>&1 ||
       echo "  kvpool run failed (see $out/$name.kvpool.$r.txt)" >&2
     /usr/bin/time -v -o "$out/$name.llama.decode.$r.time" \
-      "$llama_bench" -m "$m" -t "$threads" -r 1 -o json -p 0 -n 128 -d 512 \
+      "$llama_bench" -m "$m" -t "$threads" -r 1 -o json -p 0 -n "$decode" -d "$prompt" \
       > "$out/$name.llama.decode.$r.json" 2> "$out/$name.llama.decode.$r.err" ||
       echo "  llama-bench decode failed (see $out/$name.llama.decode.$r.err)" >&2
-    "$llama_bench" -m "$m" -t "$threads" -r 1 -o json -p 512 -n 0 \
+    "$llama_bench" -m "$m" -t "$threads" -r 1 -o json -p "$prompt" -n 0 \
       > "$out/$name.llama.prefill.$r.json" 2> "$out/$name.llama.prefill.$r.err" ||
       echo "  llama-bench prefill failed (see $out/$name.llama.prefill.$r.err)" >&2
   done
   echo "== $name kvpool peak RSS" >&2
   /usr/bin/time -v -o "$out/$name.kvpool.rss.time" "$kvpool" bench --model "$m" --threads "$threads" \
-    --workload offline --requests 1 --prompt-tokens-min 512 --prompt-tokens-max 512 \
-    --output-tokens-min 128 --output-tokens-max 128 --blocks 48 \
+    --workload offline --requests 1 --prompt-tokens-min "$prompt" --prompt-tokens-max "$prompt" \
+    --output-tokens-min "$decode" --output-tokens-max "$decode" --blocks $(((prompt + decode) / 16 + 8)) \
     > "$out/$name.kvpool.rss.txt" 2>&1 || echo "  kvpool bench failed (see $out/$name.kvpool.rss.txt)" >&2
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$out/env.txt"
 
 # --- the table --------------------------------------------------------------------------------
-python3 - "$out" "$reps" "${models[@]}" <<'EOF' | tee "$out/table.md"
+python3 - "$out" "$reps" "$prompt" "$decode" "${models[@]}" <<'EOF' | tee "$out/table.md"
 import json, os, re, statistics, sys
 
-out, reps, models = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+out, reps, prompt, decode, models = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5:]
 
 def med(xs):
     xs = [x for x in xs if x is not None]
@@ -203,6 +209,7 @@ try:
     load = f"{min(load):.1f}-{max(load):.1f}"
 except (OSError, ValueError):
     load = "?"
+print(f"decode: {decode} tokens after a {prompt}-token prompt, batch 1; prefill: {prompt} tokens")
 print(f"llama.cpp build {llama_commit()}; medians of {reps} interleaved runs; "
       f"1-min load average at the start of a rep: {load}\n")
 print("| model | phase | kvpool tok/s | llama.cpp tok/s | kvpool / llama.cpp | copy GB/s "
