@@ -28,10 +28,11 @@ sequences decoding at once. llama-server's RAM prompt cache (--cache-ram, defaul
 and kvpool's host tier (--host-tier-bytes) are both given --host-cache-mib (default 0: off on
 both, so that neither keeps KV beyond the matched pool).
 
-Bounds: every request has a 300 s timeout, each workload stops issuing new requests after
---time-limit seconds (default 420), and the defaults (32 agents x 8 turns of 32 tokens, 48
-Poisson requests at 0.5/s) take a few minutes per server on the 2-core machine. Scale down with
---agents / --turns / --poisson-requests if needed.
+Bounds: a request is abandoned after 300 s (counted as failed); each workload stops issuing
+new requests after --time-limit seconds (default 420). At the defaults (32 agents x 8 turns of
+32 tokens, 48 Poisson requests at 0.5/s) a fast server takes a few minutes per workload on the
+2-core machine; a slow one is cut off by the time limit (compare requests done, not only tok/s).
+Scale down with --agents / --turns / --poisson-requests / --rate and say so.
 
 Run from the repository root (kvpool built, llama-server built as bench/cpu/compare_llamacpp.sh
 or /work/shared/PEERS.md says, with `--target llama-server`):
@@ -124,6 +125,10 @@ def stream_chat(port: int, body: dict, res: Result) -> Result:
             return res
         parts = []
         for raw in resp:  # SSE: one "data: {...}" line per event, blank lines between
+            now = time.monotonic()
+            if now - res.sent > REQUEST_TIMEOUT_S:  # SSE pings keep the socket busy: bound it here
+                res.error = f"over {REQUEST_TIMEOUT_S} s"
+                break
             line = raw.strip()
             if not line.startswith(b"data:"):
                 continue
@@ -132,7 +137,6 @@ def stream_chat(port: int, body: dict, res: Result) -> Result:
                 res.ok = True
                 break
             chunk = json.loads(data)
-            now = time.monotonic()
             for choice in chunk.get("choices") or []:
                 content = (choice.get("delta") or {}).get("content")
                 if content:
@@ -152,7 +156,7 @@ def stream_chat(port: int, body: dict, res: Result) -> Result:
             if timings and "cache_n" in timings:
                 res.cached_tokens = timings["cache_n"]
         res.text = "".join(parts)
-        if not res.ok:
+        if not res.ok and not res.error:
             res.error = "stream ended without [DONE]"
     except Exception as e:  # noqa: BLE001 - a benchmark records the failure and goes on
         res.error = f"{type(e).__name__}: {e}"
