@@ -16,6 +16,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "model/model_loader.h"
@@ -357,18 +358,30 @@ TinyModel load_smollm2_goldens(const Tokenizer& tokenizer, const nlohmann::json&
   return model;
 }
 
+// The default real model, its tokenizer and its transformers goldens, loaded once per test.
+class RealModel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (scripts/setup.sh)";
+    std::ifstream in("tests/model/fixtures/real/smollm2_goldens.json");
+    goldens = nlohmann::json::parse(in);
+    auto loaded = load_tokenizer(path);
+    ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+    tokenizer.emplace(std::move(loaded).value());
+    model = load_smollm2_goldens(*tokenizer, goldens);
+    ASSERT_TRUE(model.runner);
+  }
+
+  nlohmann::json goldens;
+  std::optional<Tokenizer> tokenizer;
+  TinyModel model;
+};
+
 // kvpool's tokenizer must give transformers' prompt ids, and its forward pass over the paged
 // pool, with activations in f32 (the weights dequantised exactly, as transformers does), the
 // same 32 greedy tokens and text.
-TEST(RealModel, SmolLm2GreedyMatchesTransformersLoadingTheSameGguf) {
-  const std::string path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (scripts/setup.sh)";
-  std::ifstream in("tests/model/fixtures/real/smollm2_goldens.json");
-  const nlohmann::json goldens = nlohmann::json::parse(in);
-  auto tokenizer = load_tokenizer(path);
-  ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().to_string();
-  TinyModel model = load_smollm2_goldens(*tokenizer, goldens);
-  ASSERT_TRUE(model.runner);
+TEST_F(RealModel, SmolLm2GreedyMatchesTransformersLoadingTheSameGguf) {
   model.runner->set_act_precision(quant::ActPrecision::kF32);
   auto outputs = greedy(model, 16, /*batched=*/true, /*chunk=*/0);
   for (size_t p = 0; p < outputs.size(); ++p) {
@@ -388,15 +401,7 @@ TEST(RealModel, SmolLm2GreedyMatchesTransformersLoadingTheSameGguf) {
 // 128 steps. The bounds (mean 0.01, any step 0.05, 95 % agreement) leave room for other
 // targets' rounding and still fail a kernel with a wrong scale or offset (that moves logits by
 // whole units: KLD far above 0.1).
-TEST(RealModel, SmolLm2Int8ActivationsStayNearTheExactLogits) {
-  const std::string path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " not found (scripts/setup.sh)";
-  std::ifstream in("tests/model/fixtures/real/smollm2_goldens.json");
-  const nlohmann::json goldens = nlohmann::json::parse(in);
-  auto tokenizer = load_tokenizer(path);
-  ASSERT_TRUE(tokenizer.is_ok()) << tokenizer.status().to_string();
-  TinyModel model = load_smollm2_goldens(*tokenizer, goldens);
-  ASSERT_TRUE(model.runner);
+TEST_F(RealModel, SmolLm2Int8ActivationsStayNearTheExactLogits) {
   ModelRunner& runner = *model.runner;
   const int32_t vocab = runner.spec().vocab_size;
   double kld_sum = 0, kld_worst = 0;
