@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 
 bool write_plot(std::span<const PlotRun> runs, const BenchOptions& o) {
   const std::string model =
-      o.random_model.empty() ? o.model.model : o.random_model + " (random weights)";
+      o.model.random_model.empty() ? o.model.model : o.model.random_model + " (random weights)";
   const std::string title =
       fmt::format("kvpool bench {}: {} on {}", o.workload, model, o.model.device);
   const Status written = write_bench_plot(runs, title, o.plot_path);
@@ -51,7 +51,7 @@ std::string tagged_path(const std::string& path, const std::string& tag) {
 // Checks what CLI11's per-option checks cannot: options that must agree with each other.
 Status check_options(const BenchOptions& o) {
   const BenchConfig& b = o.bench;
-  if (o.model.model.empty() == o.random_model.empty()) {
+  if (o.model.model.empty() == o.model.random_model.empty()) {
     return Status::invalid_argument("give one of --model PATH and --random-model NAME{}",
                                     o.model.model.empty() ? "" : ", not both");
   }
@@ -199,10 +199,7 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
       "Runs an engine benchmark workload on a model and prints latency, throughput and "
       "cache statistics");
   BenchConfig& b = o->bench;
-  add_engine_options(bench, &o->model, /*model_required=*/false);
-  bench->add_option("--random-model", o->random_model,
-                    "instead of --model: a model shape with random weights (llama3-8b, "
-                    "smollm2-135m; on cpu smollm2-135m only); needs no tokenizer");
+  add_engine_options(bench, &o->model, ModelChoice::kFileOrRandom);
   bench->add_option("--workload", o->workload, "offline, poisson, closed or agents")
       ->check(CLI::IsMember({"offline", "poisson", "closed", "agents"}))
       ->capture_default_str();
@@ -293,13 +290,13 @@ int run_bench_command(BenchOptions o) {
   }
   const int32_t num_threads = resolved_threads(o.model);
   ThreadPool pool(num_threads);
-  const bool random = !o.random_model.empty();
+  const bool random = !o.model.random_model.empty();
   Result<std::unique_ptr<ForwardBackend>> backend =
-      random ? make_random_backend(o.random_model, o.model.device, o.bench.seed, &pool)
+      random ? make_random_backend(o.model.random_model, o.model.device, o.bench.seed, &pool)
              : load_backend(o.model.model, o.model.device, &pool);
   if (!backend.is_ok()) {
     fmt::print(stderr, "kvpool bench: {} {}: {}\n", random ? "--random-model" : "--model",
-               random ? o.random_model : o.model.model, backend.status().to_string());
+               random ? o.model.random_model : o.model.model, backend.status().to_string());
     return 2;
   }
   Result<EngineConfig> engine_config = make_engine_config(o.model, **backend);
@@ -313,7 +310,7 @@ int run_bench_command(BenchOptions o) {
       "kvpool bench: {} ({}, {} layers, vocab {}) on {}; engine: block size {}, {} blocks per "
       "group x {} group(s), KV {}, max {} seqs, {} tokens per step, prefix caching {}; {} "
       "thread(s)\n",
-      random ? o.random_model + " with random weights" : o.model.model,
+      random ? o.model.random_model + " with random weights" : o.model.model,
       architecture_name(spec.architecture), spec.num_layers, spec.vocab_size,
       (*backend)->device_name(), o.engine.block_size, o.engine.num_blocks,
       (*backend)->num_cache_groups(), dtype_name(o.engine.kv_dtype), o.engine.max_num_seqs,

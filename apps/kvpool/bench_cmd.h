@@ -27,7 +27,6 @@ struct BenchOptions {
   // --model (a GGUF file or Hugging Face directory), device, pool, tiers, threads; the
   // benchmark's default pool is 1024 blocks per group (--blocks), not --kv-memory.
   EngineOptions model = default_model_options();
-  std::string random_model;          // or a named shape with random weights (random_model.h)
   std::string workload = "offline";  // offline | poisson | closed | agents
   BenchConfig bench;                 // workload parameters (its `workload` is set from the name)
   EngineConfig engine;               // from `model` once the backend is loaded

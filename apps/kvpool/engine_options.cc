@@ -48,10 +48,19 @@ CLI::Validator finite_range(double min, double max) {
       fmt::format("NUMBER in [{}, {}]", min, max));
 }
 
-void add_engine_options(CLI::App* cmd, EngineOptions* o, bool model_required) {
+void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
   CLI::Option* model =
       cmd->add_option("--model,-m", o->model, "GGUF file or Hugging Face model directory");
-  if (model_required) model->required();
+  if (choice == ModelChoice::kFile) {
+    model->required();
+  } else {
+    cmd->add_option("--random-model", o->random_model,
+                    "instead of --model: a model shape with random weights (llama3-8b, "
+                    "smollm2-135m; on cpu smollm2-135m only)");
+    cmd->add_option("--tokenizer", o->tokenizer,
+                    "with --random-model: the tokenizer (a GGUF file or a folder with "
+                    "tokenizer.json) whose ids the random model's outputs decode to");
+  }
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (a build with CUDA: make cuda)")
       ->capture_default_str();
   cmd->add_option("--kv-dtype", o->kv_dtype,
@@ -136,6 +145,13 @@ Result<DType> parse_kv_dtype(const std::string& text, const std::string& device)
 }
 
 Status check_engine_options(const EngineOptions& o) {
+  if (!o.random_model.empty() && !o.model.empty()) {
+    return Status::invalid_argument("give one of --model PATH and --random-model NAME, not both");
+  }
+  if (!o.tokenizer.empty() && o.random_model.empty()) {
+    return Status::invalid_argument(
+        "--tokenizer goes with --random-model (a --model brings its own)");
+  }
   if (Result<Device> device = parse_device(o.device); !device.is_ok()) {
     return Status::invalid_argument("--device: {}", device.status().message());
   }
@@ -168,9 +184,19 @@ int32_t resolved_threads(const EngineOptions& o) {
 Result<LoadedModel> load_model(const EngineOptions& o, bool need_tokenizer,
                                const std::function<void(int32_t, int32_t)>& progress) {
   KVP_RETURN_IF_ERROR(check_engine_options(o));
+  const bool random = !o.random_model.empty();
+  if (o.model.empty() && !random) {
+    return Status::invalid_argument("give --model PATH or --random-model NAME");
+  }
+  if (random && need_tokenizer && o.tokenizer.empty()) {
+    return Status::invalid_argument(
+        "--random-model {} needs --tokenizer PATH here (its output "
+        "ids are decoded to text)",
+        o.random_model);
+  }
   LoadedModel loaded;
   if (need_tokenizer) {
-    Result<Tokenizer> tokenizer = load_tokenizer(o.model);
+    Result<Tokenizer> tokenizer = load_tokenizer(random ? o.tokenizer : o.model);
     if (!tokenizer.is_ok()) return tokenizer.status();
     loaded.tokenizer.emplace(std::move(tokenizer).value());
   }
@@ -179,9 +205,18 @@ Result<LoadedModel> load_model(const EngineOptions& o, bool need_tokenizer,
   LoadProgress on_progress;
   if (progress) on_progress = progress;
   Result<std::unique_ptr<ForwardBackend>> backend =
-      load_backend(o.model, o.device, loaded.pool.get(), on_progress);
+      random ? make_random_backend(o.random_model, o.device, /*seed=*/0, loaded.pool.get())
+             : load_backend(o.model, o.device, loaded.pool.get(), on_progress);
   if (!backend.is_ok()) return backend.status();
   loaded.backend = std::move(backend).value();
+  if (random && loaded.tokenizer &&
+      static_cast<int64_t>(loaded.tokenizer->num_tokens()) < loaded.backend->spec().vocab_size) {
+    return Status::invalid_argument(
+        "--tokenizer {}: {} tokens, fewer than random model {}'s vocabulary of {} (an output id "
+        "would not decode)",
+        o.tokenizer, loaded.tokenizer->num_tokens(), o.random_model,
+        loaded.backend->spec().vocab_size);
+  }
   loaded.load_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return loaded;

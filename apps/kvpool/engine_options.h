@@ -31,6 +31,8 @@ constexpr int32_t kMaxThreads = 1024;
 
 struct EngineOptions {
   std::string model;               // GGUF file or Hugging Face directory
+  std::string random_model;        // or a named shape with random weights (random_model.h)
+  std::string tokenizer;           // with random_model: a GGUF file or directory's tokenizer
   std::string device = "cpu";      // cpu, cuda or cuda:N (model_loader.h's parse_device)
   std::string kv_dtype = "auto";   // f32, bf16, f16; auto: f32 on cpu, bf16 on cuda
   int32_t block_size = 16;         // tokens per KV block, a power of two in [1, 1024]
@@ -49,9 +51,13 @@ struct EngineOptions {
 // lets NaN through).
 CLI::Validator finite_range(double min, double max);
 
-// Declares the options on cmd. model_required: --model must be given (bench has
-// --random-model instead). The defaults are the values *o holds.
-void add_engine_options(CLI::App* cmd, EngineOptions* o, bool model_required = true);
+// Which model options a command takes: --model alone, or also --random-model NAME (bench,
+// serve) with --tokenizer PATH (serve: its random ids must decode to text).
+enum class ModelChoice { kFile, kFileOrRandom };
+
+// Declares the options on cmd. kFileOrRandom: one of --model and --random-model (checked by
+// check_engine_options). The defaults are the values *o holds.
+void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice = ModelChoice::kFile);
 
 // Everything CLI11 cannot check alone; invalid_argument naming the option and the reason.
 Status check_engine_options(const EngineOptions& o);
@@ -75,8 +81,9 @@ struct LoadedModel {
   std::unique_ptr<ForwardBackend> backend;
   double load_seconds = 0;
 };
-// Checks the options, loads the tokenizer (when need_tokenizer) and the backend. Errors name
-// the model path and the reason.
+// Checks the options, loads the tokenizer (when need_tokenizer: the model's, or --tokenizer's
+// for a random model, whose vocabulary it must not exceed) and the backend (random weights of
+// seed 0 for --random-model). Errors name the model path and the reason.
 Result<LoadedModel> load_model(const EngineOptions& o, bool need_tokenizer,
                                const std::function<void(int32_t, int32_t)>& progress = {});
 

@@ -51,7 +51,7 @@ Result<std::vector<std::string>> read_api_keys(const ServeOptions& o) {
 CLI::App* add_serve_command(CLI::App& app, ServeOptions* o) {
   CLI::App* cmd = app.add_subcommand(
       "serve", "An OpenAI-compatible HTTP server with sessions that keep their KV between turns");
-  add_engine_options(cmd, &o->engine);
+  add_engine_options(cmd, &o->engine, ModelChoice::kFileOrRandom);
   cmd->add_option("--host", o->host, "address to listen on (default: localhost only)")
       ->capture_default_str();
   cmd->add_option("--port", o->port, "port (0: any free port, printed)")
@@ -120,8 +120,10 @@ int run_serve(const ServeOptions& o) {
   const Tokenizer& tokenizer = *loaded->tokenizer;
   ForwardBackend& backend = *loaded->backend;
 
+  // A random model (benchmarks of a shape) takes its template from --tokenizer's file, if any.
+  const bool random = !o.engine.random_model.empty();
   Result<ChatTemplate> chat_template =
-      load_chat_template(o.engine.model, tokenizer, o.chat_template);
+      load_chat_template(random ? o.engine.tokenizer : o.engine.model, tokenizer, o.chat_template);
   if (!chat_template.is_ok() && !o.chat_template.empty()) {
     return fail(chat_template.status().to_string());
   }
@@ -155,8 +157,11 @@ int run_serve(const ServeOptions& o) {
   context.tool_call_format = tool_format;
   context.ids = &ids;
   context.metrics = &metrics;
-  context.model_name = o.served_model_name.empty() ? fs::path(o.engine.model).filename().string()
-                                                   : o.served_model_name;
+  context.model_name = o.served_model_name;
+  if (context.model_name.empty()) {
+    context.model_name =
+        random ? o.engine.random_model + "-random" : fs::path(o.engine.model).filename().string();
+  }
   if (context.model_name.empty()) context.model_name = o.engine.model;
   context.context_length = backend.spec().context_length;
   context.pool_tokens = config.num_blocks * config.block_size;

@@ -14,6 +14,11 @@ tokens per request). Two workloads:
            request goes to the slot whose prompt shares the most).
   poisson  N independent requests (a ~P-token prompt each, no shared prefix beyond the chat
            template) arriving as a Poisson process at R requests/s, open loop.
+  closed   N streamed /v1/completions whose prompts are random token ids (uniform length in
+           [--prompt-ids-min, --prompt-ids-max]), C clients each sending its next request when
+           its last one ends: the load of `kvpool bench --workload closed`, so that the server can
+           be compared with the engine in-process (scripts/gpu/server-bench.sh on the H100,
+           with --kvpool-args naming a random-weight model shape and its filler tokenizer).
 
 Reported per server and workload: requests done / failed, output tokens, total time, output
 tok/s (output tokens / time from the first request to the last answer), TTFT p50 / p95 (request
@@ -49,6 +54,7 @@ import http.client
 import json
 import os
 import random
+import shlex
 import socket
 import statistics
 import subprocess
@@ -112,12 +118,13 @@ class Result:
     token_times: list = field(default_factory=list)
 
 
-def stream_chat(port: int, body: dict, res: Result) -> Result:
-    """POST a streaming chat completion; fill res with times, text and usage."""
+def stream_request(port: int, body: dict, res: Result,
+                   path: str = "/v1/chat/completions") -> Result:
+    """POST a streaming chat completion (or completion); fill res with times, text and usage."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
     res.sent = time.monotonic()
     try:
-        conn.request("POST", "/v1/chat/completions", json.dumps(body),
+        conn.request("POST", path, json.dumps(body),
                      {"Content-Type": "application/json", "Accept": "text/event-stream"})
         resp = conn.getresponse()
         if resp.status != 200:
@@ -138,7 +145,7 @@ def stream_chat(port: int, body: dict, res: Result) -> Result:
                 break
             chunk = json.loads(data)
             for choice in chunk.get("choices") or []:
-                content = (choice.get("delta") or {}).get("content")
+                content = (choice.get("delta") or {}).get("content") or choice.get("text")
                 if content:
                     if not res.first_token:
                         res.first_token = now
@@ -166,10 +173,15 @@ def stream_chat(port: int, body: dict, res: Result) -> Result:
     return res
 
 
-def request_body(server: str, messages: list, max_tokens: int, session: str | None) -> dict:
-    body = {"model": "m", "messages": messages, "stream": True, "temperature": 0,
+def request_body(server: str, messages: list | None, max_tokens: int, session: str | None,
+                 prompt_ids: list | None = None) -> dict:
+    body = {"model": "m", "stream": True, "temperature": 0,
             "max_tokens": max_tokens, "ignore_eos": True,
             "stream_options": {"include_usage": True}}
+    if prompt_ids is not None:
+        body["prompt"] = prompt_ids
+    else:
+        body["messages"] = messages
     if server == "kvpool" and session:
         body["session_id"] = session
     if server == "llama":
@@ -195,7 +207,7 @@ def run_agents(server: str, port: int, a) -> list[Result]:
             with gate:
                 if time.monotonic() > deadline:
                     return
-                r = stream_chat(port, request_body(server, messages, a.max_tokens, f"agent-{i}"),
+                r = stream_request(port, request_body(server, messages, a.max_tokens, f"agent-{i}"),
                                 Result("agents", f"agent-{i}/turn-{t}"))
             with lock:
                 results.append(r)
@@ -228,7 +240,7 @@ def run_poisson(server: str, port: int, a) -> list[Result]:
                      words(rng, int(a.poisson_prompt_tokens / TOKENS_PER_WORD))}]
 
         def one(messages=messages, n=n):
-            r = stream_chat(port, request_body(server, messages, a.max_tokens, None),
+            r = stream_request(port, request_body(server, messages, a.max_tokens, None),
                             Result("poisson", f"req-{n}"))
             with lock:
                 results.append(r)
@@ -241,6 +253,38 @@ def run_poisson(server: str, port: int, a) -> list[Result]:
     return results
 
 
+def run_closed(server: str, port: int, a) -> list[Result]:
+    rng = random.Random(11)
+    prompts = [[rng.randrange(1000, 30000) for _ in range(rng.randint(a.prompt_ids_min,
+                                                                      a.prompt_ids_max))]
+               for _ in range(a.closed_requests)]
+    results: list[Result] = []
+    lock = threading.Lock()
+    deadline = time.monotonic() + a.time_limit
+    todo = list(range(len(prompts)))
+
+    def client() -> None:
+        while True:
+            with lock:
+                if not todo or time.monotonic() > deadline:
+                    return
+                n = todo.pop(0)
+            r = stream_request(port, request_body(server, None, a.max_tokens, None, prompts[n]),
+                               Result("closed", f"req-{n}"), path="/v1/completions")
+            with lock:
+                results.append(r)
+
+    threads = [threading.Thread(target=client) for _ in range(a.concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return results
+
+
+WORKLOADS = {"agents": run_agents, "poisson": run_poisson, "closed": run_closed}
+
+
 # --- servers --------------------------------------------------------------------------------------
 
 def free_port() -> int:
@@ -251,6 +295,9 @@ def free_port() -> int:
 
 def server_command(server: str, a, port: int) -> list[str]:
     kv_tokens = a.slots * a.slot_ctx
+    if server == "kvpool" and a.kvpool_args:
+        return [a.kvpool, "serve", *shlex.split(a.kvpool_args), "--host", "127.0.0.1",
+                "--port", str(port), "--quiet"]
     if server == "kvpool":
         cmd = [a.kvpool, "serve", "--model", a.model, "--threads", str(a.threads),
                "--host", "127.0.0.1", "--port", str(port), "--kv-dtype", "f16",
@@ -361,6 +408,12 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=0.5, help="poisson: requests per second")
     ap.add_argument("--poisson-requests", type=int, default=48)
     ap.add_argument("--poisson-prompt-tokens", type=int, default=256)
+    ap.add_argument("--closed-requests", type=int, default=64, help="closed: requests")
+    ap.add_argument("--prompt-ids-min", type=int, default=256, help="closed: prompt ids from")
+    ap.add_argument("--prompt-ids-max", type=int, default=1024, help="closed: prompt ids to")
+    ap.add_argument("--kvpool-args", default="",
+                    help="kvpool serve's model, device and pool options instead of the matched "
+                         "ones (e.g. '--random-model llama3-8b --tokenizer DIR --device cuda')")
     ap.add_argument("--time-limit", type=float, default=420,
                     help="seconds per workload after which no new request is sent")
     ap.add_argument("--out", default="build/compare-server")
@@ -379,7 +432,7 @@ def main() -> int:
             wait_healthy(port, proc, 180)
             for workload in a.workloads.split(","):
                 print(f"   {workload} ...", flush=True)
-                results = (run_agents if workload == "agents" else run_poisson)(server, port, a)
+                results = WORKLOADS[workload](server, port, a)
                 row = summarize(server, workload, results, peak_rss_mib(proc.pid))
                 rows.append(row)
                 print(f"   {json.dumps(row)}", flush=True)
@@ -400,7 +453,10 @@ def main() -> int:
               f"f16 ({a.slots * a.slot_ctx} tokens), host cache {a.host_cache_mib} MiB; agents "
               f"{a.agents} x {a.turns} turns, system ~{a.system_tokens} tokens, user ~"
               f"{a.user_tokens}, {a.max_tokens} output tokens, {a.concurrency} in flight; poisson "
-              f"{a.poisson_requests} requests at {a.rate}/s, prompt ~{a.poisson_prompt_tokens}")
+              f"{a.poisson_requests} requests at {a.rate}/s, prompt ~{a.poisson_prompt_tokens}; "
+              f"closed {a.closed_requests} requests of {a.prompt_ids_min}-{a.prompt_ids_max} "
+              f"prompt ids, {a.concurrency} clients" +
+              (f"; kvpool serve {a.kvpool_args}" if a.kvpool_args else ""))
     text = header + "\n\n" + table(rows)
     print("\n" + text)
     with open(os.path.join(a.out, "table.md"), "w") as f:

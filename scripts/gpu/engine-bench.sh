@@ -10,14 +10,7 @@ set -u -o pipefail
 out=${1:?usage: engine-bench.sh OUTDIR}
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
-export LD_LIBRARY_PATH="$here/lib:${LD_LIBRARY_PATH:-}"
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-  [ -e "$d/libcublas.so.13" ] && { export LD_LIBRARY_PATH="$d:$LD_LIBRARY_PATH"; break; }
-done
-if ! ldd ./kvpool | grep -q "libcublas.so.13 => /"; then
-  site=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)
-  [ -n "$site" ] && export LD_LIBRARY_PATH="$(dirname "$(find "$site" -name 'libcublas.so.13' | head -1)"):$LD_LIBRARY_PATH"
-fi
+source gpu/cuda-env.sh
 status=0
 { date -u; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; ldd ./kvpool; } \
   > "$out/engine-env.txt" 2>&1

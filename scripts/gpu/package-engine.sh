@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu/engine-bench.sh needs from the cuda build into DEST/kvp-engine.tar.xz:
 # kvpool, the model gpu tests and bench, their non-system libraries (not cuBLAS: see
-# docs/cuda.md), the tiny fixtures and the script.
+# docs/cuda.md), the tiny fixtures and the scripts (engine-bench.sh, server-bench.sh).
 set -euo pipefail
 dest=${1:-/work/main/.gpu}
 build=${KVP_BUILD:-build/cuda}
@@ -21,6 +21,7 @@ for b in apps/kvpool tests/kvp_model_gpu_tests bench/model_cuda_bench bench/samp
   done
 done
 cp -r tests/model/fixtures/tiny "$tmp/tests/model/fixtures/"
-cp scripts/gpu/engine-bench.sh "$tmp/gpu/"
+cp scripts/gpu/engine-bench.sh scripts/gpu/server-bench.sh scripts/gpu/cuda-env.sh \
+  scripts/make_filler_tokenizer.py bench/server/compare_llama_server.py "$tmp/gpu/"
 tar -cJf "$dest/kvp-engine.tar.xz" -C "$tmp" .
 du -sh "$dest/kvp-engine.tar.xz"

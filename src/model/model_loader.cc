@@ -147,13 +147,21 @@ Result<std::unique_ptr<ForwardBackend>> make_random_backend(const std::string& s
 }
 
 Result<Tokenizer> load_tokenizer(const std::string& path) {
+  std::error_code ec;
+  // A folder holding tokenizer.json, or such a file itself, need not be a whole model (serve
+  // --random-model --tokenizer)
+  if (fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / "tokenizer.json", ec)) {
+    return Tokenizer::from_tokenizer_json((fs::path(path) / "tokenizer.json").string());
+  }
+  if (fs::path(path).extension() == ".json" && fs::is_regular_file(path, ec)) {
+    return Tokenizer::from_tokenizer_json(path);
+  }
   KVP_ASSIGN_OR_RETURN(ModelPathKind kind, classify_model_path(path));
   if (kind == ModelPathKind::kGguf) {
     KVP_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(path));
     KVP_ASSIGN_OR_RETURN(TokenizerVocab vocab, tokenizer_vocab_from_gguf(file));
     return Tokenizer::from_gguf_vocab(std::move(vocab));
   }
-  std::error_code ec;
   const fs::path json = fs::path(path) / "tokenizer.json";
   if (!fs::exists(json, ec)) {
     return Status::not_found("model '{}': the directory has no tokenizer.json", path);

@@ -55,8 +55,9 @@ Result<std::unique_ptr<ForwardBackend>> make_random_backend(const std::string& s
                                                             const std::string& device,
                                                             uint64_t seed, ThreadPool* pool);
 
-// The model's tokenizer: from a GGUF file's tokenizer.ggml.* metadata, or a directory's
-// tokenizer.json. NotFound when a directory has none.
+// The model's tokenizer: from a GGUF file's tokenizer.ggml.* metadata, a directory's
+// tokenizer.json (a whole model's or not), or a tokenizer.json file named itself. NotFound when
+// a model directory has none.
 Result<Tokenizer> load_tokenizer(const std::string& path);
 
 // Whether `path` is a GGUF file (by its magic bytes).

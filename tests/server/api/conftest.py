@@ -23,8 +23,9 @@ TEMPLATES = ROOT / "tests/server/fixtures/templates"
 class Server:
     """One running `kvpool serve`; `args` are added to the defaults."""
 
-    def __init__(self, *args, tmp=None, env=None):
-        self.args = [str(KVPOOL), "serve", "--model", str(MODEL), "--port", "0",
+    def __init__(self, *args, tmp=None, env=None, model_args=None):
+        model_args = ["--model", str(MODEL)] if model_args is None else list(map(str, model_args))
+        self.args = [str(KVPOOL), "serve", *model_args, "--port", "0",
                      "--threads", "2", "--kv-memory", "256MiB", *map(str, args)]
         self.log_path = Path(tmp or "/tmp") / f"kvpool-serve-{os.getpid()}-{id(self)}.log"
         self.log = open(self.log_path, "w+")
