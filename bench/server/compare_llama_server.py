@@ -15,8 +15,8 @@ tokens per request). Two workloads:
   poisson  N independent requests (a ~P-token prompt each, no shared prefix beyond the chat
            template) arriving as a Poisson process at R requests/s, open loop.
   closed   N streamed /v1/completions whose prompts are random token ids (uniform length in
-           [--prompt-ids-min, --prompt-ids-max]), C clients each sending its next request when
-           its last one ends: the load of `kvpool bench --workload closed`, so that the server can
+           [--prompt-ids-min, --prompt-ids-max], or the lengths of a `kvpool bench --csv` run:
+           --prompt-lengths-csv), C clients each sending its next request when its last one ends: the load of `kvpool bench --workload closed`, so that the server can
            be compared with the engine in-process (scripts/gpu/server-bench.sh on the H100,
            with --kvpool-args naming a random-weight model shape and its filler tokenizer).
 
@@ -253,11 +253,26 @@ def run_poisson(server: str, port: int, a) -> list[Result]:
     return results
 
 
+CLOSED_RUNS = [0]  # closed runs so far: each draws other token ids (no prefix-cache hit on a rerun)
+
+
+def prompt_lengths(a, rng: random.Random) -> list[int]:
+    """--prompt-lengths-csv's prompt_tokens column (a `kvpool bench --csv` file: the same prompt
+    lengths as that run, in request order), else --closed-requests uniform lengths."""
+    if a.prompt_lengths_csv:
+        with open(a.prompt_lengths_csv) as f:
+            header = f.readline().strip().split(",")
+            col = header.index("prompt_tokens")
+            rows = [line.strip().split(",") for line in f if line.strip()]
+        rows.sort(key=lambda r: int(r[0]))  # request_id
+        return [int(r[col]) for r in rows]
+    return [rng.randint(a.prompt_ids_min, a.prompt_ids_max) for _ in range(a.closed_requests)]
+
+
 def run_closed(server: str, port: int, a) -> list[Result]:
-    rng = random.Random(11)
-    prompts = [[rng.randrange(1000, 30000) for _ in range(rng.randint(a.prompt_ids_min,
-                                                                      a.prompt_ids_max))]
-               for _ in range(a.closed_requests)]
+    rng = random.Random(11 + CLOSED_RUNS[0])
+    CLOSED_RUNS[0] += 1
+    prompts = [[rng.randrange(1000, 30000) for _ in range(n)] for n in prompt_lengths(a, rng)]
     results: list[Result] = []
     lock = threading.Lock()
     deadline = time.monotonic() + a.time_limit
@@ -411,6 +426,8 @@ def main() -> int:
     ap.add_argument("--closed-requests", type=int, default=64, help="closed: requests")
     ap.add_argument("--prompt-ids-min", type=int, default=256, help="closed: prompt ids from")
     ap.add_argument("--prompt-ids-max", type=int, default=1024, help="closed: prompt ids to")
+    ap.add_argument("--prompt-lengths-csv", default="",
+                    help="closed: the prompt lengths of a `kvpool bench --csv` run instead")
     ap.add_argument("--kvpool-args", default="",
                     help="kvpool serve's model, device and pool options instead of the matched "
                          "ones (e.g. '--random-model llama3-8b --tokenizer DIR --device cuda')")
@@ -449,14 +466,19 @@ def main() -> int:
                 proc.kill()
             log.close()
 
-    header = (f"model {a.model}; threads {a.threads}; KV: {a.slots} slots x {a.slot_ctx} tokens "
-              f"f16 ({a.slots * a.slot_ctx} tokens), host cache {a.host_cache_mib} MiB; agents "
-              f"{a.agents} x {a.turns} turns, system ~{a.system_tokens} tokens, user ~"
-              f"{a.user_tokens}, {a.max_tokens} output tokens, {a.concurrency} in flight; poisson "
-              f"{a.poisson_requests} requests at {a.rate}/s, prompt ~{a.poisson_prompt_tokens}; "
-              f"closed {a.closed_requests} requests of {a.prompt_ids_min}-{a.prompt_ids_max} "
-              f"prompt ids, {a.concurrency} clients" +
-              (f"; kvpool serve {a.kvpool_args}" if a.kvpool_args else ""))
+    closed = (f"closed {a.closed_requests} requests of {a.prompt_ids_min}-{a.prompt_ids_max} "
+              f"prompt ids" if not a.prompt_lengths_csv else
+              f"closed: the prompt lengths of {a.prompt_lengths_csv}") + \
+        f", {a.max_tokens} output tokens, {a.concurrency} clients"
+    if a.kvpool_args:
+        header = f"kvpool serve {a.kvpool_args}; {closed}"
+    else:
+        header = (f"model {a.model}; threads {a.threads}; KV: {a.slots} slots x {a.slot_ctx} "
+                  f"tokens f16 ({a.slots * a.slot_ctx} tokens), host cache {a.host_cache_mib} MiB; "
+                  f"agents {a.agents} x {a.turns} turns, system ~{a.system_tokens} tokens, user ~"
+                  f"{a.user_tokens}, {a.max_tokens} output tokens, {a.concurrency} in flight; "
+                  f"poisson {a.poisson_requests} requests at {a.rate}/s, prompt "
+                  f"~{a.poisson_prompt_tokens}; {closed}")
     text = header + "\n\n" + table(rows)
     print("\n" + text)
     with open(os.path.join(a.out, "table.md"), "w") as f:
