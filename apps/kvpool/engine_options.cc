@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "model/model_loader.h"
+#include "model/tensor_parallel.h"
 
 namespace kvp::app {
 namespace {
@@ -94,6 +95,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
   cmd->add_option("--threads", o->threads, "CPU threads, the caller included (0: all cores)")
       ->check(CLI::Range(0, kMaxThreads))
       ->capture_default_str();
+  cmd->add_option("--tensor-parallel", o->tensor_parallel,
+                  "split the model over N GPUs (cuda:K to cuda:K+N-1, NCCL); on cpu N threads "
+                  "emulate the GPUs (for tests, not speed)")
+      ->check(CLI::Range(1, kMaxTensorParallel))
+      ->capture_default_str();
 }
 
 Result<int64_t> parse_size(const std::string& text, const std::string& option, bool allow_zero) {
@@ -172,6 +178,10 @@ Status check_engine_options(const EngineOptions& o) {
   if (o.threads < 0 || o.threads > kMaxThreads) {
     return Status::invalid_argument("--threads {}: not in [0, {}]", o.threads, kMaxThreads);
   }
+  if (o.tensor_parallel < 1 || o.tensor_parallel > kMaxTensorParallel) {
+    return Status::invalid_argument("--tensor-parallel {}: not in [1, {}]", o.tensor_parallel,
+                                    kMaxTensorParallel);
+  }
   return Status::ok();
 }
 
@@ -205,8 +215,9 @@ Result<LoadedModel> load_model(const EngineOptions& o, bool need_tokenizer,
   LoadProgress on_progress;
   if (progress) on_progress = progress;
   Result<std::unique_ptr<ForwardBackend>> backend =
-      random ? make_random_backend(o.random_model, o.device, /*seed=*/0, loaded.pool.get())
-             : load_backend(o.model, o.device, loaded.pool.get(), on_progress);
+      random ? make_random_backend(o.random_model, o.device, /*seed=*/0, loaded.pool.get(),
+                                   o.tensor_parallel)
+             : load_backend(o.model, o.device, loaded.pool.get(), on_progress, o.tensor_parallel);
   if (!backend.is_ok()) return backend.status();
   loaded.backend = std::move(backend).value();
   if (random && loaded.tokenizer &&

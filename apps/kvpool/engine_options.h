@@ -45,6 +45,7 @@ struct EngineOptions {
   std::string disk_dir;         // folder for idle sessions' cache files (empty: none)
   std::string disk_tier = "0";  // bytes of cache files (> 0 with disk_dir; default 16GiB)
   int32_t threads = 0;          // CPU threads (0: all cores)
+  int32_t tensor_parallel = 1;  // GPUs one model is split over (cpu: threads emulating them)
 };
 
 // A CLI11 validator for floating-point options: a finite number in [min, max] (CLI11's Range

@@ -8,6 +8,7 @@
 #include "model/gguf_model.h"
 #include "model/random_model.h"
 #include "model/safetensors_weights.h"
+#include "model/tensor_parallel.h"
 #if defined(KVP_HAVE_CUDA)
 #include "model/cuda/cuda_forward_backend.h"
 #endif
@@ -17,12 +18,6 @@ namespace kvp {
 namespace fs = std::filesystem;
 
 namespace {
-
-// A model's spec and where its weights are read from.
-struct OpenedModel {
-  ModelSpec spec;
-  std::unique_ptr<WeightSource> weights;
-};
 
 // What a model path points at, or why it is no model.
 enum class ModelPathKind { kGguf, kHfDirectory };
@@ -52,6 +47,8 @@ Result<ModelPathKind> classify_model_path(const std::string& path) {
       path, size_bytes, size_bytes < 4 ? ", too short for the 4-byte magic 'GGUF'" : "");
 }
 
+}  // namespace
+
 Result<OpenedModel> open_model(const std::string& path) {
   KVP_ASSIGN_OR_RETURN(ModelPathKind kind, classify_model_path(path));
   OpenedModel model;
@@ -66,6 +63,8 @@ Result<OpenedModel> open_model(const std::string& path) {
   KVP_ASSIGN_OR_RETURN(model.weights, SafetensorsWeights::open(path));
   return model;
 }
+
+namespace {
 
 #if !defined(KVP_HAVE_CUDA)
 Status no_cuda_build(const std::string& device) {
@@ -105,8 +104,13 @@ Result<Device> parse_device(const std::string& text) {
 
 Result<std::unique_ptr<ForwardBackend>> load_backend(const std::string& path,
                                                      const std::string& device, ThreadPool* pool,
-                                                     const LoadProgress& progress) {
+                                                     const LoadProgress& progress,
+                                                     int32_t tensor_parallel) {
   KVP_ASSIGN_OR_RETURN(Device where, parse_device(device));
+  if (where.kind == Device::Kind::kCpu && tensor_parallel > 1) {
+    KVP_ASSIGN_OR_RETURN(OpenedModel model, open_model(path));
+    return make_cpu_tensor_parallel_backend(model.spec, *model.weights, tensor_parallel);
+  }
   if (where.kind == Device::Kind::kCpu) {
     KVP_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, load_model(path, pool, progress));
     return std::unique_ptr<ForwardBackend>(
@@ -115,7 +119,8 @@ Result<std::unique_ptr<ForwardBackend>> load_backend(const std::string& path,
 #if defined(KVP_HAVE_CUDA)
   // the weight source is needed only while the factory uploads the weights
   KVP_ASSIGN_OR_RETURN(OpenedModel model, open_model(path));
-  return cuda::make_cuda_backend(model.spec, *model.weights, progress, where.index);
+  return cuda::make_cuda_backend(model.spec, *model.weights, progress, where.index,
+                                 tensor_parallel);
 #else
   return no_cuda_build(device);
 #endif
@@ -123,9 +128,11 @@ Result<std::unique_ptr<ForwardBackend>> load_backend(const std::string& path,
 
 Result<std::unique_ptr<ForwardBackend>> make_random_backend(const std::string& shape,
                                                             const std::string& device,
-                                                            uint64_t seed, ThreadPool* pool) {
+                                                            uint64_t seed, ThreadPool* pool,
+                                                            int32_t tensor_parallel) {
   KVP_ASSIGN_OR_RETURN(Device where, parse_device(device));
   KVP_ASSIGN_OR_RETURN(ModelSpec spec, random_model_spec(shape));
+  KVP_RETURN_IF_ERROR(check_tensor_parallel(spec, tensor_parallel));
   if (where.kind == Device::Kind::kCpu) {
     const uint64_t weight_bytes = model_f32_weight_bytes(spec);
     if (weight_bytes > kMaxRandomCpuWeightBytes) {
@@ -135,12 +142,13 @@ Result<std::unique_ptr<ForwardBackend>> make_random_backend(const std::string& s
           shape, static_cast<double>(weight_bytes) / (1 << 30), kMaxRandomCpuWeightBytes >> 30);
     }
     const RandomWeightSource source(spec, seed);
+    if (tensor_parallel > 1) return make_cpu_tensor_parallel_backend(spec, source, tensor_parallel);
     KVP_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(spec, source));
     return std::unique_ptr<ForwardBackend>(std::make_unique<CpuForwardBackend>(
         std::make_shared<ModelRunner>(std::move(spec), std::move(weights), pool)));
   }
 #if defined(KVP_HAVE_CUDA)
-  return cuda::make_random_cuda_backend(spec, seed, where.index);
+  return cuda::make_random_cuda_backend(spec, seed, where.index, tensor_parallel);
 #else
   return no_cuda_build(device);
 #endif

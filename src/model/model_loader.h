@@ -17,6 +17,7 @@
 #include "common/thread_pool.h"
 #include "model/forward_backend.h"
 #include "model/model_runner.h"
+#include "model/weight_source.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvp {
@@ -26,6 +27,14 @@ namespace kvp {
 // pool: attention threads for the runner (not owned; may be null).
 Result<std::unique_ptr<ModelRunner>> load_model(const std::string& path, ThreadPool* pool,
                                                 const LoadProgress& progress = {});
+
+// A model's spec and where its weights are read from (the file stays open while `weights` lives).
+struct OpenedModel {
+  ModelSpec spec;
+  std::unique_ptr<WeightSource> weights;
+};
+// Opens a GGUF file or a Hugging Face directory; errors as load_model's.
+Result<OpenedModel> open_model(const std::string& path);
 
 // Where a model runs: "cpu", "cuda" (GPU 0) or "cuda:N".
 struct Device {
@@ -38,10 +47,12 @@ Result<Device> parse_device(const std::string& text);
 // The model at `path` on `device` (parse_device). pool: the CPU backend's attention threads
 // (not owned; may be null; unused on CUDA). Errors: parse_device's and load_model's; on CUDA
 // the CUDA backend's; "cuda" in a build without CUDA → unsupported "kvpool was built without
-// CUDA (make cuda)".
+// CUDA (make cuda)". tensor_parallel > 1 splits the model (model/tensor_parallel.h) over that
+// many GPUs from the device's index on, or on cpu over as many threads (an emulation, for tests).
 Result<std::unique_ptr<ForwardBackend>> load_backend(const std::string& path,
                                                      const std::string& device, ThreadPool* pool,
-                                                     const LoadProgress& progress = {});
+                                                     const LoadProgress& progress = {},
+                                                     int32_t tensor_parallel = 1);
 
 // f32 weights the CPU backend accepts for a random model (more would take minutes to make up
 // and most of a machine's memory: llama3-8b needs 32 GB).
@@ -50,10 +61,12 @@ constexpr uint64_t kMaxRandomCpuWeightBytes = uint64_t{4} << 30;
 // A model of a named shape (random_model.h) with random weights, deterministic in seed.
 // Errors: an unknown shape (not_found, naming the known ones), a bad device; on cpu a shape
 // whose f32 weights exceed kMaxRandomCpuWeightBytes (invalid_argument naming its size);
-// on cuda as load_backend.
+// on cuda as load_backend; tensor_parallel as load_backend's (every rank's weights equal the
+// unsplit model's of the same seed).
 Result<std::unique_ptr<ForwardBackend>> make_random_backend(const std::string& shape,
                                                             const std::string& device,
-                                                            uint64_t seed, ThreadPool* pool);
+                                                            uint64_t seed, ThreadPool* pool,
+                                                            int32_t tensor_parallel = 1);
 
 // The model's tokenizer: from a GGUF file's tokenizer.ggml.* metadata, a directory's
 // tokenizer.json (a whole model's or not), or a tokenizer.json file named itself. NotFound when

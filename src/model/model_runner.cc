@@ -392,6 +392,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
 
     quant::matmul(lw.o.parts, attn.data(), num_tokens, q_dim, proj.data(), hidden, pool_,
                   precision);
+    if (all_reduce_) all_reduce_(std::span(proj.data(), static_cast<size_t>(num_tokens * hidden)));
     if (!lw.post_attn_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_attn_norm.data(), num_tokens, hidden, eps,
                     spec_.norm_style);
@@ -405,6 +406,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     cpu::gated_activation(gate_up.data(), act.data(), num_tokens, inter, spec_.activation);
     quant::matmul(lw.down.parts, act.data(), num_tokens, inter, proj.data(), hidden, pool_,
                   precision);
+    if (all_reduce_) all_reduce_(std::span(proj.data(), static_cast<size_t>(num_tokens * hidden)));
     if (!lw.post_mlp_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_mlp_norm.data(), num_tokens, hidden, eps,
                     spec_.norm_style);

@@ -130,6 +130,12 @@ class ModelRunner {
   // multiplied with int8 activations (llama.cpp, which does so, gives the same words) and "The
   // capital of France is Paris." in f32. Prefill of 32+ rows is faster in f32 anyway (panels).
   void set_act_precision(quant::ActPrecision precision) { precision_ = precision; }
+  // Tensor parallelism (model/tensor_parallel.h): this runner is one rank of a split model and
+  // all_reduce sums a buffer over the ranks in place; called on the attention output projection's
+  // and the MLP down projection's partial outputs, before any norm or residual.
+  void set_all_reduce(std::function<void(std::span<float>)> all_reduce) {
+    all_reduce_ = std::move(all_reduce);
+  }
   // Number of cache groups (1, or 2 with sliding-window layers) and the layers of each.
   int32_t num_cache_groups() const { return static_cast<int32_t>(group_layers_.size()); }
   const std::vector<int32_t>& group_layers(int32_t group) const { return group_layers_[group]; }
@@ -156,6 +162,7 @@ class ModelRunner {
   std::vector<float> inv_freq_global_, inv_freq_local_;
   ThreadPool* pool_ = nullptr;
   quant::ActPrecision precision_ = quant::ActPrecision::kInt8;
+  std::function<void(std::span<float>)> all_reduce_;  // empty: not split
 };
 
 }  // namespace kvp

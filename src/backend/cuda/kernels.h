@@ -65,4 +65,11 @@ cudaError_t launch_block_copy(void* slab, const int32_t* ops, int32_t num_ops, i
 cudaError_t launch_fill_uniform(void* data, bool bf16, int64_t count, uint64_t seed, float lo,
                                 float hi, cudaStream_t stream);
 
+// A [rows][cols] block of a [*][full_cols] matrix filled as launch_fill_uniform fills the whole:
+// data[r][c] = the value of element (row0 + r) · full_cols + col0 + c of seed (a tensor-parallel
+// rank's share of a random matrix equals that part of the unsplit one).
+cudaError_t launch_fill_uniform_rect(void* data, bool bf16, int64_t rows, int64_t cols,
+                                     int64_t full_cols, int64_t row0, int64_t col0, uint64_t seed,
+                                     float lo, float hi, cudaStream_t stream);
+
 }  // namespace kvp::cuda::detail

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/kernels.h"
 #include "common/parallel_memcpy.h"
+#include "model/cuda/nccl_library.h"
+#include "model/tensor_parallel.h"
 
 namespace kvp::cuda {
 
@@ -208,17 +211,72 @@ Status CudaForwardBackend::fill_kv_random(uint64_t seed) {
   return cuda_status(cudaStreamSynchronize(runner_->stream()), "cudaStreamSynchronize");
 }
 
+namespace {
+
+// The communicators of one split model, destroyed after the last rank that uses them.
+struct NcclComms {
+  const NcclLibrary* nccl = nullptr;
+  std::vector<ncclComm_t> comms;
+  ~NcclComms() {
+    for (ncclComm_t c : comms) nccl->destroy(c);
+  }
+};
+
+using MakeRank =
+    std::function<Result<std::unique_ptr<CudaModelRunner>>(TensorShard shard, int device)>;
+
+// Ranks on devices first_device … first_device + n - 1, joined by NCCL (tensor_parallel.h).
+Result<std::unique_ptr<ForwardBackend>> make_split(const ModelSpec& spec, int first_device,
+                                                   int32_t n, const MakeRank& make_rank) {
+  KVP_RETURN_IF_ERROR(check_tensor_parallel(spec, n));
+  int count = 0;
+  KVP_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&count));
+  if (first_device < 0 || first_device + n > count) {
+    return Status::invalid_argument(
+        "tensor parallel {} from cuda:{}: needs GPUs {} to {}, this machine has {}", n,
+        first_device, first_device, first_device + n - 1, count);
+  }
+  KVP_ASSIGN_OR_RETURN(const NcclLibrary* nccl, NcclLibrary::get());
+  std::vector<int> devices(static_cast<size_t>(n));
+  for (int32_t r = 0; r < n; ++r) devices[r] = first_device + r;
+  auto comms = std::make_shared<NcclComms>();
+  comms->nccl = nccl;
+  KVP_ASSIGN_OR_RETURN(comms->comms, nccl->init_all(devices));
+  std::vector<std::unique_ptr<ForwardBackend>> ranks;
+  for (int32_t r = 0; r < n; ++r) {
+    KVP_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner, make_rank({r, n}, devices[r]));
+    runner->set_all_reduce(nccl, comms->comms[r], comms);
+    ranks.push_back(std::make_unique<CudaForwardBackend>(std::move(runner)));
+  }
+  return std::unique_ptr<ForwardBackend>(
+      std::make_unique<TensorParallelBackend>(spec, std::move(ranks)));
+}
+
+}  // namespace
+
 Result<std::unique_ptr<ForwardBackend>> make_cuda_backend(const ModelSpec& spec,
                                                           const WeightSource& source,
-                                                          const LoadProgress& progress,
-                                                          int device) {
+                                                          const LoadProgress& progress, int device,
+                                                          int32_t tensor_parallel) {
+  if (tensor_parallel > 1) {
+    return make_split(spec, device, tensor_parallel, [&](TensorShard shard, int d) {
+      const ShardedWeightSource sharded(source, spec, shard);
+      return CudaModelRunner::load(shard_spec(spec, shard), sharded, progress, d);
+    });
+  }
   KVP_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                        CudaModelRunner::load(spec, source, progress, device));
   return std::unique_ptr<ForwardBackend>(new CudaForwardBackend(std::move(runner)));
 }
 
 Result<std::unique_ptr<ForwardBackend>> make_random_cuda_backend(const ModelSpec& spec,
-                                                                 uint64_t seed, int device) {
+                                                                 uint64_t seed, int device,
+                                                                 int32_t tensor_parallel) {
+  if (tensor_parallel > 1) {
+    return make_split(spec, device, tensor_parallel, [&](TensorShard shard, int d) {
+      return CudaModelRunner::random(spec, seed, d, shard);
+    });
+  }
   KVP_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                        CudaModelRunner::random(spec, seed, device));
   return std::unique_ptr<ForwardBackend>(new CudaForwardBackend(std::move(runner)));

@@ -63,13 +63,18 @@ class CudaForwardBackend final : public ForwardBackend {
 };
 
 // Loads `spec`'s weights from `source` onto `device` (bf16) and wraps them as a ForwardBackend.
+// tensor_parallel > 1: split over GPUs device … device + tensor_parallel - 1 (a
+// TensorParallelBackend of CudaForwardBackends joined by NCCL: model/tensor_parallel.h).
 Result<std::unique_ptr<ForwardBackend>> make_cuda_backend(const ModelSpec& spec,
                                                           const WeightSource& source,
                                                           const LoadProgress& progress = {},
-                                                          int device = 0);
+                                                          int device = 0,
+                                                          int32_t tensor_parallel = 1);
 
-// The same with random bf16 weights made on the device (benchmarks of shapes nobody downloads).
+// The same with random bf16 weights made on the device (benchmarks of shapes nobody downloads);
+// split or not, the weights of one seed are the same model's.
 Result<std::unique_ptr<ForwardBackend>> make_random_cuda_backend(const ModelSpec& spec,
-                                                                 uint64_t seed, int device = 0);
+                                                                 uint64_t seed, int device = 0,
+                                                                 int32_t tensor_parallel = 1);
 
 }  // namespace kvp::cuda

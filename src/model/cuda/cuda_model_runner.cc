@@ -238,45 +238,73 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::load(const ModelSpec& 
 }
 
 Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec& spec,
-                                                                 uint64_t seed, int device) {
+                                                                 uint64_t seed, int device,
+                                                                 TensorShard shard) {
   std::unique_ptr<CudaModelRunner> r(new CudaModelRunner());
-  KVP_RETURN_IF_ERROR(r->init(spec, device));
-  const int64_t hidden = spec.hidden_size, dp = r->padded_head_dim_;
-  const int64_t q_dim = int64_t{spec.num_q_heads} * spec.head_dim;
-  const int64_t kv_dim = int64_t{spec.num_kv_heads} * spec.head_dim;
+  KVP_RETURN_IF_ERROR(check_tensor_parallel(spec, shard.size));
+  KVP_RETURN_IF_ERROR(r->init(shard_spec(spec, shard), device));
+  // Every matrix is a share of the unsplit model's: parts of rows [row0, row0 + rows) and
+  // columns [col0, col0 + cols) of a whole [*][full_cols] matrix, filled as the whole would be.
+  const int64_t hidden = spec.hidden_size, dp = r->padded_head_dim_, hd = spec.head_dim;
+  const int64_t n = shard.size, rank = shard.rank;
+  const int64_t q_rows = spec.num_q_heads * hd, kv_rows = spec.num_kv_heads * hd;
   const int64_t inter = spec.intermediate_size;
-  uint64_t stream_seed = seed;
-  const auto random_matrix = [&](int64_t rows, int64_t cols, DeviceBuffer* out) -> Status {
-    KVP_ASSIGN_OR_RETURN(*out, DeviceBuffer::allocate(rows * cols * 2));
-    const float a = 1.0f / std::sqrt(static_cast<float>(cols));
-    return cuda_status(detail::launch_fill_uniform(out->data(), true, rows * cols, stream_seed++,
-                                                   -a, a, r->stream_),
-                       "fill_uniform_kernel");
+  struct Part {
+    int64_t row0, rows, col0, cols;
   };
-  const std::vector<float> ones(static_cast<size_t>(std::max<int64_t>(hidden, spec.head_dim)),
-                                1.0f);
+  uint64_t stream_seed = seed;
+  const auto random_matrix = [&](int64_t full_cols, std::initializer_list<Part> parts,
+                                 DeviceBuffer* out) -> Status {
+    int64_t elems = 0;
+    for (const Part& p : parts) elems += p.rows * p.cols;
+    KVP_ASSIGN_OR_RETURN(*out, DeviceBuffer::allocate(elems * 2));
+    const float a = 1.0f / std::sqrt(static_cast<float>(full_cols));
+    int64_t offset = 0;
+    for (const Part& p : parts) {
+      KVP_RETURN_IF_ERROR(
+          cuda_status(detail::launch_fill_uniform_rect(out->as<uint16_t>() + offset, true, p.rows,
+                                                       p.cols, full_cols, p.row0, p.col0,
+                                                       stream_seed, -a, a, r->stream_),
+                      "fill_uniform_kernel"));
+      offset += p.rows * p.cols;
+    }
+    ++stream_seed;
+    return Status::ok();
+  };
+  const std::vector<float> ones(static_cast<size_t>(std::max<int64_t>(hidden, hd)), 1.0f);
   const auto ones_of = [&](int64_t dim) {
     return upload_f32(std::span(ones).first(static_cast<size_t>(dim)));
   };
-  KVP_RETURN_IF_ERROR(random_matrix(spec.vocab_size, hidden, &r->embed_));
+  KVP_RETURN_IF_ERROR(random_matrix(hidden, {{0, spec.vocab_size, 0, hidden}}, &r->embed_));
   if (!spec.tie_word_embeddings) {
-    KVP_RETURN_IF_ERROR(random_matrix(spec.vocab_size, hidden, &r->lm_head_));
+    KVP_RETURN_IF_ERROR(random_matrix(hidden, {{0, spec.vocab_size, 0, hidden}}, &r->lm_head_));
   }
   KVP_ASSIGN_OR_RETURN(r->final_norm_, ones_of(hidden));
+  const int64_t q_share = q_rows / n, kv_share = kv_rows / n, inter_share = inter / n;
+  const int64_t o_cols = spec.num_q_heads * dp, o_share = o_cols / n;
   for (DeviceLayerWeights& lw : r->layers_) {
     KVP_ASSIGN_OR_RETURN(lw.attn_norm, ones_of(hidden));
     KVP_ASSIGN_OR_RETURN(lw.mlp_norm, ones_of(hidden));
-    KVP_RETURN_IF_ERROR(random_matrix(q_dim + 2 * kv_dim, hidden, &lw.qkv));
+    KVP_RETURN_IF_ERROR(random_matrix(hidden,
+                                      {{rank * q_share, q_share, 0, hidden},
+                                       {q_rows + rank * kv_share, kv_share, 0, hidden},
+                                       {q_rows + kv_rows + rank * kv_share, kv_share, 0, hidden}},
+                                      &lw.qkv));
     // pad columns of o meet only zero attention lanes (v's pad lanes are zero): any value works
-    KVP_RETURN_IF_ERROR(random_matrix(hidden, spec.num_q_heads * dp, &lw.o));
-    KVP_RETURN_IF_ERROR(random_matrix(2 * inter, hidden, &lw.gate_up));
-    KVP_RETURN_IF_ERROR(random_matrix(hidden, inter, &lw.down));
+    KVP_RETURN_IF_ERROR(random_matrix(o_cols, {{0, hidden, rank * o_share, o_share}}, &lw.o));
+    KVP_RETURN_IF_ERROR(random_matrix(hidden,
+                                      {{rank * inter_share, inter_share, 0, hidden},
+                                       {inter + rank * inter_share, inter_share, 0, hidden}},
+                                      &lw.gate_up));
+    KVP_RETURN_IF_ERROR(
+        random_matrix(inter, {{0, hidden, rank * inter_share, inter_share}}, &lw.down));
     if (spec.qkv_bias) {
-      KVP_ASSIGN_OR_RETURN(lw.qkv_bias, upload_f32(std::vector<float>(q_dim + 2 * kv_dim, 0.0f)));
+      KVP_ASSIGN_OR_RETURN(lw.qkv_bias,
+                           upload_f32(std::vector<float>((q_rows + 2 * kv_rows) / n, 0.0f)));
     }
     if (spec.qk_norm) {
-      KVP_ASSIGN_OR_RETURN(lw.q_norm, ones_of(spec.head_dim));
-      KVP_ASSIGN_OR_RETURN(lw.k_norm, ones_of(spec.head_dim));
+      KVP_ASSIGN_OR_RETURN(lw.q_norm, ones_of(hd));
+      KVP_ASSIGN_OR_RETURN(lw.k_norm, ones_of(hd));
     }
     if (spec.sandwich_norms) {
       KVP_ASSIGN_OR_RETURN(lw.post_attn_norm, ones_of(hidden));
@@ -601,6 +629,11 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
   return Status::ok();
 }
 
+Status CudaModelRunner::all_reduce(void* data, int64_t count) {
+  if (nccl_ == nullptr) return Status::ok();
+  return nccl_->all_reduce_sum(static_cast<float*>(data), count, comm_, stream_);
+}
+
 void CudaModelRunner::copy_logits_out(std::span<float> logits) const {
   // 64 x a 128K vocabulary is 33 MB: several threads (common/parallel_memcpy.h)
   parallel_memcpy(logits.data(), logits_host_.data(), logits.size() * 4);
@@ -723,6 +756,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     }
     KVP_RETURN_IF_ERROR(gemm(attn_bf16, lw.o.data(), proj_.data(), true, num_tokens,
                              spec_.num_q_heads * dp, hidden, "o_proj"));
+    KVP_RETURN_IF_ERROR(all_reduce(proj_.data(), num_tokens * hidden));
     KVP_RETURN_IF_ERROR(cuda_status(
         detail::launch_residual_norm(x_.as<float>(), proj_.as<float>(),
                                      lw.post_attn_norm.as<float>(), lw.mlp_norm.as<float>(), T,
@@ -737,6 +771,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
         "gated_activation_kernel"));
     KVP_RETURN_IF_ERROR(
         gemm(xn_.data(), lw.down.data(), proj_.data(), true, num_tokens, inter, hidden, "down"));
+    KVP_RETURN_IF_ERROR(all_reduce(proj_.data(), num_tokens * hidden));
     const float* next_norm =
         l + 1 < spec_.num_layers ? layers_[l + 1].attn_norm.as<float>() : nullptr;
     KVP_RETURN_IF_ERROR(

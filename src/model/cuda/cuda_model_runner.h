@@ -5,8 +5,10 @@
 //   embed(+scale) → rms_norm ─┐
 //   per layer:  GEMM qkv (f32 out) → qkv_post: +bias, q/k norm, rope, → KV dtype, pad head_dim
 //               → cuda::launch_kv_write → cuda::paged_attention → GEMM o (f32 out)
+//               (→ NCCL all-reduce of o when split over GPUs: model/tensor_parallel.h)
 //               → residual_norm: (+post norm) x += o, xn = norm(x)
 //               → GEMM gate_up (bf16 out) → gated activation → GEMM down (f32 out)
+//               (→ NCCL all-reduce of down when split)
 //               → residual_norm: (+post norm) x += down, xn = next layer's norm(x)
 //   logit rows: gather + final norm → GEMM lm_head (f32 out) → soft cap → host
 //
@@ -29,9 +31,11 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kv_pool.h"
 #include "backend/cuda/paged_attention.h"
+#include "model/cuda/nccl_library.h"
 #include "model/forward_backend.h"
 #include "model/model_runner.h"
 #include "model/model_spec.h"
+#include "model/tensor_parallel.h"
 #include "model/weight_source.h"
 
 namespace kvp::cuda {
@@ -58,9 +62,11 @@ class CudaModelRunner {
                                                        const WeightSource& source,
                                                        const LoadProgress& progress, int device);
   // Random bf16 weights made on the device (uniform, scaled by 1/sqrt(fan-in); norms 1), for
-  // benchmarks of shapes nobody downloads.
+  // benchmarks of shapes nobody downloads. With a shard of size > 1 the runner is that rank of
+  // `spec` split (model/tensor_parallel.h), its weights exactly its share of the unsplit model's
+  // of the same seed.
   static Result<std::unique_ptr<CudaModelRunner>> random(const ModelSpec& spec, uint64_t seed,
-                                                         int device);
+                                                         int device, TensorShard shard = {});
   ~CudaModelRunner();
   CudaModelRunner(const CudaModelRunner&) = delete;
   CudaModelRunner& operator=(const CudaModelRunner&) = delete;
@@ -85,6 +91,18 @@ class CudaModelRunner {
   Status forward_summarized(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                             std::span<const int32_t> full_rows, std::span<float> logits,
                             std::span<LogitRowSummary> summaries);
+
+  // Tensor parallelism: this runner is one rank of a split model (loaded with shard_spec's spec
+  // and a ShardedWeightSource, or random with its shard); the o and down projections' partial
+  // outputs are summed over the ranks with NCCL on the runner's stream (inside graphs too).
+  // keep_alive owns the communicator's lifetime.
+  void set_all_reduce(const NcclLibrary* nccl, ncclComm_t comm,
+                      std::shared_ptr<const void> keep_alive) {
+    nccl_ = nccl;
+    comm_ = comm;
+    comm_keep_alive_ = std::move(keep_alive);
+    clear_graphs();
+  }
 
   // Whether decode-only batches run as CUDA graphs (default on; the environment variable
   // KVP_CUDA_GRAPHS=0 turns them off, as does this setter, for benchmarks that compare).
@@ -143,6 +161,8 @@ class CudaModelRunner {
   Status reserve(int64_t num_tokens, int64_t num_rows, size_t meta_bytes);
   Status gemm(const void* x, const void* w, void* y, bool y_f32, int64_t rows, int64_t in,
               int64_t out, const char* what);
+  // Sums [count] f32 over the ranks in place (nothing when not split).
+  Status all_reduce(void* data, int64_t count);
 
   ModelSpec spec_;
   int device_ = 0;
@@ -179,6 +199,9 @@ class CudaModelRunner {
   DeviceBuffer summaries_;       // [rows] detail::RowSummary
   PinnedBuffer summaries_host_;  // [rows] detail::RowSummary
   AttentionWorkspace attention_workspace_;
+  const NcclLibrary* nccl_ = nullptr;  // null: not split
+  ncclComm_t comm_ = nullptr;
+  std::shared_ptr<const void> comm_keep_alive_;
   bool graphs_enabled_ = true;
   std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)
 };

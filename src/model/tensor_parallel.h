@@ -1,0 +1,170 @@
+// Tensor parallelism (Megatron-style): one model split across N ranks (GPUs of one host, or
+// threads standing in for them on the CPU), driven by one engine.
+//
+//   rank r of N holds             q heads [r·Hq/N, (r+1)·Hq/N), kv heads [r·Hkv/N, …), and the
+//                                 MLP's intermediate rows [r·I/N, …); embeddings, norms and the
+//                                 lm-head whole
+//   per layer, each rank:         qkv (its heads) → its heads' attention over its KV pool
+//                                 → o (its columns: a partial sum) → ALL-REDUCE → residual
+//                                 → gate_up (its rows) → down (its columns) → ALL-REDUCE → residual
+//   the KV pool of rank r:        the same blocks as every other rank (one block table), with its
+//                                 kv heads only; a block image (forward_backend.h) holds all heads
+//
+// What lives here (host code, every build): the shard arithmetic (shard_spec, which rows or
+// columns of each weight a rank holds: ShardedWeightSource), TensorParallelBackend (a
+// ForwardBackend over N rank backends: runs them side by side, one thread each, and joins and
+// splits their block images so cache files do not depend on N), and the CPU ranks' all-reduce
+// (make_cpu_tensor_parallel_backend: N ModelRunners on threads, partial outputs summed in rank
+// order — the CPU emulation of the CUDA path that CI checks). The CUDA ranks' all-reduce is
+// NCCL's (model/cuda/cuda_tensor_parallel.h).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "model/forward_backend.h"
+#include "model/model_spec.h"
+#include "model/weight_source.h"
+
+namespace kvp {
+
+// Most ranks kvpool splits a model over (GPUs of one host).
+constexpr int32_t kMaxTensorParallel = 8;
+
+struct TensorShard {
+  int32_t rank = 0;
+  int32_t size = 1;
+};
+
+// ok when `spec` splits over n ranks: 1 <= n <= kMaxTensorParallel and n divides the attention
+// heads, the kv heads and the intermediate size; else invalid_argument naming the numbers.
+Status check_tensor_parallel(const ModelSpec& spec, int32_t n);
+
+// The spec a rank runs: heads, kv heads and intermediate size divided by shard.size (everything
+// else, attention scale included, unchanged). requires: check_tensor_parallel(spec, size) ok.
+ModelSpec shard_spec(const ModelSpec& spec, TensorShard shard);
+
+// How a rank's copy of one weight relates to the whole tensor (Hugging Face names).
+struct ShardSlice {
+  enum class Kind { kWhole, kRows, kCols } kind = Kind::kWhole;
+  int64_t begin = 0, count = 0;  // rows or columns [begin, begin + count) of the whole
+};
+// The slice of tensor `name` that rank shard.rank holds.
+ShardSlice shard_slice(const ModelSpec& spec, TensorShard shard, const std::string& name);
+
+// The weights of one rank, read from the whole model's source: each tensor is read whole and the
+// rank's rows or columns kept (as f32 where sliced; unsliced matrices stay in their stored
+// format). The loaders ask for shapes of shard_spec(spec, shard); `base` must outlive this.
+class ShardedWeightSource final : public WeightSource {
+ public:
+  ShardedWeightSource(const WeightSource& base, ModelSpec spec, TensorShard shard);
+
+  bool contains(const std::string& name) const override { return base_.contains(name); }
+  Result<std::vector<float>> read_f32(const std::string& name,
+                                      std::span<const int64_t> shape) const override;
+  Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
+                                   int64_t cols) const override;
+  std::string describe() const override;
+
+ private:
+  const WeightSource& base_;
+  ModelSpec spec_;  // the whole model's
+  TensorShard shard_;
+};
+
+// Runs one job per rank side by side: rank 0 on the calling thread, the others on threads of
+// their own that live as long as this (a CUDA rank's thread keeps its device current).
+class RankThreads {
+ public:
+  explicit RankThreads(int32_t num_ranks);
+  ~RankThreads();
+  RankThreads(const RankThreads&) = delete;
+  RankThreads& operator=(const RankThreads&) = delete;
+
+  int32_t size() const { return num_ranks_; }
+  // job(rank) on every rank at once; returns when all have returned: the lowest rank's error,
+  // or ok.
+  Status run(const std::function<Status(int32_t)>& job);
+
+ private:
+  void worker(int32_t rank);
+
+  int32_t num_ranks_;
+  std::mutex mu_;
+  std::condition_variable start_cv_, done_cv_;
+  const std::function<Status(int32_t)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int32_t pending_ = 0;
+  bool stop_ = false;
+  std::vector<Status> results_;
+  std::vector<std::thread> threads_;
+};
+
+// A ForwardBackend over N rank backends of one model, rank r built from shard_spec(spec, {r, N})
+// with the all-reduce wired in. Layouts, block images and logits are the whole model's: the
+// engine, sessions and cache files see one backend (a file written at N ranks loads at 1).
+class TensorParallelBackend final : public ForwardBackend {
+ public:
+  // requires: ranks.size() >= 1, ranks[r]->spec() == shard_spec(spec, {r, ranks.size()}).
+  TensorParallelBackend(ModelSpec spec, std::vector<std::unique_ptr<ForwardBackend>> ranks);
+  ~TensorParallelBackend() override;
+
+  int32_t num_ranks() const { return static_cast<int32_t>(ranks_.size()); }
+  ForwardBackend& rank(int32_t r) { return *ranks_[r]; }
+
+  const ModelSpec& spec() const override { return spec_; }
+  // "tp2 [cuda:0 (…), cuda:1 (…)]"
+  std::string device_name() const override;
+  WeightFootprint weight_footprint() const override;
+  int32_t num_cache_groups() const override { return ranks_[0]->num_cache_groups(); }
+  int32_t num_group_layers(int32_t group) const override {
+    return ranks_[0]->num_group_layers(group);
+  }
+  bool group_is_sliding(int32_t group) const override { return ranks_[0]->group_is_sliding(group); }
+  KvLayout group_layout(int32_t group, int32_t num_blocks, int32_t block_size,
+                        DType dtype) const override;
+  Status check_kv_dtype(DType dtype) const override { return ranks_[0]->check_kv_dtype(dtype); }
+  // Each rank allocates its share (kv heads / N) of every layout.
+  Status allocate_kv(std::span<const KvLayout> layouts) override;
+  const KvLayout& kv_layout(int32_t group) const override { return layouts_[group]; }
+  Status forward(const ForwardBatch& batch, std::span<float> logits) override;
+  bool summarizes_logits() const override { return ranks_[0]->summarizes_logits(); }
+  Status forward_summarized(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                            std::span<float> logits, std::span<LogitRowSummary> summaries) override;
+  Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) override;
+  Status read_blocks(int32_t group, std::span<const BlockId> blocks,
+                     std::span<std::byte> image) const override;
+  Status write_blocks(int32_t group, std::span<const BlockId> blocks,
+                      std::span<const std::byte> image) override;
+
+ private:
+  // Every rank's forward of one batch; rank 0's with `lead`, the others' with scratch outputs
+  // (every rank computes the same logits; only rank 0's leave).
+  Status forward_all(const ForwardBatch& batch, const std::function<Status()>& lead);
+  // Block images: rank images ↔ the whole image (kv heads of rank r at r · its share).
+  Status check_image(int32_t group, size_t blocks, size_t image_bytes, const char* what) const;
+
+  ModelSpec spec_;
+  std::vector<std::unique_ptr<ForwardBackend>> ranks_;
+  std::unique_ptr<RankThreads> threads_;
+  std::vector<KvLayout> layouts_;                            // whole, one per group
+  mutable std::vector<std::vector<std::byte>> rank_images_;  // [rank] block image scratch
+  std::vector<std::vector<float>> rank_logits_;              // [rank] scratch logits
+  std::vector<std::vector<LogitRowSummary>> rank_summaries_;
+};
+
+// The CPU emulation: N ModelRunners, rank r's weights read through ShardedWeightSource from
+// `source`, each with its own KV pool, run on N threads, their partial outputs summed in rank
+// order (deterministic). Errors: check_tensor_parallel's, the loaders'.
+Result<std::unique_ptr<ForwardBackend>> make_cpu_tensor_parallel_backend(const ModelSpec& spec,
+                                                                         const WeightSource& source,
+                                                                         int32_t n);
+
+}  // namespace kvp
