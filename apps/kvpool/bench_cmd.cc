@@ -292,8 +292,9 @@ int run_bench_command(BenchOptions o) {
   ThreadPool pool(num_threads);
   const bool random = !o.model.random_model.empty();
   Result<std::unique_ptr<ForwardBackend>> backend =
-      random ? make_random_backend(o.model.random_model, o.model.device, o.bench.seed, &pool)
-             : load_backend(o.model.model, o.model.device, &pool);
+      random ? make_random_backend(o.model.random_model, o.model.device, o.bench.seed, &pool,
+                                   o.model.tensor_parallel)
+             : load_backend(o.model.model, o.model.device, &pool, {}, o.model.tensor_parallel);
   if (!backend.is_ok()) {
     fmt::print(stderr, "kvpool bench: {} {}: {}\n", random ? "--random-model" : "--model",
                random ? o.model.random_model : o.model.model, backend.status().to_string());

@@ -1,6 +1,8 @@
 // GPU benchmark of the CUDA model runner (docs/perf/model-cuda.md holds the numbers).
 //
 //   model_cuda_bench OUT.csv [--quick]
+//   model_cuda_bench OUT.csv --tensor-parallel N   # the 8B shape whole and split over GPUs
+//                                                 # 0 … N-1 (model/tensor_parallel.h)
 //   model_cuda_bench OUT.csv --profile-decode   # one eager 8B decode step (batch 1, context
 //                                               # 512) between cudaProfilerStart/Stop, for ncu
 //
@@ -38,6 +40,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
 #include "model/cuda/cuda_forward_backend.h"
+#include "model/tensor_parallel.h"
 
 namespace kvp::cuda {
 namespace {
@@ -194,23 +197,35 @@ struct Row {
 class ModelBench {
  public:
   ModelBench(std::string name, const ModelSpec& spec, int32_t max_tokens, double bandwidth,
-             double matmul_rate, bool quick)
+             double matmul_rate, bool quick, int32_t tensor_parallel = 1)
       : name_(std::move(name)),
         spec_(spec),
         bandwidth_(bandwidth),
         matmul_rate_(matmul_rate),
         quick_(quick) {
-    backend_ = value_or_die(make_random_cuda_backend(spec, 1234), "make_random_cuda_backend");
+    backend_ = value_or_die(make_random_cuda_backend(spec, 1234, 0, tensor_parallel),
+                            "make_random_cuda_backend");
+    if (tensor_parallel > 1) {
+      auto& split = static_cast<TensorParallelBackend&>(*backend_);
+      for (int32_t r = 0; r < split.num_ranks(); ++r) {
+        ranks_.push_back(&static_cast<CudaForwardBackend&>(split.rank(r)));
+      }
+      bandwidth_ *= tensor_parallel;  // every GPU reads its share at the copy bandwidth
+      matmul_rate_ *= tensor_parallel;
+      name_ += "-tp" + std::to_string(tensor_parallel);
+    } else {
+      ranks_.push_back(&static_cast<CudaForwardBackend&>(*backend_));
+    }
     num_blocks_ = (max_tokens + kBlockSize - 1) / kBlockSize + 64;
     const KvLayout layout = backend_->group_layout(0, num_blocks_, kBlockSize, DType::BF16);
     check_status(backend_->allocate_kv(std::span(&layout, 1)), "allocate_kv");
-    check_status(static_cast<CudaForwardBackend&>(*backend_).fill_kv_random(7), "fill_kv_random");
+    for (CudaForwardBackend* rank : ranks_) check_status(rank->fill_kv_random(7), "fill_kv_random");
     // blocks handed out in a shuffled order, as a long-running pool would
     block_order_.resize(num_blocks_);
     std::iota(block_order_.begin(), block_order_.end(), 0);
     std::shuffle(block_order_.begin(), block_order_.end(), std::mt19937_64(42));
-    const auto& runner = static_cast<CudaForwardBackend&>(*backend_).runner();
-    weight_bytes_ = runner.weight_bytes();
+    weight_bytes_ = 0;  // split: every GPU's (embedding, norms and lm-head on each)
+    for (CudaForwardBackend* rank : ranks_) weight_bytes_ += rank->runner().weight_bytes();
     std::printf("%s: %.2f GB of bf16 weights, KV pool %d blocks of %d tokens (%.2f GB)\n",
                 name_.c_str(), weight_bytes_ / 1e9, num_blocks_, kBlockSize,
                 layout.size_bytes() / 1e9);
@@ -219,7 +234,7 @@ class ModelBench {
   // Decode: `batch` sequences with `context` tokens after the step, logits for `logit_rows` of
   // them (0: all), as CUDA graphs or eagerly launched.
   Row decode(int batch, int context, bool graphs, int logit_rows = 0) {
-    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(graphs);
+    set_graphs(graphs);
     if (logit_rows == 0) logit_rows = batch;
     const int32_t blocks_per_seq = (context + kBlockSize - 1) / kBlockSize;
     std::vector<int32_t> tokens(batch), query_start(batch + 1), kv_lens(batch, context),
@@ -243,9 +258,10 @@ class ModelBench {
     // bytes one step must read: every weight matrix once (the embedding only for its rows when
     // the lm_head is separate), every cached K and V once
     const double embed_bytes = 2.0 * spec_.vocab_size * spec_.hidden_size;
-    const double weights_read = spec_.tie_word_embeddings
-                                    ? weight_bytes_
-                                    : weight_bytes_ - embed_bytes + 2.0 * batch * spec_.hidden_size;
+    const double weights_read =
+        spec_.tie_word_embeddings
+            ? weight_bytes_
+            : weight_bytes_ - ranks_.size() * embed_bytes + 2.0 * batch * spec_.hidden_size;
     const double kv_read =
         2.0 * batch * context * spec_.num_layers * 2.0 * spec_.num_kv_heads * spec_.head_dim;
     Row r;
@@ -266,14 +282,14 @@ class ModelBench {
 
   // One eager decode step inside cudaProfilerStart/Stop (after warm-ups), for ncu.
   void profile_decode(int batch, int context) {
-    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(false);
+    set_graphs(false);
     profile_next_ = true;
     decode(batch, context, false);
   }
 
   // Prefill: one sequence of `length` tokens, logits for its last one.
   Row prefill(int length) {
-    static_cast<CudaForwardBackend&>(*backend_).runner().set_graphs_enabled(false);
+    set_graphs(false);
     const int32_t blocks_per_seq = (length + kBlockSize - 1) / kBlockSize;
     std::vector<int32_t> tokens(length), query_start = {0, length}, kv_lens = {length},
                                          rows = {length - 1}, tables(blocks_per_seq);
@@ -349,7 +365,12 @@ class ModelBench {
   double bandwidth_, matmul_rate_;
   bool quick_;
   bool profile_next_ = false;
+  void set_graphs(bool enabled) {
+    for (CudaForwardBackend* rank : ranks_) rank->runner().set_graphs_enabled(enabled);
+  }
+
   std::unique_ptr<ForwardBackend> backend_;
+  std::vector<CudaForwardBackend*> ranks_;  // the backend itself, or each rank of it
   int32_t num_blocks_ = 0;
   std::vector<int32_t> block_order_;
   double weight_bytes_ = 0;
@@ -362,6 +383,8 @@ int run(int argc, char** argv) {
   }
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
   const bool profile = argc > 2 && std::string(argv[2]) == "--profile-decode";
+  const int32_t tensor_parallel =
+      argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "model_cuda_bench: no CUDA device\n");
@@ -389,7 +412,25 @@ int run(int argc, char** argv) {
         r.step_us, r.tok_per_s, r.kind == "decode" ? "floor  " : "ceiling", r.bound_us, r.ratio);
     std::fflush(stdout);
   };
-  {
+  if (tensor_parallel > 1) {
+    // whole, then split with NCCL all-reduces, then with decode-sized ones over peer memory
+    // (each freed before the next); floors and ceilings scale with the GPUs
+    for (const char* mode : {"whole", "nccl", "peer"}) {
+      const int32_t n = std::string(mode) == "whole" ? 1 : tensor_parallel;
+      setenv("KVP_TP_ALL_REDUCE", mode, 1);
+      ModelBench bench(std::string("llama31-8b") + (n > 1 ? std::string("-") + mode : ""),
+                       llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, false, n);
+      for (int batch : {1, 4, 64}) {
+        for (int context : {512, 4096}) {
+          rows.push_back(bench.decode(batch, context, true));
+          print(rows.back());
+        }
+      }
+      rows.push_back(bench.prefill(2048));
+      print(rows.back());
+    }
+  }
+  if (tensor_parallel == 1) {
     ModelBench bench("llama31-8b", llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, quick);
     for (int batch : {1, 4, 64}) {
       for (int context : {512, 4096}) {
@@ -405,7 +446,7 @@ int run(int argc, char** argv) {
     rows.push_back(bench.prefill(2048));
     print(rows.back());
   }
-  {
+  if (tensor_parallel == 1) {
     ModelBench bench("smollm2-135m", smollm2_135m(), 4096, bandwidth, matmul, quick);
     for (bool graphs : {false, true}) {
       rows.push_back(bench.decode(1, 512, graphs));

@@ -9,3 +9,13 @@ if ! ldd ./kvpool | grep -q "libcublas.so.13 => /"; then
   site=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)
   [ -n "$site" ] && export LD_LIBRARY_PATH="$(dirname "$(find "$site" -name 'libcublas.so.13' | head -1)"):$LD_LIBRARY_PATH"
 fi
+# NCCL (tensor parallelism only; kvpool dlopens it): the toolkit's, else the nvidia-nccl wheel's
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [ -e "$d/libnccl.so.2" ] && { export KVP_NCCL_LIBRARY="$d/libnccl.so.2"; break; }
+done
+if [ -z "${KVP_NCCL_LIBRARY:-}" ]; then
+  site=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null)
+  nccl=$([ -n "$site" ] && find "$site" -name 'libnccl.so.2' | head -1)
+  [ -n "$nccl" ] && export KVP_NCCL_LIBRARY="$nccl"
+fi
+export NCCL_NVLS_ENABLE=0  # NVLink multicast off, as the GPU machines require

@@ -137,6 +137,31 @@ Result<StoredMatrix> ShardedWeightSource::read_matrix(const std::string& name, i
   return owned_f32_matrix(std::move(values), rows, cols);
 }
 
+bool RankGate::arrive(bool ready) {
+  std::unique_lock lock(mu_);
+  if (aborted_) return false;
+  all_ready_ = all_ready_ && ready;
+  if (++arrived_ == num_ranks_) {
+    result_ = all_ready_;
+    arrived_ = 0;
+    all_ready_ = true;
+    ++meeting_;
+    cv_.notify_all();
+    return result_;
+  }
+  const uint64_t meeting = meeting_;
+  cv_.wait(lock, [&] { return aborted_ || meeting_ != meeting; });
+  return !aborted_ && result_;
+}
+
+void RankGate::abort() {
+  {
+    std::lock_guard lock(mu_);
+    aborted_ = true;
+  }
+  cv_.notify_all();
+}
+
 RankThreads::RankThreads(int32_t num_ranks) : num_ranks_(num_ranks), results_(num_ranks) {
   for (int32_t r = 1; r < num_ranks; ++r) threads_.emplace_back([this, r] { worker(r); });
 }
@@ -190,9 +215,11 @@ Status RankThreads::run(const std::function<Status(int32_t)>& job) {
 }
 
 TensorParallelBackend::TensorParallelBackend(ModelSpec spec,
-                                             std::vector<std::unique_ptr<ForwardBackend>> ranks)
+                                             std::vector<std::unique_ptr<ForwardBackend>> ranks,
+                                             std::shared_ptr<RankGate> gate)
     : spec_(std::move(spec)),
       ranks_(std::move(ranks)),
+      gate_(std::move(gate)),
       threads_(std::make_unique<RankThreads>(static_cast<int32_t>(ranks_.size()))),
       rank_images_(ranks_.size()),
       rank_logits_(ranks_.size()),
@@ -258,14 +285,19 @@ Status TensorParallelBackend::forward_all(const ForwardBatch& batch,
                                           const std::function<Status()>& lead) {
   const size_t rows = batch.logit_rows.size();
   return threads_->run([&](int32_t r) -> Status {
-    if (r == 0) return lead();
+    Status st;
     ForwardBackend& b = *ranks_[r];
-    if (b.summarizes_logits()) {
+    if (r == 0) {
+      st = lead();
+    } else if (b.summarizes_logits()) {
       rank_summaries_[r].resize(rows);
-      return b.forward_summarized(batch, {}, {}, rank_summaries_[r]);
+      st = b.forward_summarized(batch, {}, {}, rank_summaries_[r]);
+    } else {
+      rank_logits_[r].resize(rows * static_cast<size_t>(spec_.vocab_size));
+      st = b.forward(batch, rank_logits_[r]);
     }
-    rank_logits_[r].resize(rows * static_cast<size_t>(spec_.vocab_size));
-    return b.forward(batch, rank_logits_[r]);
+    if (!st.is_ok() && gate_ != nullptr) gate_->abort();
+    return st;
   });
 }
 

@@ -107,13 +107,40 @@ class RankThreads {
   std::vector<std::thread> threads_;
 };
 
+// Where the ranks of one step meet (each on its own thread): every rank says whether it is
+// ready, and all learn whether all are. Split CUDA runners meet after allocating what a step needs
+// and before their first all-reduce (model/cuda/cuda_model_runner.h).
+class RankGate {
+ public:
+  explicit RankGate(int32_t num_ranks) : num_ranks_(num_ranks) {}
+  // Blocks until every rank has arrived; true when every rank arrived with ready = true. False at
+  // once, for good, after abort().
+  bool arrive(bool ready);
+  // A rank left its step with an error: no rank may wait for it any more (a split model whose
+  // step failed half-way is not used again; its ranks' collectives no longer match).
+  void abort();
+
+ private:
+  const int32_t num_ranks_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int32_t arrived_ = 0;
+  bool all_ready_ = true;
+  bool result_ = true;  // of the last completed meeting
+  uint64_t meeting_ = 0;
+  bool aborted_ = false;
+};
+
 // A ForwardBackend over N rank backends of one model, rank r built from shard_spec(spec, {r, N})
 // with the all-reduce wired in. Layouts, block images and logits are the whole model's: the
 // engine, sessions and cache files see one backend (a file written at N ranks loads at 1).
 class TensorParallelBackend final : public ForwardBackend {
  public:
   // requires: ranks.size() >= 1, ranks[r]->spec() == shard_spec(spec, {r, ranks.size()}).
-  TensorParallelBackend(ModelSpec spec, std::vector<std::unique_ptr<ForwardBackend>> ranks);
+  // gate: where the ranks meet inside a step (CUDA), aborted when a rank's step fails so that no
+  // other rank waits for it; may be null.
+  TensorParallelBackend(ModelSpec spec, std::vector<std::unique_ptr<ForwardBackend>> ranks,
+                        std::shared_ptr<RankGate> gate = nullptr);
   ~TensorParallelBackend() override;
 
   int32_t num_ranks() const { return static_cast<int32_t>(ranks_.size()); }
@@ -153,6 +180,7 @@ class TensorParallelBackend final : public ForwardBackend {
 
   ModelSpec spec_;
   std::vector<std::unique_ptr<ForwardBackend>> ranks_;
+  std::shared_ptr<RankGate> gate_;
   std::unique_ptr<RankThreads> threads_;
   std::vector<KvLayout> layouts_;                            // whole, one per group
   mutable std::vector<std::vector<std::byte>> rank_images_;  // [rank] block image scratch

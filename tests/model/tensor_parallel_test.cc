@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "model/cpu_forward_backend.h"
 #include "model/model_loader.h"
@@ -314,6 +316,27 @@ TEST(TensorParallel, SizesThatDoNotSplitAndBadBatchesAreRefused) {
   std::vector<std::byte> image(7);
   EXPECT_EQ(many->read_blocks(0, std::vector<BlockId>{BlockId{0}}, image).code(),
             StatusCode::kInvalidArgument);
+}
+
+TEST(TensorParallel, RankGateTellsEveryRankWhetherAllAreReadyAndAbortReleasesWaiters) {
+  RankGate gate(2);
+  for (const auto& [a, b] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, false},
+                             std::pair{true, true}}) {
+    bool got_b = false;
+    std::thread other([&] { got_b = gate.arrive(b); });
+    const bool got_a = gate.arrive(a);
+    other.join();
+    EXPECT_EQ(got_a, a && b);
+    EXPECT_EQ(got_b, a && b);
+  }
+  // a rank waiting for one that failed is released by abort, and the gate stays closed
+  bool waited = true;
+  std::thread waiter([&] { waited = gate.arrive(true); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  gate.abort();
+  waiter.join();
+  EXPECT_FALSE(waited);
+  EXPECT_FALSE(gate.arrive(true));
 }
 
 }  // namespace

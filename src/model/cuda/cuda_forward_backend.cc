@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 
@@ -12,6 +13,7 @@
 #include "backend/cuda/kernels.h"
 #include "common/parallel_memcpy.h"
 #include "model/cuda/nccl_library.h"
+#include "model/cuda/peer_all_reduce.h"
 #include "model/tensor_parallel.h"
 
 namespace kvp::cuda {
@@ -242,14 +244,27 @@ Result<std::unique_ptr<ForwardBackend>> make_split(const ModelSpec& spec, int fi
   auto comms = std::make_shared<NcclComms>();
   comms->nccl = nccl;
   KVP_ASSIGN_OR_RETURN(comms->comms, nccl->init_all(devices));
+  // NCCL does every all-reduce, unless KVP_TP_ALL_REDUCE=peer: then decode-sized ones (up to
+  // 256 tokens of hidden) go over peer memory where the GPUs have peer access (an experiment:
+  // slower than NCCL as it stands, docs/perf/tensor-parallel.md)
+  std::shared_ptr<const PeerAllReduce> peer;
+  const char* choice = std::getenv("KVP_TP_ALL_REDUCE");
+  if (choice != nullptr && std::string(choice) == "peer") {
+    Result<std::shared_ptr<PeerAllReduce>> made =
+        PeerAllReduce::create(devices, int64_t{256} * spec.hidden_size);
+    if (made.is_ok()) peer = std::move(made).value();
+  }
+  auto gate = std::make_shared<RankGate>(n);
   std::vector<std::unique_ptr<ForwardBackend>> ranks;
   for (int32_t r = 0; r < n; ++r) {
     KVP_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner, make_rank({r, n}, devices[r]));
-    runner->set_all_reduce(nccl, comms->comms[r], comms);
+    runner->set_all_reduce(
+        nccl, comms->comms[r], [gate](bool ready) { return gate->arrive(ready); }, comms);
+    if (peer != nullptr) runner->set_peer_all_reduce(peer, r);
     ranks.push_back(std::make_unique<CudaForwardBackend>(std::move(runner)));
   }
   return std::unique_ptr<ForwardBackend>(
-      std::make_unique<TensorParallelBackend>(spec, std::move(ranks)));
+      std::make_unique<TensorParallelBackend>(spec, std::move(ranks), gate));
 }
 
 }  // namespace

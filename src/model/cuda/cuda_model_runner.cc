@@ -532,9 +532,16 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
     shape.slot_offset[g] = shape.bytes;
     shape.bytes += size_t(shape.num_tokens) * 8;
   }
-  KVP_RETURN_IF_ERROR(reserve(shape.num_tokens, shape.num_rows, shape.bytes));
+  Status prepared = reserve(shape.num_tokens, shape.num_rows, shape.bytes);
+  if (prepared.is_ok()) prepared = reserve_attention_workspace(shape, pools);
   // an earlier call that failed midway may still be reading the staging buffer
-  KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  if (prepared.is_ok()) {
+    prepared = cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+  if (gate_ && !gate_(prepared.is_ok()) && prepared.is_ok()) {
+    return Status::internal("cuda forward: another GPU of the split model failed this step");
+  }
+  KVP_RETURN_IF_ERROR(prepared);
 
   std::byte* base = meta_host_.as<std::byte>();
   std::memset(base, 0, shape.bytes);
@@ -586,7 +593,11 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
     }
     auto it = std::find_if(graphs_.begin(), graphs_.end(),
                            [&](const GraphEntry& e) { return e.key == key; });
-    if (it != graphs_.end() && it->exec != nullptr) {
+    bool replay = it != graphs_.end() && it->exec != nullptr;
+    // split: a graph replays only where every rank has one (a rank whose capture failed runs
+    // eagerly, meeting the others before each all-reduce, which graphs do not)
+    if (gate_) replay = gate_(replay);
+    if (replay) {
       KVP_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->exec, stream_));
     } else {
       // first time: run eagerly (which sizes every buffer and the attention workspace), then
@@ -629,9 +640,53 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
   return Status::ok();
 }
 
+Status CudaModelRunner::reserve_attention_workspace(const StepShape& shape,
+                                                    std::span<DeviceKvPool> pools) {
+  size_t bytes = 0;
+  for (int32_t g = 0; g < num_cache_groups(); ++g) {
+    AttentionParams params;
+    params.num_q_heads = spec_.num_q_heads;
+    params.scale = spec_.attention_scale;
+    params.soft_cap = spec_.attn_logit_softcap;
+    params.window = group_is_sliding(g) ? spec_.sliding_window : 0;
+    AttentionBatch ab;
+    ab.num_seqs = shape.num_seqs;
+    ab.num_tokens = shape.num_tokens;
+    ab.max_blocks_per_seq = shape.max_blocks[g];
+    ab.max_q_len = shape.max_q_len;
+    ab.max_kv_len = shape.max_kv_len;
+    bytes = std::max(bytes, attention_workspace_bytes(params, ab, pools[g].layer(0)));
+  }
+  const void* before = attention_workspace_.data();
+  KVP_RETURN_IF_ERROR(attention_workspace_.reserve(bytes));
+  if (attention_workspace_.data() != before) clear_graphs();  // graphs hold its address
+  return Status::ok();
+}
+
 Status CudaModelRunner::all_reduce(void* data, int64_t count) {
   if (nccl_ == nullptr) return Status::ok();
-  return nccl_->all_reduce_sum(static_cast<float*>(data), count, comm_, stream_);
+  // Launched eagerly (not captured), every rank first drains its stream and meets the others,
+  // then launches its all-reduce and waits for it: CUDA loads a kernel lazily, at its first
+  // launch, and waits for the device to idle while loading (under a process-wide lock, it
+  // seems); a rank loading a kernel while its own all-reduce kernel waited for a peer blocked
+  // the peer's launches — both hung (the 8B shape's first prefill on 2 H200s, NCCL or not).
+  // So no kernel but the all-reduce is launched while one may be waiting. Costs two
+  // synchronisations per all-reduce of eager steps (prefill); graph replays load nothing.
+  const bool eager = !capturing_ && gate_;
+  if (eager) {
+    const Status drained = cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (!gate_(drained.is_ok()) && drained.is_ok()) {
+      return Status::internal("cuda forward: another GPU of the split model failed this step");
+    }
+    KVP_RETURN_IF_ERROR(drained);
+  }
+  if (peer_ != nullptr && count <= peer_->capacity()) {
+    KVP_RETURN_IF_ERROR(peer_->run(rank_, static_cast<float*>(data), count, stream_));
+  } else {
+    KVP_RETURN_IF_ERROR(nccl_->all_reduce_sum(static_cast<float*>(data), count, comm_, stream_));
+  }
+  if (eager) KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return Status::ok();
 }
 
 void CudaModelRunner::copy_logits_out(std::span<float> logits) const {
@@ -644,7 +699,9 @@ void CudaModelRunner::capture(const StepShape& shape, std::span<DeviceKvPool> po
   GraphEntry entry;
   entry.key = key;
   if (cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess) {
+    capturing_ = true;
     const Status enqueued = enqueue_step(shape, pools);
+    capturing_ = false;
     cudaGraph_t graph = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
     if (enqueued.is_ok() && ended == cudaSuccess && graph != nullptr &&

@@ -5,7 +5,8 @@
 //   embed(+scale) → rms_norm ─┐
 //   per layer:  GEMM qkv (f32 out) → qkv_post: +bias, q/k norm, rope, → KV dtype, pad head_dim
 //               → cuda::launch_kv_write → cuda::paged_attention → GEMM o (f32 out)
-//               (→ NCCL all-reduce of o when split over GPUs: model/tensor_parallel.h)
+//               (→ all-reduce of o when split over GPUs, model/tensor_parallel.h: NCCL, or
+//                PeerAllReduce for decode-sized ones)
 //               → residual_norm: (+post norm) x += o, xn = norm(x)
 //               → GEMM gate_up (bf16 out) → gated activation → GEMM down (f32 out)
 //               (→ NCCL all-reduce of down when split)
@@ -24,6 +25,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -32,6 +34,7 @@
 #include "backend/cuda/kv_pool.h"
 #include "backend/cuda/paged_attention.h"
 #include "model/cuda/nccl_library.h"
+#include "model/cuda/peer_all_reduce.h"
 #include "model/forward_backend.h"
 #include "model/model_runner.h"
 #include "model/model_spec.h"
@@ -95,12 +98,25 @@ class CudaModelRunner {
   // Tensor parallelism: this runner is one rank of a split model (loaded with shard_spec's spec
   // and a ShardedWeightSource, or random with its shard); the o and down projections' partial
   // outputs are summed over the ranks with NCCL on the runner's stream (inside graphs too).
-  // keep_alive owns the communicator's lifetime.
-  void set_all_reduce(const NcclLibrary* nccl, ncclComm_t comm,
+  // keep_alive owns the communicator's lifetime. Every step, after allocating what it needs and
+  // before its first launch, the rank meets the others at gate (RankGate::arrive(rank, ok)): a
+  // cudaFree on one GPU waits for its peers' kernels, and a peer's all-reduce kernel would wait
+  // for this rank; and a rank that could not prepare its step stops all of them. Eager steps
+  // meet there again before each all-reduce (all_reduce in the .cc says why).
+  void set_all_reduce(const NcclLibrary* nccl, ncclComm_t comm, std::function<bool(bool)> gate,
                       std::shared_ptr<const void> keep_alive) {
     nccl_ = nccl;
     comm_ = comm;
+    gate_ = std::move(gate);
     comm_keep_alive_ = std::move(keep_alive);
+    clear_graphs();
+  }
+
+  // Tensor parallelism: all-reduces of at most peer->capacity() floats go through peer (one
+  // kernel over NVLink peer memory) instead of NCCL; rank is this runner's.
+  void set_peer_all_reduce(std::shared_ptr<const PeerAllReduce> peer, int32_t rank) {
+    peer_ = std::move(peer);
+    rank_ = rank;
     clear_graphs();
   }
 
@@ -163,6 +179,9 @@ class CudaModelRunner {
               int64_t out, const char* what);
   // Sums [count] f32 over the ranks in place (nothing when not split).
   Status all_reduce(void* data, int64_t count);
+  // Grows the attention workspace to what the step's attention launches need (so that nothing is
+  // allocated once launches begin).
+  Status reserve_attention_workspace(const StepShape& shape, std::span<DeviceKvPool> pools);
 
   ModelSpec spec_;
   int device_ = 0;
@@ -201,6 +220,10 @@ class CudaModelRunner {
   AttentionWorkspace attention_workspace_;
   const NcclLibrary* nccl_ = nullptr;  // null: not split
   ncclComm_t comm_ = nullptr;
+  std::function<bool(bool)> gate_;
+  bool capturing_ = false;  // enqueue_step is being captured into a graph
+  std::shared_ptr<const PeerAllReduce> peer_;  // null: NCCL for every all-reduce
+  int32_t rank_ = 0;
   std::shared_ptr<const void> comm_keep_alive_;
   bool graphs_enabled_ = true;
   std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)

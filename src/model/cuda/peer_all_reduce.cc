@@ -1,0 +1,68 @@
+// PeerAllReduce (peer_all_reduce.h): buffers, peer access, the launch.
+#include "model/cuda/peer_all_reduce.h"
+
+#include "backend/cuda/cuda_status.h"
+
+namespace kvp::cuda {
+
+Result<std::shared_ptr<PeerAllReduce>> PeerAllReduce::create(std::span<const int> devices,
+                                                             int64_t capacity) {
+  const auto n = static_cast<int32_t>(devices.size());
+  if (n < 2 || n > detail::kPeerMaxRanks) {
+    return Status::invalid_argument("peer all-reduce over {} GPUs (2 to {})", n,
+                                    detail::kPeerMaxRanks);
+  }
+  auto p = std::shared_ptr<PeerAllReduce>(new PeerAllReduce());
+  p->capacity_ = capacity;
+  p->devices_.assign(devices.begin(), devices.end());
+  for (int32_t r = 0; r < n; ++r) {
+    KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
+    for (int32_t q = 0; q < n; ++q) {
+      if (q == r) continue;
+      int can = 0;
+      KVP_CUDA_RETURN_IF_ERROR(cudaDeviceCanAccessPeer(&can, devices[r], devices[q]));
+      if (can == 0) {
+        return Status::unsupported("cuda:{} cannot access cuda:{}'s memory (no peer access)",
+                                   devices[r], devices[q]);
+      }
+      const cudaError_t e = cudaDeviceEnablePeerAccess(devices[q], 0);
+      if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();
+      } else {
+        KVP_CUDA_RETURN_IF_ERROR(e);
+      }
+    }
+    KVP_ASSIGN_OR_RETURN(DeviceBuffer staging, DeviceBuffer::allocate(2 * capacity * 4));
+    const size_t flag_bytes = size_t{detail::kPeerMaxBlocks} * detail::kPeerMaxRanks * 4;
+    KVP_ASSIGN_OR_RETURN(DeviceBuffer flags, DeviceBuffer::allocate(flag_bytes));
+    KVP_ASSIGN_OR_RETURN(DeviceBuffer counters,
+                         DeviceBuffer::allocate(size_t{detail::kPeerMaxBlocks} * 4));
+    KVP_CUDA_RETURN_IF_ERROR(cudaMemset(flags.data(), 0, flag_bytes));
+    KVP_CUDA_RETURN_IF_ERROR(cudaMemset(counters.data(), 0, size_t{detail::kPeerMaxBlocks} * 4));
+    p->staging_.push_back(std::move(staging));
+    p->flags_.push_back(std::move(flags));
+    p->counters_.push_back(std::move(counters));
+  }
+  for (int32_t r = 0; r < n; ++r) {
+    KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
+    KVP_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  }
+  return p;
+}
+
+Status PeerAllReduce::run(int32_t rank, float* data, int64_t count, cudaStream_t stream) const {
+  detail::PeerAllReduceArgs a;
+  a.data = data;
+  a.count = count;
+  a.rank = rank;
+  a.num_ranks = static_cast<int32_t>(devices_.size());
+  a.capacity = capacity_;
+  for (int32_t r = 0; r < a.num_ranks; ++r) {
+    a.staging[r] = staging_[r].as<float>();
+    a.flags[r] = flags_[r].as<uint32_t>();
+  }
+  a.counters = counters_[rank].as<uint32_t>();
+  return cuda_status(detail::launch_peer_all_reduce(a, stream), "peer_all_reduce_kernel");
+}
+
+}  // namespace kvp::cuda
