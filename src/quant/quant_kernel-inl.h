@@ -252,10 +252,23 @@ constexpr int tile_weight_rows() {
 
 #endif  // KVP_QUANT_X86
 
+// From this many bytes per weight row, a single activation row (decode) is tiled with one weight
+// row at a time: a tile of C rows reads C separate streams, and the hardware prefetcher (here
+// AMD Zen 3's) keeps one long stream far better fed than several; measured with
+// quant_matmul_bench at 1 row: Q8_0 49152 x 576 (612 B rows) 2.2 ms instead of 4.5, Q4_K
+// 14336 x 4096 2.5 ms instead of 4.0, one thread. Shorter rows lie close enough that C of them
+// read like one stream, and C = 4 shares the tile's fixed work (576-column Q4_1 rows, 360 B:
+// 0.071 ms instead of 0.084).
+inline constexpr size_t kOneRowTileBytes = 512;
+
 template <class Fmt, int R>
 HWY_INLINE void block_rows_r(const RowRange& rr, const ActBlocks& a, int64_t t0) {
   constexpr int kC = tile_weight_rows<R>();
   int64_t o = rr.row_begin;
+  if (R == 1 && rr.w->row_bytes >= kOneRowTileBytes) {
+    for (; o < rr.row_end; ++o) block_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
+    return;
+  }
   for (; o + kC <= rr.row_end; o += kC) block_tile<Fmt, kC, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
   for (; o < rr.row_end; ++o) block_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
 }

@@ -560,6 +560,10 @@ template <class Fmt, int R>
 HWY_INLINE void k_rows_r(const RowRange& rr, const ActBlocksK& a, int64_t t0) {
   constexpr int kC = k_tile_weight_rows<R>();
   int64_t o = rr.row_begin;
+  if (R == 1 && rr.w->row_bytes >= kOneRowTileBytes) {  // quant_kernel-inl.h says why
+    for (; o < rr.row_end; ++o) k_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
+    return;
+  }
   for (; o + kC <= rr.row_end; o += kC) k_tile<Fmt, kC, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
   for (; o < rr.row_end; ++o) k_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
 }

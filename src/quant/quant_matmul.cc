@@ -53,9 +53,12 @@ struct Item {
   int64_t row_end;
 };
 
-// Weight bytes per item: small enough that the rows of an item stay in L1/L2 while every tile
-// of 4 activation rows reads them again, large enough that dispatch costs little.
-constexpr size_t kItemBytes = 16 << 10;
+// Weight bytes per item: small enough that the rows of an item stay in L2 while every tile of 4
+// activation rows reads them again, large enough that dispatch costs little and that a thread
+// reads one long stretch of memory (items are handed out in order, so consecutive items go to
+// different threads): at 1 activation row and 2 threads, Q4_K 14336 x 4096 took 1.4 ms with
+// 64 KiB items against 2.4 ms with 16 KiB (quant_matmul_bench).
+constexpr size_t kItemBytes = 64 << 10;
 constexpr int64_t kItemRowMultiple = 4;  // whole weight-row tiles per item
 
 // Weight rows per item on the prefill (panel) path: an f32 panel of this many rows is

@@ -143,8 +143,10 @@ struct Shape {
   int64_t num_rows;
 };
 
-constexpr Shape kShapes[] = {{1, 1, 1},    {5, 3, 3},  {37, 2, 7}, {67, 5, 17},
-                             {130, 3, 64}, {9, 1, 70}, {21, 4, 1}, {18, 2, 8}};
+// One activation row takes tiles of one weight row where rows are long (>= 512 bytes) and of
+// several where short: {21, 4, 1} and {7, 40, 1} give each format both.
+constexpr Shape kShapes[] = {{1, 1, 1},  {5, 3, 3},  {37, 2, 7}, {67, 5, 17}, {130, 3, 64},
+                             {9, 1, 70}, {21, 4, 1}, {18, 2, 8}, {7, 40, 1}};
 
 int64_t cols_of(GgmlType t, int64_t blocks) {
   if (is_float_type(t)) return blocks * 32 + 3;  // not a multiple of any vector width
