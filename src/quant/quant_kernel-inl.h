@@ -1,7 +1,9 @@
-// The integer block kernel shared by the format families (quant_kernels_32.cc,
-// quant_kernels_k.cc), included once per Highway target by their foreach_target passes.
+// The integer block kernel of the formats with blocks of 32 (quant_kernels_32.cc), and the x86
+// helpers it shares with the K formats' kernel (quant_kernels_k.cc, which has its own tile over
+// activations quantised per 256); included once per Highway target by their foreach_target
+// passes.
 //
-// Every supported block format is seen the same way: a block of 32 * kSubs weights is kSubs
+// Every 32-block format is seen the same way: a block of 32 * kSubs weights is kSubs
 // sub-blocks of 32, and weight j of sub-block s is
 //     w = d16[2s + j/16] * q[j] + m16[2s + j/16]
 // with q[j] an 8-bit integer (unsigned, or signed for kSigned formats) and d16 / m16 f32 scales
