@@ -1,7 +1,9 @@
-// matmul over GGUF block formats (quant_matmul.h) on the default models' shapes.
+// matmul over GGUF block formats (quant_matmul.h) on the default models' shapes and the
+// Llama-3.1-8B shape's FFN.
 //
-//   quant_matmul_bench [TYPE...|all] [--rows N]... [--csv FILE]
-//   default: Q4_1 Q8_0 Q5_0 Q4_K Q6_K F16, activation rows 1 8 512
+//   quant_matmul_bench [TYPE...|all] [--rows N]... [--shape TEXT]... [--csv FILE]
+//   default: Q4_1 Q8_0 Q5_0 Q4_K Q6_K F16, activation rows 1 8 512, every shape (--shape keeps
+//   those whose name contains TEXT, e.g. "8B" or "down")
 //
 // Per type, shape (rows x cols), activation rows (1, 8, 512) and threads (1, 2), one line:
 //   weight GB/s   bytes of the stored weights ÷ time per call, next to the memcpy bandwidth of the
@@ -104,18 +106,22 @@ struct ShapeCase {
   const char* what;
 };
 
-constexpr ShapeCase kShapes[] = {{1536, 576, "SmolLM2 gate/up"},  {576, 1536, "SmolLM2 down"},
-                                 {49152, 576, "SmolLM2 lm-head"}, {2048, 640, "Gemma3 gate/up"},
-                                 {640, 2048, "Gemma3 down"},      {262144, 640, "Gemma3 lm-head"}};
+constexpr ShapeCase kShapes[] = {{1536, 576, "SmolLM2 gate/up"},   {576, 1536, "SmolLM2 down"},
+                                 {49152, 576, "SmolLM2 lm-head"},  {2048, 640, "Gemma3 gate/up"},
+                                 {640, 2048, "Gemma3 down"},       {262144, 640, "Gemma3 lm-head"},
+                                 {14336, 4096, "Llama8B gate/up"}, {4096, 14336, "Llama8B down"}};
 
 int run(int argc, char** argv) {
   std::vector<GgmlType> types;
   FILE* csv = nullptr;
   std::vector<int64_t> row_counts;
+  std::vector<std::string> shape_filters;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--rows" && i + 1 < argc) {
       row_counts.push_back(std::stoll(argv[++i]));
+    } else if (arg == "--shape" && i + 1 < argc) {
+      shape_filters.emplace_back(argv[++i]);
     } else if (arg == "--csv" && i + 1 < argc) {
       csv = std::fopen(argv[++i], "w");
     } else if (arg == "all") {
@@ -158,6 +164,12 @@ int run(int argc, char** argv) {
   constexpr size_t kColdBytes = size_t{96} << 20;  // > 2x the 32 MiB L3
   for (GgmlType type : types) {
     for (const ShapeCase& shape : kShapes) {
+      const bool wanted =
+          shape_filters.empty() ||
+          std::any_of(shape_filters.begin(), shape_filters.end(), [&](const std::string& f) {
+            return std::string(shape.what).find(f) != std::string::npos;
+          });
+      if (!wanted) continue;
       if (type != GgmlType::Q8_0 && shape.rows == 262144) continue;  // Gemma's Q8_0 lm-head
       // K-quants need cols % 256 == 0 (llama.cpp stores such tensors in a 32-block format).
       if (shape.cols % ggml_type_info(type).block_size != 0) continue;
@@ -170,7 +182,7 @@ int run(int argc, char** argv) {
       for (auto& c : cold) ws.push_back(make_matrix(type, c.data(), shape.rows, shape.cols));
       std::vector<float> f32;  // dequantised, for sgemm
       for (int64_t num_rows : row_counts) {
-        if (num_rows >= 32 && shape.rows > 60000) continue;
+        if (num_rows >= 32 && shape.rows * shape.cols > 30000000) continue;  // lm-heads, 8B
         std::vector<float> x(static_cast<size_t>(num_rows * shape.cols));
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         for (float& v : x) v = u(rng);

@@ -1,12 +1,27 @@
-// Activation quantisation to int8 blocks of 32 (quant_act.h). Plain loops over one block: the
-// compiler vectorises them, and the cost is small next to the matmul that reads the result.
+// Activation quantisation to int8 blocks of 32 and of 256 (quant_act.h). Plain loops over one
+// block: the compiler vectorises them, and the cost is small next to the matmul that reads the
+// result.
 #include "quant/quant_act.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/check.h"
 
 namespace kvp::quant {
+
+namespace {
+
+// round(v) for |v| <= 127.5 after clamping to [-127, 127]. |x * id| <= 127 up to rounding of id;
+// the clamp keeps a stray 127.5 in range. Adding and subtracting 1.5 * 2^23 rounds to nearest
+// even for |v| < 2^22 in plain f32 arithmetic, which vectorises where nearbyint is a library call
+// (as std::min / std::max do where std::fmin / std::fmax, with their NaN rules, are calls).
+inline int8_t round_to_int8(float v) {
+  v = std::min(127.0f, std::max(-127.0f, v));
+  return static_cast<int8_t>((v + 12582912.0f) - 12582912.0f);
+}
+
+}  // namespace
 
 ActBlocks quantize_acts(const float* x, int64_t num_rows, int64_t ldx, int64_t cols,
                         ActBuffer& buf) {
@@ -23,17 +38,13 @@ ActBlocks quantize_acts(const float* x, int64_t num_rows, int64_t ldx, int64_t c
       const size_t blk = static_cast<size_t>(t * num_blocks + b);
       int8_t* q = buf.q.data() + blk * kActBlock;  // [32]
       float amax = 0;
-      for (int j = 0; j < kActBlock; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+      for (int j = 0; j < kActBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float d = amax / 127.0f;
       const float id = d != 0 ? 1.0f / d : 0.0f;
       int32_t sum[2] = {0, 0};
       for (int h = 0; h < 2; ++h) {
         for (int j = 16 * h; j < 16 * h + 16; ++j) {
-          // |x * id| <= 127 up to rounding of id; the clamp keeps a stray 127.5 in range.
-          // Adding and subtracting 1.5 * 2^23 rounds to nearest even for |v| < 2^22 in plain
-          // f32 arithmetic, which vectorises where nearbyint is a library call.
-          const float v = std::fmin(127.0f, std::fmax(-127.0f, xb[j] * id));
-          q[j] = static_cast<int8_t>((v + 12582912.0f) - 12582912.0f);
+          q[j] = round_to_int8(xb[j] * id);
           sum[h] += q[j];
         }
       }
@@ -51,6 +62,43 @@ ActBlocks quantize_acts(const float* x, int64_t num_rows, int64_t ldx, int64_t c
   a.q = buf.q.data();
   a.d = buf.d.data();
   a.s = buf.s.data();
+  return a;
+}
+
+ActBlocksK quantize_acts_k(const float* x, int64_t num_rows, int64_t ldx, int64_t cols,
+                           ActBufferK& buf) {
+  KVP_CHECK(cols % kActBlockK == 0, "quantize_acts_k: {} columns are not blocks of 256", cols);
+  const int64_t num_blocks = cols / kActBlockK;
+  const size_t total_blocks = static_cast<size_t>(num_rows * num_blocks);
+  if (buf.q.size() < total_blocks * kActBlockK) buf.q.resize(total_blocks * kActBlockK);
+  if (buf.d.size() < total_blocks) buf.d.resize(total_blocks);
+  if (buf.bsums.size() < total_blocks * 16) buf.bsums.resize(total_blocks * 16);
+  for (int64_t t = 0; t < num_rows; ++t) {
+    const float* xr = x + t * ldx;
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      const float* xb = xr + b * kActBlockK;  // [256]
+      const size_t blk = static_cast<size_t>(t * num_blocks + b);
+      int8_t* q = buf.q.data() + blk * kActBlockK;  // [256]
+      float amax = 0;
+      for (int j = 0; j < kActBlockK; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float d = amax / 127.0f;
+      const float id = d != 0 ? 1.0f / d : 0.0f;
+      for (int j = 0; j < kActBlockK; ++j) q[j] = round_to_int8(xb[j] * id);
+      int16_t* bsums = buf.bsums.data() + blk * 16;  // [16]
+      for (int g = 0; g < 16; ++g) {
+        int32_t sum = 0;
+        for (int j = 16 * g; j < 16 * g + 16; ++j) sum += q[j];
+        bsums[g] = static_cast<int16_t>(sum);
+      }
+      buf.d[blk] = d;
+    }
+  }
+  ActBlocksK a;
+  a.num_rows = num_rows;
+  a.num_blocks = num_blocks;
+  a.q = buf.q.data();
+  a.d = buf.d.data();
+  a.bsums = buf.bsums.data();
   return a;
 }
 

@@ -1,5 +1,10 @@
-// Activation rows quantised to int8 per block of 32 (llama.cpp's Q8 activations), the input of
-// the integer kernels (quant_kernel-inl.h).
+// Activation rows quantised to int8 for the integer kernels, in two layouts:
+// - per block of 32 (llama.cpp's Q8_0 / Q8_1 activations), for the weight formats with blocks of
+//   32 (quant_kernel-inl.h);
+// - per block of 256 with sums per 16 (llama.cpp's Q8_K), for the K formats' super-blocks of 256
+//   (quant_kernels_k.cc).
+//
+// Blocks of 32:
 //
 //   x [num_rows][ldx] f32  --quantize_acts-->  q [num_rows][row_stride] int8
 //                                              d [num_rows][num_blocks] f32
@@ -41,5 +46,39 @@ struct ActBuffer {
 // view. requires: cols % 32 == 0; ldx >= cols. Overwrites buf.
 ActBlocks quantize_acts(const float* x, int64_t num_rows, int64_t ldx, int64_t cols,
                         ActBuffer& buf);
+
+// Blocks of 256:
+//
+//   x [num_rows][ldx] f32  --quantize_acts_k-->  q     [num_rows][num_blocks * 256] int8
+//                                                d     [num_rows][num_blocks] f32
+//                                                bsums [num_rows][num_blocks][16] int16
+// Block b of row t: d = max|x| / 127 over its 256 values, q[j] = round(x[j] / d) in [-127, 127],
+// so |x[j] - d * q[j]| <= d / 2; bsums[g] = sum of q[16 g .. 16 g + 15] (|bsums| <= 2032). A K
+// kernel accumulates a whole super-block in int32 and meets the weights' mins and offsets, which
+// are constant per 16 or 32 weights, through bsums: one float multiply-add per super-block.
+inline constexpr int64_t kActBlockK = 256;  // activation elements per int8 block of the K path
+
+struct ActBlocksK {
+  int64_t num_rows = 0;
+  int64_t num_blocks = 0;          // per row: cols / 256
+  const int8_t* q = nullptr;       // [num_rows][num_blocks * 256]
+  const float* d = nullptr;        // [num_rows][num_blocks]
+  const int16_t* bsums = nullptr;  // [num_rows][num_blocks][16]
+
+  const int8_t* q_row(int64_t t) const { return q + t * num_blocks * kActBlockK; }
+  const float* d_row(int64_t t) const { return d + t * num_blocks; }
+  const int16_t* bsums_row(int64_t t) const { return bsums + t * num_blocks * 16; }
+};
+
+// Reusable storage for ActBlocksK; grows, never shrinks.
+struct ActBufferK {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int16_t> bsums;
+};
+
+// As quantize_acts, per 256. requires: cols % 256 == 0; ldx >= cols. Overwrites buf.
+ActBlocksK quantize_acts_k(const float* x, int64_t num_rows, int64_t ldx, int64_t cols,
+                           ActBufferK& buf);
 
 }  // namespace kvp::quant

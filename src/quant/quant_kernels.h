@@ -22,12 +22,14 @@ struct RowRange {
   int64_t ldy = 0;
 };
 
-// Integer kernels over activations quantised per 32 (quant_act.h): weight blocks of 32
-// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) and of 256 (Q2_K..Q6_K, IQ4_XS).
-// requires: block_kernel_supports(w.type); acts.num_blocks * 32 == w.cols.
+// Integer kernels over int8 activations (quant_act.h): weight blocks of 32 (Q4_0, Q4_1, Q5_0,
+// Q5_1, Q8_0, IQ4_NL) over activations quantised per 32, super-blocks of 256 (Q2_K..Q6_K,
+// IQ4_XS) over activations quantised per 256.
+// requires: block_kernel_supports(w.type); acts.num_blocks * 32 (block_rows_32) or
+//   acts.num_blocks * 256 (block_rows_k) == w.cols.
 bool block_kernel_supports(GgmlType type);
 void block_rows_32(const RowRange& range, const ActBlocks& acts);
-void block_rows_k(const RowRange& range, const ActBlocks& acts);
+void block_rows_k(const RowRange& range, const ActBlocksK& acts);
 
 // F32 / F16 / BF16 weights against f32 activations x [num_rows][ldx], multiply-add in f32.
 void float_rows(const RowRange& range, const float* x, int64_t ldx);

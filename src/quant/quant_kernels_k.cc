@@ -1,6 +1,25 @@
 // The integer kernels for the formats with super-blocks of 256 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-// IQ4_XS): each format's view as q * d16 + m16 over 8 sub-blocks of 32 (quant_kernel-inl.h),
-// compiled per Highway target. The scales are decoded once per super-block. Layouts: dequant.h.
+// IQ4_XS) over activations quantised per 256 (quant_act.h's ActBlocksK), compiled per Highway
+// target. Layouts: dequant.h.
+//
+// Every format is seen as 16 groups of 16 weights with integer scales and mins:
+//     w[j] = d * sc[g] * q[j] - dmin * mn[g]          g = j / 16
+// q[j] an integer of at most 8 bits (unsigned; signed for IQ4_XS), sc[g] and mn[g] small integers
+// (per 32 weights in Q4_K, Q5_K and IQ4_XS: equal for the two groups of a sub-block), d and dmin
+// the super-block's f32 factors. With x[j] ~ dx * xq[j] (one dx per 256) the super-block's dot
+// product is
+//     dx * (d * sum_g sc[g] * sum_{j in g} q[j] xq[j]  -  dmin * sum_g mn[g] * bsums[g])
+// and both sums are exact in int32: on x86, maddubs multiplies the byte pairs of a sub-block of
+// 32 into int16, madd_epi16 multiplies those by the group's scale and adds pairs into int32, and
+// the super-block's 8 sub-blocks add up in int32 lanes; the mins meet bsums in one madd_epi16.
+// Formats whose offset shares d (Q3_K: q - 4, Q6_K: q - 32) fold it into the same int32, so a
+// (weight row, activation row) pair costs 8 x (maddubs, madd, add) and one or two f32
+// multiply-adds per super-block. The packed scales are decoded with vector shuffles and shifts
+// once per super-block and weight row, and shared by the tile's activation rows.
+//
+// int32 range: |q| <= 127 and |xq| <= 127 give maddubs pairs of at most 32258 (no saturation),
+// scales of at most 128 in magnitude give madd lanes of at most 8.3e6, 8 sub-blocks 6.6e7, and
+// the offsets |mn| <= 32 * 128 with |bsums| <= 2032 at most 1.4e8 more: below 2^31.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "quant/quant_kernels_k.cc"
@@ -8,11 +27,38 @@
 // foreach_target must come first: it re-includes this file once per target.
 #include <hwy/highway.h>
 
+#include <utility>
+
 #include "quant/quant_kernel-inl.h"
 #include "quant/quant_kernels.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kvp::quant::HWY_NAMESPACE {
+namespace k_path {
+
+// How a format's mins enter: not at all, through d (an offset of q folded into the int32 sum),
+// or through their own factor dmin (a second f32 multiply-add).
+enum class MinKind { kNone, kOffset, kSeparate };
+
+// f(std::integral_constant<int, s>) for s = 0..7: sub-block indices as compile-time constants,
+// so shifts and shuffle patterns become immediates.
+template <class F, int... S>
+HWY_INLINE void for_each_sub_impl(F&& f, std::integer_sequence<int, S...>) {
+  (f(std::integral_constant<int, S>{}), ...);
+}
+template <class F>
+HWY_INLINE void for_each_sub(F&& f) {
+  for_each_sub_impl(f, std::make_integer_sequence<int, 8>{});
+}
+
+// The integer view of one super-block, for the portable kernel: sc[g] and mn[g] per group of 16
+// as above, d and dmin.
+struct IntHeader {
+  int32_t sc[16];
+  int32_t mn[16];
+  float d;
+  float dmin;
+};
 
 // Q4_K / Q5_K's 8 six-bit scales and mins (dequant.cc's get_scale_min_k4).
 HWY_INLINE void scale_min_k4(const uint8_t* scales, int* sc, int* mn) {
@@ -24,19 +70,118 @@ HWY_INLINE void scale_min_k4(const uint8_t* scales, int* sc, int* mn) {
   }
 }
 
+HWY_INLINE void header_k4(const uint8_t* b, IntHeader& h) {
+  h.d = f16_at(b);
+  h.dmin = f16_at(b + 2);
+  int sc[8], mn[8];
+  scale_min_k4(b + 4, sc, mn);
+  for (int g = 0; g < 16; ++g) {
+    h.sc[g] = sc[g / 2];
+    h.mn[g] = mn[g / 2];
+  }
+}
+
+#if KVP_QUANT_X86
+
+// A super-block's decoded scales for the x86 kernel, per weight row.
+struct KScales {
+  __m256i sc;    // the format's layout for its scale<s>(): int16 [8] per sub-block in both
+                 // 128-bit halves (scales per 32), or int8 [16] per group (scales per 16)
+  __m256i mn16;  // int16 [16]: mn[g], the multipliers of bsums
+  float d;
+  float dmin;
+};
+
+// v << n (n > 0) or v >> -n in 16-bit lanes.
+template <int kShift>
+HWY_INLINE __m256i shift16(__m256i v) {
+  if constexpr (kShift > 0) return _mm256_slli_epi16(v, kShift);
+  if constexpr (kShift < 0) return _mm256_srli_epi16(v, -kShift);
+  return v;
+}
+
+// Bits [kFrom, kFrom + kWidth) of every byte of v moved to [kTo, kTo + kWidth), the other bits
+// cleared. A 16-bit shift carries bits across the bytes of a lane, but the bits kept come from
+// the same byte (kFrom >= 0 and kFrom + kWidth <= 8).
+template <int kFrom, int kTo, int kWidth>
+HWY_INLINE __m256i move_bits(__m256i v) {
+  return _mm256_and_si256(shift16<kTo - kFrom>(v),
+                          _mm256_set1_epi8(static_cast<char>(((1 << kWidth) - 1) << kTo)));
+}
+
+// Scale of sub-block s as int16 [16] for madd_epi16, from per-32 scales (int16 [8] in both
+// halves of sc): lane l of either half is sc[s].
+template <int s>
+HWY_INLINE __m256i scale_per32(const KScales& k) {
+  return _mm256_shuffle_epi8(k.sc, _mm256_set1_epi16(static_cast<int16_t>(0x0100 + 0x0202 * s)));
+}
+
+// From per-16 scales (int8 [16] in the low half of sc): lanes 0..7 (the first 16 weights of the
+// sub-block, maddubs' low half) get sc[2s], lanes 8..15 sc[2s + 1], sign-extended.
+template <int s>
+HWY_INLINE __m256i scale_per16(const KScales& k) {
+  const __m128i pick = _mm_set_epi64x(0x0101010101010101LL * (2 * s + 1),  // bytes 8..15
+                                      0x0101010101010101LL * (2 * s));     // bytes 0..7
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(_mm256_castsi256_si128(k.sc), pick));
+}
+
+// The f16 pair at p as (first, second) f32.
+HWY_INLINE void f16_pair(const uint8_t* p, float& first, float& second) {
+  uint32_t bits;
+  std::memcpy(&bits, p, 4);
+  const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int32_t>(bits)));
+  first = _mm_cvtss_f32(f);
+  second = _mm_cvtss_f32(_mm_movehdup_ps(f));
+}
+
+// Q4_K / Q5_K's 12 bytes of packed 6-bit scales and mins at p as bytes [sc0..sc7, mn0..mn7]
+// (scale_min_k4's formulas, 16 at once). Reads p[0..15].
+HWY_INLINE __m128i scale_min_k4_bytes(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  // sc[0..3] = p[0..3] & 63, low nibbles of sc[4..7] = p[8..11] & 15, mn[0..3] = p[4..7] & 63
+  const __m128i low = _mm_and_si128(
+      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, -1, -1, -1, -1)),
+      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63, 63, 0, 0, 0, 0));
+  // low nibbles of mn[4..7] = p[8..11] >> 4
+  const __m128i v4 = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f));
+  const __m128i mid = _mm_shuffle_epi8(
+      v4, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 8, 9, 10, 11));
+  // bits 4..5 of sc[4..7] / mn[4..7] = bits 6..7 of p[0..3] / p[4..7]
+  const __m128i v2 = _mm_and_si128(_mm_srli_epi16(v, 2), _mm_set1_epi8(0x30));
+  const __m128i top =
+      _mm_shuffle_epi8(v2, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1, -1, 4, 5, 6, 7));
+  return _mm_or_si128(low, _mm_or_si128(mid, top));
+}
+
+HWY_INLINE KScales scales_k4(const uint8_t* b) {
+  KScales k;
+  const __m128i sm = scale_min_k4_bytes(b + 4);
+  k.sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+  k.mn16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+      sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+  f16_pair(b, k.d, k.dmin);
+  return k;
+}
+
+// The sum of the 8 int32 lanes of v as f32 lanes times (scale) into acc.
+HWY_INLINE __m256 fma_lanes(__m256i v, float scale, __m256 acc) {
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(scale), acc);
+}
+
+#endif  // KVP_QUANT_X86
+
 // Q2_K [84 B]: scales[16] | qs[64] | d | dmin. Sub-block s = 4h + k takes bits 2k..2k+1 of
-// qs[32h .. 32h + 31]; 16-group g has w = d * (scales[g] & 15) * q - dmin * (scales[g] >> 4).
+// qs[32h .. 32h + 31]; group g has sc = scales[g] & 15, mn = scales[g] >> 4.
 struct FmtQ2K {
-  static constexpr int kSubs = 8;
   static constexpr size_t kBytes = 84;
   static constexpr bool kSigned = false;
-  static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
-    const float d = f16_at(b + 80);
-    const float dmin = f16_at(b + 82);
+  static constexpr MinKind kMin = MinKind::kSeparate;
+  static HWY_INLINE void header(const uint8_t* b, IntHeader& h) {
+    h.d = f16_at(b + 80);
+    h.dmin = f16_at(b + 82);
     for (int g = 0; g < 16; ++g) {
-      d16[g] = d * static_cast<float>(b[g] & 0x0f);
-      m16[g] = -(dmin * static_cast<float>(b[g] >> 4));
+      h.sc[g] = b[g] & 0x0f;
+      h.mn[g] = b[g] >> 4;
     }
   }
   static HWY_INLINE void unpack(const uint8_t* b, int s, uint8_t* q) {
@@ -44,28 +189,41 @@ struct FmtQ2K {
     for (int l = 0; l < 32; ++l) q[l] = (qs[l] >> (2 * (s % 4))) & 3;
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int s) {
-    return shift_mask(load256(b + 16 + 32 * (s / 4)), 2 * (s % 4), 3);
+  static HWY_INLINE KScales scales(const uint8_t* b) {
+    KScales k;
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+    k.sc = _mm256_castsi128_si256(_mm_and_si128(v, _mm_set1_epi8(0x0f)));
+    k.mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0f)));
+    f16_pair(b + 80, k.d, k.dmin);
+    return k;
+  }
+  template <int s>
+  static HWY_INLINE __m256i scale(const KScales& k) {
+    return scale_per16<s>(k);
+  }
+  template <int s>
+  static HWY_INLINE __m256i load(const uint8_t* b) {
+    return move_bits<2 * (s % 4), 0, 2>(load256(b + 16 + 32 * (s / 4)));
   }
 #endif
 };
 
 // Q3_K [110 B]: hmask[32] | qs[64] | scales[12] | d. Sub-block s = 4h + k: low bits 2k..2k+1
 // of qs[32h + l], plus 4 where bit s of hmask[l] is set; w = d * scale[g] * (q - 4) with the
-// signed 6-bit scale of 16-group g.
+// signed 6-bit scale of group g (low 4 bits: nibble g / 8 of scales[g % 8]; high 2 bits: bits
+// 2 (g / 4) of scales[8 + g % 4]; minus 32). The offset is mn = 4 * scale through d.
 struct FmtQ3K {
-  static constexpr int kSubs = 8;
   static constexpr size_t kBytes = 110;
   static constexpr bool kSigned = false;
-  static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
+  static constexpr MinKind kMin = MinKind::kOffset;
+  static HWY_INLINE void header(const uint8_t* b, IntHeader& h) {
     const uint8_t* packed = b + 96;  // [12]
-    const float d = f16_at(b + 108);
+    h.d = h.dmin = f16_at(b + 108);
     for (int g = 0; g < 16; ++g) {
       const int lo = (packed[g % 8] >> (4 * (g / 8))) & 0x0f;
       const int hi = (packed[8 + g % 4] >> (2 * (g / 4))) & 0x03;
-      d16[g] = d * static_cast<float>((lo | (hi << 4)) - 32);
-      m16[g] = -4.0f * d16[g];
+      h.sc[g] = (lo | (hi << 4)) - 32;
+      h.mn[g] = 4 * h.sc[g];
     }
   }
   static HWY_INLINE void unpack(const uint8_t* b, int s, uint8_t* q) {
@@ -75,9 +233,33 @@ struct FmtQ3K {
     }
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int s) {
-    return _mm256_or_si256(shift_mask(load256(b + 32 + 32 * (s / 4)), 2 * (s % 4), 3),
-                           bit_select(load256(b), s, 4));
+  static HWY_INLINE KScales scales(const uint8_t* b) {
+    KScales k;
+    // bytes 0..11 = scales[12], 12..13 = d: the 16 bytes ending at the block's end, shifted
+    const __m128i v = _mm_srli_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 94)), 2);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    // low 4 bits: groups 0..7 from the low nibbles of bytes 0..7, groups 8..15 the high ones
+    const __m128i lo =
+        _mm_unpacklo_epi64(_mm_and_si128(v, m4), _mm_and_si128(_mm_srli_epi16(v, 4), m4));
+    // high 2 bits: dword 2 (bytes 8..11) shifted right by 0, 2, 4, 6 for groups 0-3, ..., 12-15
+    const __m128i s01 = _mm_unpackhi_epi32(v, _mm_srli_epi16(v, 2));
+    const __m128i s23 = _mm_unpackhi_epi32(_mm_srli_epi16(v, 4), _mm_srli_epi16(v, 6));
+    const __m128i hi =
+        _mm_and_si128(_mm_slli_epi16(_mm_unpacklo_epi64(s01, s23), 4), _mm_set1_epi8(0x30));
+    const __m128i sc = _mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32));
+    k.sc = _mm256_castsi128_si256(sc);
+    k.mn16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 2);
+    k.d = k.dmin = f16_at(b + 108);
+    return k;
+  }
+  template <int s>
+  static HWY_INLINE __m256i scale(const KScales& k) {
+    return scale_per16<s>(k);
+  }
+  template <int s>
+  static HWY_INLINE __m256i load(const uint8_t* b) {
+    return _mm256_or_si256(move_bits<2 * (s % 4), 0, 2>(load256(b + 32 + 32 * (s / 4))),
+                           move_bits<s, 2, 1>(load256(b)));
   }
 #endif
 };
@@ -85,40 +267,33 @@ struct FmtQ3K {
 // Q4_K [144 B]: d | dmin | scales[12] | qs[128]. Sub-block s takes the low (s even) or high
 // nibbles of qs[32 (s/2) ..]; w = d * sc[s] * q - dmin * mn[s].
 struct FmtQ4K {
-  static constexpr int kSubs = 8;
   static constexpr size_t kBytes = 144;
   static constexpr bool kSigned = false;
-  static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
-    const float d = f16_at(b);
-    const float dmin = f16_at(b + 2);
-    int sc[8], mn[8];
-    scale_min_k4(b + 4, sc, mn);
-    for (int s = 0; s < 8; ++s) {
-      d16[2 * s] = d16[2 * s + 1] = d * static_cast<float>(sc[s]);
-      m16[2 * s] = m16[2 * s + 1] = -(dmin * static_cast<float>(mn[s]));
-    }
-  }
+  static constexpr MinKind kMin = MinKind::kSeparate;
+  static HWY_INLINE void header(const uint8_t* b, IntHeader& h) { header_k4(b, h); }
   static HWY_INLINE void unpack(const uint8_t* b, int s, uint8_t* q) {
     const uint8_t* qs = b + 16 + 32 * (s / 2);
     for (int l = 0; l < 32; ++l) q[l] = (qs[l] >> (4 * (s % 2))) & 0x0f;
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int s) {
-    return shift_mask(load256(b + 16 + 32 * (s / 2)), 4 * (s % 2), 0x0f);
+  static HWY_INLINE KScales scales(const uint8_t* b) { return scales_k4(b); }
+  template <int s>
+  static HWY_INLINE __m256i scale(const KScales& k) {
+    return scale_per32<s>(k);
+  }
+  template <int s>
+  static HWY_INLINE __m256i load(const uint8_t* b) {
+    return move_bits<4 * (s % 2), 0, 4>(load256(b + 16 + 32 * (s / 2)));
   }
 #endif
 };
 
 // Q5_K [176 B]: d | dmin | scales[12] | qh[32] | qs[128]; as Q4_K plus bit s of qh[l] as bit 4.
 struct FmtQ5K {
-  static constexpr int kSubs = 8;
   static constexpr size_t kBytes = 176;
   static constexpr bool kSigned = false;
-  static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
-    FmtQ4K::header(b, d16, m16);
-  }
+  static constexpr MinKind kMin = MinKind::kSeparate;
+  static HWY_INLINE void header(const uint8_t* b, IntHeader& h) { header_k4(b, h); }
   static HWY_INLINE void unpack(const uint8_t* b, int s, uint8_t* q) {
     const uint8_t* qs = b + 48 + 32 * (s / 2);
     for (int l = 0; l < 32; ++l) {
@@ -127,26 +302,31 @@ struct FmtQ5K {
     }
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int s) {
-    return _mm256_or_si256(shift_mask(load256(b + 48 + 32 * (s / 2)), 4 * (s % 2), 0x0f),
-                           bit_select(load256(b + 16), s, 0x10));
+  static HWY_INLINE KScales scales(const uint8_t* b) { return scales_k4(b); }
+  template <int s>
+  static HWY_INLINE __m256i scale(const KScales& k) {
+    return scale_per32<s>(k);
+  }
+  template <int s>
+  static HWY_INLINE __m256i load(const uint8_t* b) {
+    return _mm256_or_si256(move_bits<4 * (s % 2), 0, 4>(load256(b + 48 + 32 * (s / 2))),
+                           move_bits<s, 4, 1>(load256(b + 16)));
   }
 #endif
 };
 
 // Q6_K [210 B]: ql[128] | qh[64] | scales[16] (int8) | d. Sub-block s = 4h + t: low 4 bits from
 // nibble t/2 of ql[64h + 32 (t%2) + l], high 2 bits from bits 2t of qh[32h + l];
-// w = d * scales[g] * (q - 32).
+// w = d * scales[g] * (q - 32): the offset is mn = 32 * scale through d.
 struct FmtQ6K {
-  static constexpr int kSubs = 8;
   static constexpr size_t kBytes = 210;
   static constexpr bool kSigned = false;
-  static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
-    const float d = f16_at(b + 208);
+  static constexpr MinKind kMin = MinKind::kOffset;
+  static HWY_INLINE void header(const uint8_t* b, IntHeader& h) {
+    h.d = h.dmin = f16_at(b + 208);
     for (int g = 0; g < 16; ++g) {
-      d16[g] = d * static_cast<float>(static_cast<int8_t>(b[192 + g]));
-      m16[g] = -32.0f * d16[g];
+      h.sc[g] = static_cast<int8_t>(b[192 + g]);
+      h.mn[g] = 32 * h.sc[g];
     }
   }
   static HWY_INLINE void unpack(const uint8_t* b, int s, uint8_t* q) {
@@ -159,30 +339,44 @@ struct FmtQ6K {
     }
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int s) {
-    const int h = s / 4, t = s % 4;
-    const __m256i lo = shift_mask(load256(b + 64 * h + 32 * (t % 2)), 4 * (t / 2), 0x0f);
-    const __m256i hi = shift_mask(load256(b + 128 + 32 * h), 2 * t, 3);
-    return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+  static HWY_INLINE KScales scales(const uint8_t* b) {
+    KScales k;
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    k.sc = _mm256_castsi128_si256(sc);
+    k.mn16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5);
+    k.d = k.dmin = f16_at(b + 208);
+    return k;
+  }
+  template <int s>
+  static HWY_INLINE __m256i scale(const KScales& k) {
+    return scale_per16<s>(k);
+  }
+  template <int s>
+  static HWY_INLINE __m256i load(const uint8_t* b) {
+    constexpr int h = s / 4, t = s % 4;
+    return _mm256_or_si256(move_bits<4 * (t / 2), 0, 4>(load256(b + 64 * h + 32 * (t % 2))),
+                           move_bits<2 * t, 4, 2>(load256(b + 128 + 32 * h)));
   }
 #endif
 };
 
 // IQ4_XS [136 B]: d | scales_h (u16) | scales_l[4] | qs[128]. Sub-block s: nibbles of
-// qs[16s ..] index the IQ4 levels; w = d * (6-bit scale - 32) * level.
+// qs[16s ..] index the IQ4 levels; w = d * (6-bit scale - 32) * level, no mins.
 struct FmtIq4Xs {
-  static constexpr int kSubs = 8;
   static constexpr size_t kBytes = 136;
   static constexpr bool kSigned = true;
-  static constexpr bool kHasMin = false;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float*) {
-    const float d = f16_at(b);
+  static constexpr MinKind kMin = MinKind::kNone;
+  static HWY_INLINE void header(const uint8_t* b, IntHeader& h) {
+    h.d = f16_at(b);
+    h.dmin = 0;
     uint16_t scales_h;
     std::memcpy(&scales_h, b + 2, 2);
-    for (int s = 0; s < 8; ++s) {
+    for (int g = 0; g < 16; ++g) {
+      const int s = g / 2;
       const int lo = (b[4 + s / 2] >> (4 * (s % 2))) & 0x0f;
       const int hi = (scales_h >> (2 * s)) & 0x03;
-      d16[2 * s] = d16[2 * s + 1] = d * static_cast<float>((lo | (hi << 4)) - 32);
+      h.sc[g] = (lo | (hi << 4)) - 32;
+      h.mn[g] = 0;
     }
   }
   static HWY_INLINE void unpack(const uint8_t* b, int s, uint8_t* q) {
@@ -190,7 +384,36 @@ struct FmtIq4Xs {
     for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(kIq4Levels[q[j]]);
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int s) {
+  static HWY_INLINE KScales scales(const uint8_t* b) {
+    KScales k;
+    uint16_t scales_h;
+    uint32_t scales_l;
+    std::memcpy(&scales_h, b + 2, 2);
+    std::memcpy(&scales_l, b + 4, 4);
+    // int32 lane s: nibble s of scales_l | bits 2s..2s+1 of scales_h << 4, minus 32
+    const __m256i lo =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int32_t>(scales_l)),
+                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                         _mm256_set1_epi32(0x0f));
+    const __m256i hi =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(scales_h),
+                                           _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                         _mm256_set1_epi32(0x03));
+    const __m256i sc32 =
+        _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    // packs gives [s0..s3, s0..s3 | s4..s7, s4..s7] as int16; quads 0 and 2 are s0..s7
+    k.sc = _mm256_permute4x64_epi64(_mm256_packs_epi32(sc32, sc32), 0x88);
+    k.mn16 = _mm256_setzero_si256();
+    k.d = f16_at(b);
+    k.dmin = 0;
+    return k;
+  }
+  template <int s>
+  static HWY_INLINE __m256i scale(const KScales& k) {
+    return scale_per32<s>(k);
+  }
+  template <int s>
+  static HWY_INLINE __m256i load(const uint8_t* b) {
     const __m256i table =
         _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Levels)));
     return _mm256_shuffle_epi8(table, nibbles_32(b + 8 + 16 * s));
@@ -198,20 +421,192 @@ struct FmtIq4Xs {
 #endif
 };
 
-void block_rows_k(const RowRange& rr, const ActBlocks& a) {
+#if KVP_QUANT_X86
+
+// C weight rows (from o0) x R activation rows (from t0): y[t0 + r][o0 + c].
+template <class Fmt, int C, int R>
+HWY_NOINLINE void k_tile(const QuantMatrix& w, int64_t o0, const ActBlocksK& a, int64_t t0,
+                         float* y, int64_t ldy) {
+  const int64_t num_blocks = w.cols / kActBlockK;
+  const uint8_t* wr[C];
+  for (int c = 0; c < C; ++c) wr[c] = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
+  const int8_t* xq[R];
+  const float* xd[R];
+  const int16_t* xs[R];
+  for (int r = 0; r < R; ++r) {
+    xq[r] = a.q_row(t0 + r);
+    xd[r] = a.d_row(t0 + r);
+    xs[r] = a.bsums_row(t0 + r);
+  }
+  __m256 acc[C][R];
+  for (int c = 0; c < C; ++c) {
+    for (int r = 0; r < R; ++r) acc[c][r] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const uint8_t* blk[C];
+    KScales ks[C];
+    for (int c = 0; c < C; ++c) {
+      blk[c] = wr[c] + b * Fmt::kBytes;
+      prefetch_ahead<Fmt::kBytes>(blk[c]);
+      ks[c] = Fmt::scales(blk[c]);
+    }
+    __m256i isum[C][R];
+    for (int c = 0; c < C; ++c) {
+      for (int r = 0; r < R; ++r) isum[c][r] = _mm256_setzero_si256();
+    }
+    for_each_sub([&](auto sub) {
+      constexpr int s = decltype(sub)::value;
+      __m256i q[C];
+      __m256i sc[C];
+      for (int c = 0; c < C; ++c) {
+        q[c] = Fmt::template load<s>(blk[c]);
+        sc[c] = Fmt::template scale<s>(ks[c]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m256i xv =
+            load256(reinterpret_cast<const uint8_t*>(xq[r] + b * kActBlockK + 32 * s));
+        for (int c = 0; c < C; ++c) {
+          __m256i p;
+          if constexpr (Fmt::kSigned) {
+            // maddubs takes one unsigned operand: |q| times x with q's sign.
+            p = _mm256_maddubs_epi16(_mm256_sign_epi8(q[c], q[c]), _mm256_sign_epi8(xv, q[c]));
+          } else {
+            p = _mm256_maddubs_epi16(q[c], xv);
+          }
+          isum[c][r] = _mm256_add_epi32(isum[c][r], _mm256_madd_epi16(p, sc[c]));
+        }
+      }
+    });
+    for (int r = 0; r < R; ++r) {
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xs[r] + 16 * b));
+      const float dx = xd[r][b];
+      for (int c = 0; c < C; ++c) {
+        if constexpr (Fmt::kMin == MinKind::kNone) {
+          acc[c][r] = fma_lanes(isum[c][r], ks[c].d * dx, acc[c][r]);
+        } else if constexpr (Fmt::kMin == MinKind::kOffset) {
+          const __m256i m = _mm256_madd_epi16(ks[c].mn16, bs);
+          acc[c][r] = fma_lanes(_mm256_sub_epi32(isum[c][r], m), ks[c].d * dx, acc[c][r]);
+        } else {
+          const __m256i m = _mm256_madd_epi16(ks[c].mn16, bs);
+          acc[c][r] = fma_lanes(isum[c][r], ks[c].d * dx, acc[c][r]);
+          acc[c][r] = fma_lanes(m, -(ks[c].dmin * dx), acc[c][r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) y[(t0 + r) * ldy + o0 + c] = hsum(acc[c][r]);
+  }
+}
+
+// Weight rows per tile for R activation rows (AVX-512 targets have 32 registers, AVX2 16).
+template <int R>
+constexpr int k_tile_weight_rows() {
+  if constexpr (R <= 2) return 4;
+  return HWY_TARGET == HWY_AVX2 ? 2 : 4;
+}
+
+#else  // !KVP_QUANT_X86: portable, one weight row and one activation row at a time
+
+template <class Fmt, int C, int R>
+HWY_NOINLINE void k_tile(const QuantMatrix& w, int64_t o0, const ActBlocksK& a, int64_t t0,
+                         float* y, int64_t ldy) {
+  const int64_t num_blocks = w.cols / kActBlockK;
+  for (int c = 0; c < C; ++c) {
+    const auto* wr = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = a.q_row(t0 + r);
+      const float* xd = a.d_row(t0 + r);
+      const int16_t* xs = a.bsums_row(t0 + r);
+      float acc = 0;
+      for (int64_t b = 0; b < num_blocks; ++b) {
+        IntHeader h;
+        Fmt::header(wr + b * Fmt::kBytes, h);
+        int32_t isum = 0;
+        for (int s = 0; s < 8; ++s) {
+          uint8_t q[32];
+          Fmt::unpack(wr + b * Fmt::kBytes, s, q);
+          const int8_t* x = xq + b * kActBlockK + 32 * s;
+          for (int half = 0; half < 2; ++half) {
+            int32_t dot = 0;
+            for (int j = 16 * half; j < 16 * half + 16; ++j) {
+              const int32_t qj = Fmt::kSigned ? int32_t{static_cast<int8_t>(q[j])} : int32_t{q[j]};
+              dot += qj * int32_t{x[j]};
+            }
+            isum += h.sc[2 * s + half] * dot;
+          }
+        }
+        int32_t msum = 0;
+        for (int g = 0; g < 16; ++g) msum += h.mn[g] * int32_t{xs[16 * b + g]};
+        if constexpr (Fmt::kMin == MinKind::kOffset) {
+          acc += static_cast<float>(isum - msum) * (h.d * xd[b]);
+        } else {
+          acc += static_cast<float>(isum) * (h.d * xd[b]) -
+                 static_cast<float>(msum) * (h.dmin * xd[b]);
+        }
+      }
+      y[(t0 + r) * ldy + o0 + c] = acc;
+    }
+  }
+}
+
+template <int R>
+constexpr int k_tile_weight_rows() {
+  return 1;
+}
+
+#endif  // KVP_QUANT_X86
+
+template <class Fmt, int R>
+HWY_INLINE void k_rows_r(const RowRange& rr, const ActBlocksK& a, int64_t t0) {
+  constexpr int kC = k_tile_weight_rows<R>();
+  int64_t o = rr.row_begin;
+  if (R == 1 && rr.w->row_bytes >= kOneRowTileBytes) {  // quant_kernel-inl.h says why
+    for (; o < rr.row_end; ++o) k_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
+    return;
+  }
+  for (; o + kC <= rr.row_end; o += kC) k_tile<Fmt, kC, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
+  for (; o < rr.row_end; ++o) k_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
+}
+
+// The rows of rr for every activation row, 4 activation rows per tile: the weight rows of the
+// range are read from memory for the first tile and from cache for the others.
+template <class Fmt>
+void k_rows(const RowRange& rr, const ActBlocksK& a) {
+  int64_t t = 0;
+  for (; t + 4 <= rr.num_rows; t += 4) k_rows_r<Fmt, 4>(rr, a, t);
+  switch (rr.num_rows - t) {
+    case 3:
+      k_rows_r<Fmt, 3>(rr, a, t);
+      break;
+    case 2:
+      k_rows_r<Fmt, 2>(rr, a, t);
+      break;
+    case 1:
+      k_rows_r<Fmt, 1>(rr, a, t);
+      break;
+    default:
+      break;
+  }
+}
+
+}  // namespace k_path
+
+void block_rows_k(const RowRange& rr, const ActBlocksK& a) {
+  using namespace k_path;  // NOLINT(google-build-using-namespace): the formats of this file
   switch (rr.w->type) {
     case GgmlType::Q2_K:
-      return block_rows<FmtQ2K>(rr, a);
+      return k_rows<FmtQ2K>(rr, a);
     case GgmlType::Q3_K:
-      return block_rows<FmtQ3K>(rr, a);
+      return k_rows<FmtQ3K>(rr, a);
     case GgmlType::Q4_K:
-      return block_rows<FmtQ4K>(rr, a);
+      return k_rows<FmtQ4K>(rr, a);
     case GgmlType::Q5_K:
-      return block_rows<FmtQ5K>(rr, a);
+      return k_rows<FmtQ5K>(rr, a);
     case GgmlType::Q6_K:
-      return block_rows<FmtQ6K>(rr, a);
+      return k_rows<FmtQ6K>(rr, a);
     case GgmlType::IQ4_XS:
-      return block_rows<FmtIq4Xs>(rr, a);
+      return k_rows<FmtIq4Xs>(rr, a);
     default:
       break;
   }
@@ -225,7 +620,7 @@ namespace kvp::quant {
 
 HWY_EXPORT(block_rows_k);
 
-void block_rows_k(const RowRange& rr, const ActBlocks& a) {
+void block_rows_k(const RowRange& rr, const ActBlocksK& a) {
   HWY_DYNAMIC_DISPATCH(block_rows_k)(rr, a);
 }
 

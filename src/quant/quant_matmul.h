@@ -40,9 +40,10 @@ QuantMatrix make_matrix(GgmlType type, const void* data, int64_t rows, int64_t c
 bool matmul_supports(GgmlType type);
 
 // How activations meet block-format weights on the decode path (few activation rows):
-//   kInt8: quantised per 32 to int8 with a scale (llama.cpp's Q8 activations): integer dot
-//          products, the fastest kernels; each product carries the rounding of the activation
-//          (relative error <= 1/254 of the block's largest |x| per element)
+//   kInt8: quantised to int8 with a scale per 32 (32-block formats) or per 256 (K formats), as
+//          llama.cpp's Q8_0 / Q8_1 / Q8_K activations: integer dot products, the fastest
+//          kernels; each product carries the rounding of the activation (error <= 1/254 of
+//          the largest |x| of its block of 32 or 256 per element)
 //   kF32:  the weights are dequantised to f32 and multiplied in f32, as the prefill path always
 //          does: the same numbers as dequantise-then-f32 up to summation order, slower at decode
 // F32/F16/BF16 weights always multiply in f32.

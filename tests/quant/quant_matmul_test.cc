@@ -2,12 +2,13 @@
 // on every Highway target this binary has and this CPU runs, over odd shapes.
 //
 // Error bound per output, derived from the kernels' arithmetic:
-// - block formats quantise each activation block b of 32 to int8 with step dx_b = max|x| / 127,
-//   so each x_j moves by at most dx_b / 2 and the product by sum_b dx_b / 2 * sum_{j in b} |w_j|;
-//   the int32 dot products are exact, and the f32 scaling and summation add at most
-//   (2 * blocks + 8) * 2^-24 times the sum of the magnitudes of the terms added. A term is
-//   (d * q) * x or m * x with |d * q| + |m| <= 3 max_{j in b} |w_j| (random blocks span their
-//   code range, so one weight of the block is near m), and |x| <= amax_b.
+// - block formats quantise each activation block b to int8 with step dx_b = max|x| / 127 (blocks
+//   of 32 for the 32-block formats, of 256 for the K formats), so each x_j moves by at most
+//   dx_b / 2 and the product by sum_b dx_b / 2 * sum_{j in b} |w_j|; the int32 dot products are
+//   exact, and the f32 conversion, scaling and summation add at most (2 * blocks of 32 + 8) *
+//   2^-24 times the sum of the magnitudes of the terms added. A term is (d * q) * x or m * x with
+//   |d * q| + |m| <= 3 max_{j in b} |w_j| (random blocks span their code range, so one weight of
+//   each group of 16 or 32 is near its m), and |x| <= amax_b.
 // - F32 / F16 / BF16 weights are exact in f32, so only the f32 summation of the products counts:
 //   (cols + 8) * 2^-24 * sum_j |x_j w_j|.
 // Both add the reference's own rounding to f32 (2^-24 |ref|).
@@ -41,6 +42,10 @@ constexpr GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,    GgmlType::BF
 bool is_float_type(GgmlType t) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
 }
+
+// Activation values per int8 block for weights of type t: the K formats' super-block of 256
+// (quant_act.h's quantize_acts_k), else 32.
+int64_t act_block_size(GgmlType t) { return ggml_type_info(t).block_size == 256 ? 256 : 32; }
 
 // Byte offsets of a block's f16 scale fields (d, m, dmin): random bytes there could be inf or
 // NaN, so they get sane values.
@@ -100,7 +105,8 @@ std::vector<double> error_bounds(const QuantMatrix& w, const float* x, int64_t n
                                  int64_t ldx, const std::vector<float>& ref, int64_t ldy) {
   std::vector<double> bounds(static_cast<size_t>(num_rows * ldy), 0.0);
   std::vector<float> row(static_cast<size_t>(w.cols));
-  const int64_t num_blocks = w.cols / 32;
+  const int64_t act_block = act_block_size(w.type);
+  const int64_t num_blocks = w.cols / act_block;  // activation blocks
   for (int64_t o = 0; o < w.rows; ++o) {
     dequantize_row(w, o, row.data());
     for (int64_t t = 0; t < num_rows; ++t) {
@@ -114,16 +120,16 @@ std::vector<double> error_bounds(const QuantMatrix& w, const float* x, int64_t n
         double quant = 0, mag = 0;
         for (int64_t b = 0; b < num_blocks; ++b) {
           double amax = 0, wsum = 0, wmax = 0;
-          for (int64_t j = 32 * b; j < 32 * b + 32; ++j) {
+          for (int64_t j = act_block * b; j < act_block * (b + 1); ++j) {
             amax = std::max(amax, double{std::fabs(xr[j])});
             wsum += std::fabs(row[j]);
             wmax = std::max(wmax, double{std::fabs(row[j])});
           }
           const double dx = amax / 127.0;
           quant += dx / 2 * wsum;
-          mag += 3 * wmax * 32 * amax * 1.01;
+          mag += 3 * wmax * double(act_block) * amax * 1.01;
         }
-        bound = quant + double(2 * num_blocks + 8) * kU * mag;
+        bound = quant + double(2 * w.cols / 32 + 8) * kU * mag;
       }
       bounds[static_cast<size_t>(t * ldy + o)] = bound + kU * std::fabs(ref[t * ldy + o]);
     }
@@ -137,8 +143,10 @@ struct Shape {
   int64_t num_rows;
 };
 
-constexpr Shape kShapes[] = {{1, 1, 1},    {5, 3, 3},  {37, 2, 7}, {67, 5, 17},
-                             {130, 3, 64}, {9, 1, 70}, {21, 4, 1}, {18, 2, 8}};
+// One activation row takes tiles of one weight row where rows are long (>= 512 bytes) and of
+// several where short: {21, 4, 1} and {7, 40, 1} give each format both.
+constexpr Shape kShapes[] = {{1, 1, 1},  {5, 3, 3},  {37, 2, 7}, {67, 5, 17}, {130, 3, 64},
+                             {9, 1, 70}, {21, 4, 1}, {18, 2, 8}, {7, 40, 1}};
 
 int64_t cols_of(GgmlType t, int64_t blocks) {
   if (is_float_type(t)) return blocks * 32 + 3;  // not a multiple of any vector width
