@@ -5,6 +5,7 @@
 // alone, batched, and in prefill chunks.
 #include "model/model_runner.h"
 #include "quant/quant_matmul.h"
+#include "support/tensor_check.h"
 
 #include <gtest/gtest.h>
 
@@ -24,6 +25,9 @@
 
 namespace kvp {
 namespace {
+
+using kvp::testing::argmax;
+using kvp::testing::relative_error;
 
 const char* kFixtures = "tests/model/fixtures/tiny/";
 
@@ -135,20 +139,6 @@ class PagedPool {
   std::vector<HostKvSlab> slabs_;
   std::vector<std::vector<int32_t>> tables_;  // [group][seq * max_blocks_per_seq + i]
 };
-
-double relative_error(std::span<const float> got, std::span<const float> want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
-int32_t argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
 
 // The goldens were generated with min_new_tokens = max_new_tokens, which sets the end-of-sequence
 // logits to -inf at every step: do the same before the argmax.

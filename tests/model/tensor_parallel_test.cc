@@ -5,6 +5,7 @@
 // rows or columns of the file's tensors, block images are the whole model's (a pool written at
 // N = 2 reads back at N = 1 and the reverse), and bad sizes are refused without a hang.
 #include "model/tensor_parallel.h"
+#include "support/tensor_check.h"
 
 #include <gtest/gtest.h>
 
@@ -20,6 +21,9 @@
 
 namespace kvp {
 namespace {
+
+using kvp::testing::argmax;
+using kvp::testing::relative_error;
 
 constexpr int32_t kBlockSize = 4;
 constexpr int32_t kNumBlocks = 32;
@@ -101,10 +105,6 @@ struct Sequences {
   std::vector<int64_t> slots_;
 };
 
-int32_t argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
 float max_abs(std::span<const float> v) {
   float m = 0;
   for (float x : v) m = std::max(m, std::abs(x));
@@ -115,7 +115,7 @@ float max_abs(std::span<const float> v) {
 // unsplit and the split backend; logits agree within `tol` of the logits' scale, greedy tokens
 // are equal, and the pools hold the same K and V.
 void expect_split_equals_unsplit(const ModelSpec& spec, const WeightSource& source, int32_t n) {
-  SCOPED_TRACE(testing::Message() << "tensor parallel " << n);
+  SCOPED_TRACE(::testing::Message() << "tensor parallel " << n);
   std::unique_ptr<ForwardBackend> one = unsplit(spec, source);
   std::unique_ptr<ForwardBackend> many = split(spec, source, n);
   ASSERT_EQ(many->num_cache_groups(), one->num_cache_groups());

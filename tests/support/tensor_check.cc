@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace kvp::testing {
@@ -36,6 +37,20 @@ TensorDiff compare(const void* out, DType out_type, const void* ref, DType ref_t
   }
   diff.relative_error = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
   return diff;
+}
+
+double relative_error(std::span<const float> got, std::span<const float> want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
+    den += double(want[i]) * want[i];
+  }
+  return std::sqrt(num / den);
+}
+
+int32_t argmax(std::span<const float> row) {
+  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
 }  // namespace kvp::testing

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -25,5 +26,12 @@ struct TensorDiff {
 
 // Compares `count` elements of two buffers (each of its own dtype).
 TensorDiff compare(const void* out, DType out_type, const void* ref, DType ref_type, size_t count);
+
+// ||got - want|| / ||want|| over two float rows (logits, activations); infinity if got holds a
+// NaN or an infinity.
+double relative_error(std::span<const float> got, std::span<const float> want);
+
+// The first index of the largest value.
+int32_t argmax(std::span<const float> row);
 
 }  // namespace kvp::testing

@@ -5,6 +5,7 @@
 // logical layout (the tiny models' head dims 16, 8 and 32 are padded to 64 on the device), and
 // refusals of bad batches and KV dtypes. Skips without a CUDA device.
 #include "model/cuda/cuda_forward_backend.h"
+#include "support/tensor_check.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -22,6 +23,9 @@
 
 namespace kvp::cuda {
 namespace {
+
+using kvp::testing::argmax;
+using kvp::testing::relative_error;
 
 const char* kFixtures = "tests/model/fixtures/tiny/";
 
@@ -59,24 +63,11 @@ Tiny load_tiny(const std::string& name) {
   return t;
 }
 
-double relative_error(std::span<const float> got, std::span<const float> want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
 // The goldens were generated with min_new_tokens: end-of-sequence logits are -inf at every step.
 std::vector<float> masked(std::span<const float> row, const ModelSpec& spec) {
   std::vector<float> m(row.begin(), row.end());
   for (int32_t eos : spec.eos_token_ids) m[eos] = -INFINITY;
   return m;
-}
-int32_t argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 float top2_margin(std::vector<float> row) {
   std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<float>());

@@ -20,9 +20,13 @@
 #include "model/model_loader.h"
 #include "model/random_model.h"
 #include "model/tensor_parallel.h"
+#include "support/tensor_check.h"
 
 namespace kvp::cuda {
 namespace {
+
+using kvp::testing::argmax;
+using kvp::testing::relative_error;
 
 // The same bf16 computation with the o and down products' inner dimension split in two and the
 // halves summed in f32: only rounding order changes (relative L2 of a logits row).
@@ -84,20 +88,6 @@ void allocate(ForwardBackend& backend, int32_t num_blocks) {
   }
   const Status st = backend.allocate_kv(layouts);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
-}
-
-double relative_error(std::span<const float> got, std::span<const float> want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return INFINITY;
-    num += (double(got[i]) - want[i]) * (double(got[i]) - want[i]);
-    den += double(want[i]) * want[i];
-  }
-  return std::sqrt(num / den);
-}
-
-int32_t argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
 }
 
 float top2_margin(std::span<const float> row) {
@@ -162,7 +152,7 @@ TEST_F(CudaTensorParallel, PeerAllReduceSumsInRankOrderEagerAndInGraphs) {
   std::uniform_real_distribution<float> u(-1, 1);
   for (int64_t count : {int64_t{1}, int64_t{4096}, int64_t{100003}, kCapacity}) {
     for (bool graph : {false, true}) {
-      SCOPED_TRACE(testing::Message() << count << (graph ? " in a graph" : " eager"));
+      SCOPED_TRACE(::testing::Message() << count << (graph ? " in a graph" : " eager"));
       std::vector<std::vector<float>> host(2, std::vector<float>(count));
       std::vector<DeviceBuffer> data;
       std::vector<cudaGraphExec_t> execs(2, nullptr);
@@ -225,7 +215,7 @@ TEST_F(CudaTensorParallel, TinyModelsSplitInTwoFollowTheWholeModel) {
   for (const char* mode : {"nccl", "peer"}) {
     setenv("KVP_TP_ALL_REDUCE", mode, 1);  // all-reduces through peer memory or all through NCCL
     for (const char* name : {"llama", "qwen2", "gemma3"}) {
-      SCOPED_TRACE(testing::Message() << name << ", all-reduce " << mode);
+      SCOPED_TRACE(::testing::Message() << name << ", all-reduce " << mode);
       auto model = open_model(std::string("tests/model/fixtures/tiny/") + name);
       ASSERT_TRUE(model.is_ok()) << model.status().to_string();
       auto whole = make_cuda_backend(model->spec, *model->weights, {}, 0, 1);
