@@ -51,10 +51,6 @@ std::string tagged_path(const std::string& path, const std::string& tag) {
 // Checks what CLI11's per-option checks cannot: options that must agree with each other.
 Status check_options(const BenchOptions& o) {
   const BenchConfig& b = o.bench;
-  if (o.model.model.empty() == o.model.random_model.empty()) {
-    return Status::invalid_argument("give one of --model PATH and --random-model NAME{}",
-                                    o.model.model.empty() ? "" : ", not both");
-  }
   KVP_RETURN_IF_ERROR(check_engine_options(o.model));
   if (b.prompt_tokens_max < b.prompt_tokens_min) {
     return Status::invalid_argument("--prompt-tokens-max {} is below --prompt-tokens-min {}",

@@ -151,8 +151,9 @@ Result<DType> parse_kv_dtype(const std::string& text, const std::string& device)
 }
 
 Status check_engine_options(const EngineOptions& o) {
-  if (!o.random_model.empty() && !o.model.empty()) {
-    return Status::invalid_argument("give one of --model PATH and --random-model NAME, not both");
+  if (o.model.empty() == o.random_model.empty()) {
+    return Status::invalid_argument("give one of --model PATH and --random-model NAME{}",
+                                    o.model.empty() ? "" : ", not both");
   }
   if (!o.tokenizer.empty() && o.random_model.empty()) {
     return Status::invalid_argument(
@@ -195,9 +196,6 @@ Result<LoadedModel> load_model(const EngineOptions& o, bool need_tokenizer,
                                const std::function<void(int32_t, int32_t)>& progress) {
   KVP_RETURN_IF_ERROR(check_engine_options(o));
   const bool random = !o.random_model.empty();
-  if (o.model.empty() && !random) {
-    return Status::invalid_argument("give --model PATH or --random-model NAME");
-  }
   if (random && need_tokenizer && o.tokenizer.empty()) {
     return Status::invalid_argument(
         "--random-model {} needs --tokenizer PATH here (its output "
