@@ -23,6 +23,8 @@
 namespace kvp::cuda::detail {
 namespace {
 
+constexpr int kMaxDevices = 64;  // CUDA devices one process may launch on
+
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
 
@@ -348,13 +350,24 @@ template <typename T, int D>
 cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_len,
                                  cudaStream_t stream) {
   constexpr int kSmem = prefill_smem_bytes<D>();
-  static std::once_flag attribute_once;
-  static cudaError_t attribute_err = cudaSuccess;
-  std::call_once(attribute_once, [] {
-    attribute_err = cudaFuncSetAttribute(prefill_attention_kernel<T, D>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-  });
-  if (attribute_err != cudaSuccess) return attribute_err;
+  // The dynamic shared-memory limit is an attribute of the kernel on each device
+  // (cudaFuncSetAttribute applies to the current one): set once per device. Set once per
+  // process, a model split over GPUs launched this kernel on its second GPU with the default
+  // 48 KiB limit, the launch failed there, and the other GPU waited in its all-reduce forever.
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  {
+    static std::mutex mutex;
+    static bool attribute_set[kMaxDevices] = {};
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!attribute_set[device]) {
+      const cudaError_t e = cudaFuncSetAttribute(
+          prefill_attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (e != cudaSuccess) return e;
+      attribute_set[device] = true;
+    }
+  }
   const int64_t rows = int64_t{max_q_len} * args.group;
   const dim3 grid(static_cast<unsigned>((rows + rows_per_cta<D>() - 1) / rows_per_cta<D>()),
                   args.num_seqs, args.num_kv_heads);
