@@ -242,13 +242,13 @@ WeightFootprint TensorParallelBackend::weight_footprint() const {
     const WeightFootprint f = r->weight_footprint();
     total.resident_bytes += f.resident_bytes;
     total.decode_read_bytes += f.decode_read_bytes;
-    for (const auto& [format, bytes] : f.by_format) {
+    for (const std::pair<std::string, uint64_t>& part : f.by_format) {
       auto it = std::find_if(total.by_format.begin(), total.by_format.end(),
-                             [&](const auto& e) { return e.first == format; });
+                             [&](const auto& e) { return e.first == part.first; });
       if (it == total.by_format.end()) {
-        total.by_format.emplace_back(format, bytes);
+        total.by_format.push_back(part);
       } else {
-        it->second += bytes;
+        it->second += part.second;
       }
     }
   }
