@@ -2,7 +2,8 @@
 """Makes kvpool's tiny random-weight reference models with Hugging Face transformers.
 
 For each architecture (Llama with Llama 3 rope scaling and tied embeddings, Qwen2 with q/k/v
-bias, Gemma 3 with interleaved sliding-window and global layers) it builds a small model with
+bias, Gemma 3 with interleaved sliding-window and global layers, Qwen3 with per-head q/k RMS
+norms, an explicit head_dim unequal to hidden / heads and tied embeddings) it builds a small model with
 random weights, saves it as safetensors + config.json, and records golden outputs computed by
 transformers in float32 on the CPU (eager attention):
   golden.safetensors: prompt_{i} (int32 token ids), logits_{i} ([len, vocab] float32, every
@@ -10,8 +11,8 @@ transformers in float32 on the CPU (eager attention):
   meta.json:          versions of torch/transformers, seeds, the smallest top-1/top-2 logit margin
                       seen along the greedy paths (how robust the greedy goldens are).
 Run where torch and transformers exist (the GPU machine has both):
-  python3 scripts/make_tiny_models.py OUTDIR
-and commit OUTDIR's contents to tests/model/fixtures/tiny/.
+  python3 scripts/make_tiny_models.py OUTDIR [NAME...]
+(NAMEs pick architectures; all of them when none are given) and commit OUTDIR's contents to tests/model/fixtures/tiny/.
 """
 import json
 import os
@@ -21,7 +22,7 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 VOCAB = 256
 PROMPT_LENGTHS = [1, 7, 29, 45]
@@ -55,13 +56,22 @@ def configs():
                              "sliding_attention": {"rope_type": "default",
                                                    "rope_theta": 10000.0}},
             bos_token_id=2, eos_token_id=1, pad_token_id=0)),
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=True,
+            initializer_range=0.08, attention_bias=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False, bos_token_id=1, eos_token_id=2)),
     }
 
 
 def main():
-    out_root = sys.argv[1]
+    out_root, names = sys.argv[1], sys.argv[2:]
     torch.manual_seed(0)
     for name, (cls, config) in configs().items():
+        if names and name not in names:
+            continue
         config._attn_implementation = "eager"
         torch.manual_seed(1234)
         model = cls(config).eval().to(torch.float32)

@@ -16,9 +16,11 @@ Result<Architecture> architecture_of(const GgufFile& file) {
   KVP_ASSIGN_OR_RETURN(std::string_view arch, file.get_string("general.architecture"));
   if (arch == "llama") return Architecture::kLlama;
   if (arch == "qwen2") return Architecture::kQwen2;
+  if (arch == "qwen3") return Architecture::kQwen3;
   if (arch == "gemma3") return Architecture::kGemma3;
-  return Status::unsupported("gguf '{}': architecture '{}' is not supported (llama, qwen2, gemma3)",
-                             file.path(), arch);
+  return Status::unsupported(
+      "gguf '{}': architecture '{}' is not supported (llama, qwen2, qwen3, gemma3)", file.path(),
+      arch);
 }
 
 // `{arch}.rope.scaling.*` (linear only; llama3 comes as rope_freqs.weight).
@@ -95,6 +97,10 @@ Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
       break;
     case Architecture::kQwen2:
       spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
+      break;
+    case Architecture::kQwen3:  // neox rope (no permuted rows), plain per-head q/k norms
+      spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
+      spec.qk_norm = true;
       break;
     case Architecture::kGemma3: {
       spec.activation = cpu::Activation::kGeluTanh;

@@ -21,7 +21,7 @@
 
 namespace kvp {
 
-// Unsupported naming the file for architectures other than llama, qwen2, gemma3 (and for
+// Unsupported naming the file for architectures other than llama, qwen2, qwen3, gemma3 (and for
 // partial rotary dimensions); the reader's errors for missing or inconsistent keys.
 Result<ModelSpec> model_spec_from_gguf(const GgufFile& file);
 

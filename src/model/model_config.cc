@@ -178,7 +178,10 @@ Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_vi
   KVP_ASSIGN_OR_RETURN(c.num_heads, hf_u32(j, source, "num_attention_heads", kHeads));
   KVP_ASSIGN_OR_RETURN(c.num_kv_heads,
                        hf_u32(j, source, "num_key_value_heads", kHeads, c.num_heads));
-  const uint32_t default_head_dim = c.num_heads == 0 ? 0 : c.hidden_size / c.num_heads;
+  // Qwen3Config's head_dim defaults to 128, every other config's to hidden / heads
+  const uint32_t default_head_dim = c.architecture == "qwen3" ? 128
+                                    : c.num_heads == 0        ? 0
+                                                              : c.hidden_size / c.num_heads;
   KVP_ASSIGN_OR_RETURN(c.head_dim, hf_u32(j, source, "head_dim", kHeadDim, default_head_dim));
   c.value_head_dim = c.head_dim;
   KVP_ASSIGN_OR_RETURN(c.vocab_size, hf_u32(j, source, "vocab_size", kVocabSize));
@@ -189,6 +192,14 @@ Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_vi
                                            context != j.end() && !context->is_null()));
   KVP_ASSIGN_OR_RETURN(c.rms_norm_eps, hf_f32(j, source, "rms_norm_eps", 1e-5f));
   KVP_ASSIGN_OR_RETURN(c.rope_freq_base, hf_f32(j, source, "rope_theta", 10000.0f));
+  // transformers 5 moves rope_theta into rope_parameters (per layer type for Gemma 3: the global
+  // layers' base is the one reported)
+  if (auto rp = j.find("rope_parameters");
+      !j.contains("rope_theta") && rp != j.end() && rp->is_object()) {
+    const auto full = rp->find("full_attention");
+    const nlohmann::json& global = full != rp->end() && full->is_object() ? *full : *rp;
+    KVP_ASSIGN_OR_RETURN(c.rope_freq_base, hf_f32(global, source, "rope_theta", 10000.0f));
+  }
   c.rope_dim = c.head_dim;
   KVP_ASSIGN_OR_RETURN(c.sliding_window, hf_u32(j, source, "sliding_window", kSlidingWindow, 0u));
   auto tie = j.find("tie_word_embeddings");

@@ -44,7 +44,7 @@ struct LayerWeights {
   std::vector<float> attn_norm;       // [hidden]
   LinearWeight qkv;                   // q [q_heads * head_dim], k, v [kv_heads * head_dim] rows
   std::vector<float> qkv_bias;        // [(q_heads + 2 kv_heads) * head_dim] or empty
-  std::vector<float> q_norm, k_norm;  // [head_dim] (Gemma 3) or empty
+  std::vector<float> q_norm, k_norm;  // [head_dim] (Gemma 3, Qwen3) or empty
   LinearWeight o;                     // [hidden][q_heads * head_dim]
   std::vector<float> post_attn_norm;  // [hidden] (Gemma 3) or empty
   std::vector<float> mlp_norm;        // [hidden]

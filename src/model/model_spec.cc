@@ -20,6 +20,8 @@ const char* architecture_name(Architecture arch) {
       return "qwen2";
     case Architecture::kGemma3:
       return "gemma3";
+    case Architecture::kQwen3:
+      return "qwen3";
   }
   return "?";
 }
@@ -266,13 +268,17 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     spec.architecture = Architecture::kLlama;
   } else if (model_type == "qwen2") {
     spec.architecture = Architecture::kQwen2;
+  } else if (model_type == "qwen3") {
+    spec.architecture = Architecture::kQwen3;
   } else if (model_type == "gemma3_text" || model_type == "gemma3") {
     spec.architecture = Architecture::kGemma3;
   } else {
-    return Status::unsupported("{}: model_type '{}' is not supported (llama, qwen2, gemma3_text)",
-                               source, model_type);
+    return Status::unsupported(
+        "{}: model_type '{}' is not supported (llama, qwen2, qwen3, gemma3_text)", source,
+        model_type);
   }
   const bool gemma = spec.architecture == Architecture::kGemma3;
+  const bool qwen3 = spec.architecture == Architecture::kQwen3;
 
   using namespace limits;  // NOLINT(google-build-using-namespace)
   KVP_ASSIGN_OR_RETURN(spec.vocab_size, f.int_field("vocab_size", kVocabSize));
@@ -286,8 +292,10 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     return Status::invalid_argument("{}: num_attention_heads {} must be positive", source,
                                     spec.num_q_heads);
   }
-  KVP_ASSIGN_OR_RETURN(spec.head_dim,
-                       f.int_field("head_dim", kHeadDim, spec.hidden_size / spec.num_q_heads));
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads
+  KVP_ASSIGN_OR_RETURN(
+      spec.head_dim,
+      f.int_field("head_dim", kHeadDim, qwen3 ? 128 : spec.hidden_size / spec.num_q_heads));
   if (spec.num_layers < 0) {
     return Status::invalid_argument("{}: num_hidden_layers {} must be positive", source,
                                     spec.num_layers);
@@ -309,12 +317,17 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
   }
   KVP_ASSIGN_OR_RETURN(bool mlp_bias, f.bool_field("mlp_bias", false));
   if (mlp_bias) return Status::unsupported("{}: mlp_bias = true is not supported", source);
-  if (spec.architecture == Architecture::kQwen2) {
+  if (spec.architecture == Architecture::kQwen2 || qwen3) {
+    // Qwen2 always has q/k/v biases; Qwen3 has them only with attention_bias = true
     spec.qkv_bias = true;
+    if (qwen3) {
+      KVP_ASSIGN_OR_RETURN(spec.qkv_bias, f.bool_field("attention_bias", false));
+    }
+    spec.qk_norm = qwen3;  // plain x / rms * w, per head, before rope
     KVP_ASSIGN_OR_RETURN(bool sliding, f.bool_field("use_sliding_window", false));
     if (sliding) {
-      return Status::unsupported("{}: Qwen2 with use_sliding_window = true is not supported",
-                                 source);
+      return Status::unsupported("{}: {} with use_sliding_window = true is not supported", source,
+                                 qwen3 ? "Qwen3" : "Qwen2");
     }
   } else if (spec.architecture == Architecture::kLlama) {
     KVP_ASSIGN_OR_RETURN(bool attention_bias, f.bool_field("attention_bias", false));

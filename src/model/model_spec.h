@@ -1,7 +1,8 @@
 // A decoder-only transformer's hyper-parameters, for the architectures kvpool runs:
-// Llama (incl. Llama 3 rope scaling; SmolLM2 is a Llama), Qwen2 (q/k/v bias) and Gemma 3
-// (interleaved sliding-window and global layers, each with its own rope, q/k norms, pre- and
-// post-norms, GELU-tanh, scaled embeddings). Read from a Hugging Face config.json (both the
+// Llama (incl. Llama 3 rope scaling; SmolLM2 is a Llama), Qwen2 (q/k/v bias), Qwen3 (plain RMS
+// norms of each q and k head, an explicit head_dim) and Gemma 3 (interleaved sliding-window and
+// global layers, each with its own rope, q/k norms, pre- and post-norms, GELU-tanh, scaled
+// embeddings). Read from a Hugging Face config.json (both the
 // older rope_theta/rope_scaling fields and transformers 5's rope_parameters).
 #pragma once
 
@@ -16,7 +17,8 @@
 
 namespace kvp {
 
-enum class Architecture { kLlama, kQwen2, kGemma3 };
+// Values are mixed into the cache fingerprint (engine.cc): append, never reorder.
+enum class Architecture { kLlama, kQwen2, kGemma3, kQwen3 };
 const char* architecture_name(Architecture arch);
 
 struct RopeSpec {
@@ -47,7 +49,7 @@ struct ModelSpec {
       0.0f;  // multiplies q·k: 1/sqrt(head_dim), Gemma: query_pre_attn_scalar^-½
   float attn_logit_softcap = 0.0f;     // 0: off
   float final_logit_softcap = 0.0f;    // 0: off
-  bool qk_norm = false;                // Gemma 3: RMS norm of each q and k head
+  bool qk_norm = false;                // Gemma 3, Qwen3: RMS norm of each q and k head
   bool sandwich_norms = false;         // Gemma 3: post-attention and pre/post-feedforward norms
   RopeSpec rope_global;                // rope of global layers
   RopeSpec rope_local;                 // rope of sliding-window layers (Gemma 3)

@@ -91,23 +91,26 @@ TEST_P(EngineGoldenTest, PreemptedRequestsRecomputeToTheSameOutput) {
   EXPECT_GT(preempted, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::Values("llama", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::Values("llama", "gemma3", "qwen3"));
 
 TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutput) {
-  auto runner = load("llama");
-  CpuForwardBackend backend(runner);
-  Engine engine(&backend, small_config(256));
-  auto prompt = golden_ids("llama", "prompt_3");  // 45 tokens: 11 full blocks of 4
-  auto first = engine.submit(greedy_request(prompt, 32));
-  auto out1 = run_all(engine);
-  auto second = engine.submit(greedy_request(prompt, 32));
-  auto out2 = run_all(engine);
-  const auto golden = golden_ids("llama", "greedy_3");
-  EXPECT_EQ(out1[first->value].tokens, golden);
-  EXPECT_EQ(out2[second->value].tokens, golden);
-  EXPECT_EQ(out1[first->value].usage.prefilled_tokens, 45);
-  EXPECT_EQ(out2[second->value].usage.cached_tokens, 44);  // 11 blocks; the last token runs
-  EXPECT_EQ(out2[second->value].usage.prefilled_tokens, 1);
+  for (const char* model : {"llama", "qwen3"}) {
+    SCOPED_TRACE(model);
+    auto runner = load(model);
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, small_config(256));
+    auto prompt = golden_ids(model, "prompt_3");  // 45 tokens: 11 full blocks of 4
+    auto first = engine.submit(greedy_request(prompt, 32));
+    auto out1 = run_all(engine);
+    auto second = engine.submit(greedy_request(prompt, 32));
+    auto out2 = run_all(engine);
+    const auto golden = golden_ids(model, "greedy_3");
+    EXPECT_EQ(out1[first->value].tokens, golden);
+    EXPECT_EQ(out2[second->value].tokens, golden);
+    EXPECT_EQ(out1[first->value].usage.prefilled_tokens, 45);
+    EXPECT_EQ(out2[second->value].usage.cached_tokens, 44);  // 11 blocks; the last token runs
+    EXPECT_EQ(out2[second->value].usage.prefilled_tokens, 1);
+  }
 }
 
 // Gemma 3 has a global and a sliding-window cache group: a hit needs every global block of the

@@ -188,7 +188,7 @@ TEST_P(EngineSaveLoadTest, SavedSessionContinuesInAFreshEngineAsIfItHadStayed) {
   engine.check_integrity();
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineSaveLoadTest, ::testing::Values("llama", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(Models, EngineSaveLoadTest, ::testing::Values("llama", "gemma3", "qwen3"));
 
 TEST(EngineTiers, FilesOfOtherModelsAndCorruptFilesAreRefusedAndTheEngineKeepsServing) {
   auto llama = load("llama");

@@ -5,6 +5,8 @@ way llama.cpp's convert_hf_to_gguf.py lays such models out, with the `gguf` pack
   - Llama: q/k projection rows permuted within each head (pairs (i, i + d/2) become adjacent
     rows), Llama 3 rope scaling as the per-frequency divisors `rope_freqs.weight`
   - Gemma 3: every norm weight stored as 1 + w; linear rope scaling as rope.scaling.* keys
+  - Qwen2 / Qwen3: rows as transformers has them (neox rope); Qwen3's per-head q/k norms as
+    blk.N.attn_q_norm / attn_k_norm, plain w
 All tensors stay F32 (the goldens' greedy margins are as small as 2e-4; conversions of other
 types are tested against the gguf package in gguf_file_test.cc).
 kvpool reads the result with its own GGUF reader; the test compares the logits with the
@@ -68,8 +70,8 @@ def llama3_rope_factors(head_dim, rope):
 def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
     cfg = json.load(open(f"{model_dir}/config.json"))
     tensors = read_safetensors(f"{model_dir}/model.safetensors")
-    arch = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3", "gemma3": "gemma3"}[
-        cfg["model_type"]]
+    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3",
+            "gemma3": "gemma3"}[cfg["model_type"]]
     convention = arch  # the tensor layout follows the real architecture
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // n_head)

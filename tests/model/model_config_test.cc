@@ -118,6 +118,22 @@ TEST(ModelConfigHf, ReadsFieldsAndDefaults) {
   EXPECT_EQ(c->head_dim, 32u);
   EXPECT_EQ(c->rope_freq_base, 10000.0f);
   EXPECT_FALSE(c->tied_embeddings);
+
+  // transformers 5's rope_parameters; Qwen3's head_dim default (Qwen3Config: 128)
+  const json qwen3 = json::parse(R"({"model_type": "qwen3", "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})");
+  c = model_config_from_hf(qwen3, "config.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->head_dim, 128u);
+  EXPECT_EQ(c->rope_freq_base, 1e6f);
+  const json gemma3 = json::parse(R"({"model_type": "gemma3_text", "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 100, "head_dim": 32,
+    "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}})");
+  c = model_config_from_hf(gemma3, "config.json");
+  ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+  EXPECT_EQ(c->rope_freq_base, 5e5f);
 }
 
 TEST(ModelConfigHf, MissingWrongAndInconsistentFieldsNameTheProblem) {

@@ -1,5 +1,5 @@
-// The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2 and
-// Gemma 3 models and their golden logits and greedy continuations, made by
+// The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2, Gemma 3
+// and Qwen3 models and their golden logits and greedy continuations, made by
 // scripts/make_tiny_models.py (transformers 5.17, float32, eager attention) and committed under
 // tests/model/fixtures/tiny/. kvpool runs them on its paged KV pool with shuffled block tables,
 // alone, batched, and in prefill chunks.
@@ -254,11 +254,12 @@ TEST_P(TinyModelTest, GreedyContinuationsMatchTransformersAloneBatchedAndChunked
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyModelTest,
-                         ::testing::Values("llama", "qwen2", "gemma3"));
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
 
 // The same weights written as GGUF the way llama.cpp's converter lays them out
 // (tests/model/make_tiny_gguf.py with the `gguf` package: permuted Llama q/k rows, Llama 3 rope
-// as rope_freqs, Gemma norms stored as 1 + w; F32), read by kvpool's GGUF path.
+// as rope_freqs, Gemma norms stored as 1 + w, Qwen3's q/k norms as attn_q_norm / attn_k_norm;
+// F32), read by kvpool's GGUF path.
 class TinyGgufTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
@@ -298,7 +299,7 @@ TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyGgufTest,
-                         ::testing::Values("llama", "qwen2", "gemma3"));
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
 
 TEST(ModelRunner, RejectsBadBatchesWithoutWriting) {
   TinyModel model = load_tiny("llama");

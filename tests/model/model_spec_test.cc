@@ -9,6 +9,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace kvp {
 namespace {
@@ -101,6 +102,58 @@ TEST(ModelSpecHf, TokenIdsOutsideTheVocabularyAreRefused) {
   j = tiny_llama();
   j["bos_token_id"] = 300;
   expect_refused(j, StatusCode::kInvalidArgument, "bos token id 300 outside the vocabulary");
+}
+
+// A Qwen3-8B-shaped config.json, as its model card ships it (sizes cut down).
+json tiny_qwen3() {
+  return json::parse(R"({"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+    "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+    "attention_bias": false, "max_position_embeddings": 40960, "rms_norm_eps": 1e-06,
+    "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+    "use_sliding_window": false, "max_window_layers": 36, "tie_word_embeddings": true,
+    "bos_token_id": 1, "eos_token_id": 2})");
+}
+
+TEST(ModelSpecHf, Qwen3HasPlainPerHeadQkNormsNoBiasesAndItsOwnHeadDim) {
+  auto spec = model_spec_from_hf_config(tiny_qwen3(), "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->architecture, Architecture::kQwen3);
+  EXPECT_STREQ(architecture_name(spec->architecture), "qwen3");
+  EXPECT_TRUE(spec->qk_norm);
+  EXPECT_EQ(spec->norm_style, cpu::NormStyle::kPlain);
+  EXPECT_FALSE(spec->qkv_bias);
+  EXPECT_FALSE(spec->sandwich_norms);
+  EXPECT_EQ(spec->head_dim, 32);  // not hidden / heads = 16
+  EXPECT_FLOAT_EQ(spec->attention_scale, 1.0f / std::sqrt(32.0f));
+  EXPECT_TRUE(spec->tie_word_embeddings);
+  EXPECT_EQ(spec->rope_global.theta, 1e6);
+  EXPECT_EQ(spec->rope_style, cpu::RopeStyle::kHalves);
+  EXPECT_EQ(spec->layer_is_sliding, std::vector<bool>(2, false));
+}
+
+TEST(ModelSpecHf, Qwen3DefaultsFollowQwen3Config) {
+  json j = tiny_qwen3();
+  j.erase("head_dim");
+  j.erase("tie_word_embeddings");
+  j["hidden_size"] = 256;
+  j["intermediate_size"] = 512;
+  auto spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->head_dim, 128);  // Qwen3Config.head_dim, not 256 / 4
+  EXPECT_FALSE(spec->tie_word_embeddings);
+  j["attention_bias"] = true;
+  spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_TRUE(spec->qkv_bias);
+}
+
+TEST(ModelSpecHf, Qwen3SlidingWindowIsRefused) {
+  json j = tiny_qwen3();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  expect_refused(j, StatusCode::kUnsupported,
+                 "config.json: Qwen3 with use_sliding_window = true is not supported");
 }
 
 TEST(ModelSpec, ValidateRefusesNonFiniteScalesAndCaps) {

@@ -165,7 +165,7 @@ void expect_split_equals_unsplit(const ModelSpec& spec, const WeightSource& sour
 }
 
 TEST(TensorParallel, TinyModelsSplitInTwoComputeWhatTheUnsplitRunnerComputes) {
-  for (const char* name : {"llama", "qwen2", "gemma3"}) {
+  for (const char* name : {"llama", "qwen2", "gemma3", "qwen3"}) {
     SCOPED_TRACE(name);
     const OpenedModel model = open_tiny(name);
     expect_split_equals_unsplit(model.spec, *model.weights, 2);

@@ -343,7 +343,7 @@ TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyModel,
-                         ::testing::Values("llama", "qwen2", "gemma3"));
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
 
 // A prefill and a decode in one batch give each sequence's logits as when it runs alone.
 class CudaMixedBatch : public ::testing::TestWithParam<const char*> {};
