@@ -320,8 +320,8 @@ TEST(TensorParallel, SizesThatDoNotSplitAndBadBatchesAreRefused) {
 
 TEST(TensorParallel, RankGateTellsEveryRankWhetherAllAreReadyAndAbortReleasesWaiters) {
   RankGate gate(2);
-  for (const std::pair<bool, bool> readiness : {std::pair{true, true}, std::pair{true, false},
-                                                std::pair{false, false}, std::pair{true, true}}) {
+  for (const std::pair<bool, bool>& readiness : {std::pair{true, true}, std::pair{true, false},
+                                                 std::pair{false, false}, std::pair{true, true}}) {
     const bool a = readiness.first, b = readiness.second;
     bool got_b = false;
     std::thread other([&] { got_b = gate.arrive(b); });
