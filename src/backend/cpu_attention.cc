@@ -201,6 +201,7 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
     // Prefetch pays where the tile streams KV (few rows per head: decode); a prefill tile
     // re-reads KV that earlier tiles left in cache, and prefetch only costs it issue slots.
     task.prefetch = tuning.prefetch && num_rows <= kMaxPrefetchRows;
+    task.pair_bf16 = tuning.pair_bf16;
     task.q = q_tile;
     task.o = o;
     task.m = m;

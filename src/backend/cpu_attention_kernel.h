@@ -30,6 +30,8 @@ struct TileTask {
   int32_t window = 0;        // AttentionParams::window
   float soft_cap = 0.0f;     // AttentionParams::soft_cap
   bool prefetch = true;      // software-prefetch the next (chunk, head) while on this one
+  bool pair_bf16 = true;     // bf16 KV of one-pass tiles widened in paired order (the kernel's
+                             // load_pair); false widens with PromoteTo
   const float* q = nullptr;  // [num_heads][num_rows][head_dim] f32, multiplied by the scale
   // The state, read and updated (requires: initialised, m = -inf, l = 0, o = 0, before the
   // first range of a row):
