@@ -38,14 +38,15 @@ struct TileTask {
   float* o = nullptr;  // [num_heads][num_rows][head_dim]
   float* m = nullptr;  // [num_heads][num_rows]
   float* l = nullptr;  // [num_heads][num_rows]
-  // Scratch of at least tile_scratch_floats(num_rows, head_dim) floats, 64-byte aligned; mutated.
+  // Scratch of at least tile_scratch_floats(num_heads, num_rows, head_dim) floats, 64-byte
+  // aligned; mutated.
   float* scratch = nullptr;
 };
 
-inline int64_t tile_scratch_floats(int32_t num_rows, int32_t head_dim) {
-  // Logits / probabilities [num_rows][kChunkKeys], then a chunk's K and V widened to f32
-  // [kChunkKeys][head_dim] each.
-  return int64_t{num_rows} * kChunkKeys + 2 * int64_t{kChunkKeys} * head_dim;
+inline int64_t tile_scratch_floats(int32_t num_heads, int32_t num_rows, int32_t head_dim) {
+  // Logits / probabilities [num_heads][num_rows][kChunkKeys], then a chunk's K and V widened to
+  // f32 [kChunkKeys][head_dim] each.
+  return int64_t{num_heads} * num_rows * kChunkKeys + 2 * int64_t{kChunkKeys} * head_dim;
 }
 
 // Folds keys [kv_begin, kv_end) into the state of every row of the tile, honouring the causal
