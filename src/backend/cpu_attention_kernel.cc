@@ -2,13 +2,16 @@
 // (SSE4, AVX2, AVX-512, ...) through foreach_target and picked at run time by
 // HWY_DYNAMIC_DISPATCH, so one binary runs at full width on AVX2 and AVX-512 machines.
 //
-// Per chunk of kChunkKeys keys, per KV head of the item:
-//   1. S[r][t] = q_r · k_t for every active row: R rows x 4 keys per pass (R = 4 on AVX-512,
-//      2 on narrower targets, for their 16 registers), so each K vector loaded serves R rows and
-//      each q vector four keys. bf16/f16 K is widened in registers when the tile is one pass of
-//      rows (decode), and once into an f32 scratch chunk when it takes several (prefill)
+// Per chunk of kChunkKeys keys, K of every KV head of the item, then V of every head (the
+// order a block stores them in):
+//   1. S[r][t] = q_r · k_t for every active row: 4 rows x 4 keys per pass on AVX-512, 4 rows x 2
+//      keys on narrower targets (16 registers), so a decode tile's GQA group of 4 is one pass
+//      and each K vector loaded serves every row. bf16 K of a one-pass tile is widened in
+//      registers in paired order (load_pair); f16, and bf16 of prefill tiles that take several
+//      passes, are widened with PromoteTo (prefill once per chunk into an f32 scratch)
 //   2. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
-//   3. o_r += sum_t P[r][t] v_t: R rows x 4 vectors of head_dim per pass, V widened like K
+//   3. o_r += sum_t P[r][t] v_t: 4 rows x 4 (AVX-512) or 2 vectors of head_dim per pass, V
+//      widened like K
 // KV is read straight from the pool in its own dtype; everything accumulates in f32.
 
 #undef HWY_TARGET_INCLUDE
