@@ -9,9 +9,10 @@
 //
 // Variants (--variant, default "1,2"): 1 = cpu::paged_attention_scalar (one query row at a time,
 // scalar, what the fast path replaced), 2 = cpu::paged_attention (Highway, tiled, split KV),
-// 3 = variant 2 without its software prefetch (to measure what the prefetch buys).
+// 3 = variant 2 without its software prefetch (to measure what the prefetch buys), 4 = variant 2
+// widening bf16 KV with PromoteTo instead of in paired order (to measure what pairing buys).
 //
-//   attention_cpu_bench [--variant 1,2,3] [--threads N] [--kv bf16,f32] [--batch 1,8,32]
+//   attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32] [--batch 1,8,32]
 //                       [--ctx 512,4096,16384] [--no-decode] [--no-prefill] [--min-time S]
 //                       [--rotate-mb MB] [--tile-rows N] [--csv FILE]
 // --rotate-mb (default 512) sets the KV footprint the calls rotate through; a small value keeps
@@ -189,6 +190,7 @@ class Case {
     next_set_ = (next_set_ + 1) % num_sets_;
     cpu::AttentionTuning tuning;
     tuning.prefetch = variant != 3;
+    tuning.pair_bf16 = variant != 4;
     tuning.tile_rows = tile_rows;
     const Status status = variant == 1
                               ? cpu::paged_attention_scalar(params_, batch_, kv_, q_.data(),
@@ -246,7 +248,7 @@ std::vector<int> parse_ints(std::string_view s) {
 int usage(const char* why) {
   std::fprintf(stderr,
                "attention_cpu_bench: %s\n"
-               "usage: attention_cpu_bench [--variant 1,2,3] [--threads N] [--kv bf16,f32]\n"
+               "usage: attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32]\n"
                "       [--batch 1,8,32] [--ctx 512,4096,16384] [--no-decode] [--no-prefill]\n"
                "       [--min-time S] [--rotate-mb MB] [--tile-rows N] [--csv FILE]\n",
                why);
@@ -281,7 +283,10 @@ int main(int argc, char** argv) {
     } else if (arg == "--variant") {
       variants = parse_ints(argv[++i]);
       for (int v : variants) {
-        if (v < 1 || v > 3) return usage("variants: 1 (scalar), 2 (fast), 3 (fast, no prefetch)");
+        if (v < 1 || v > 4) {
+          return usage(
+              "variants: 1 (scalar), 2 (fast), 3 (fast, no prefetch), 4 (fast, bf16 not paired)");
+        }
       }
     } else if (arg == "--threads") {
       threads = std::atoi(argv[++i]);

@@ -137,8 +137,8 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   // the state of an unsplit item, the kernel's scratch.
   auto align16 = [](int64_t floats) { return (floats + 15) / 16 * 16; };
   const int64_t q_floats = align16(int64_t{num_heads} * max_rows * head_dim);
-  const int64_t thread_floats =
-      q_floats + align16(state_floats) + align16(tile_scratch_floats(max_rows, head_dim));
+  const int64_t thread_floats = q_floats + align16(state_floats) +
+                                align16(tile_scratch_floats(num_heads, max_rows, head_dim));
   // Kept per calling thread between calls and only grown: a fresh allocation of this size is an
   // mmap, and its page faults cost more than a short decode call.
   thread_local Workspace workspace;
@@ -201,6 +201,7 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
     // Prefetch pays where the tile streams KV (few rows per head: decode); a prefill tile
     // re-reads KV that earlier tiles left in cache, and prefetch only costs it issue slots.
     task.prefetch = tuning.prefetch && num_rows <= kMaxPrefetchRows;
+    task.pair_bf16 = tuning.pair_bf16;
     task.q = q_tile;
     task.o = o;
     task.m = m;

@@ -44,6 +44,10 @@ struct AttentionTuning {
   // Software prefetch of the next KV head's rows in tiles of at most 8 rows per KV head
   // (decode); benchmarks turn it off to measure it.
   bool prefetch = true;
+  // bf16 KV of decode tiles (at most 4 query rows per KV head) widened two vectors per load with
+  // bit operations, q and o reordered to match; false widens with a shuffle per vector.
+  // Benchmarks turn it off to measure it.
+  bool pair_bf16 = true;
 };
 
 // Paged attention over a mixed batch (see attention.h for the arguments).

@@ -2,13 +2,16 @@
 // (SSE4, AVX2, AVX-512, ...) through foreach_target and picked at run time by
 // HWY_DYNAMIC_DISPATCH, so one binary runs at full width on AVX2 and AVX-512 machines.
 //
-// Per chunk of kChunkKeys keys, per KV head of the item:
-//   1. S[r][t] = q_r · k_t for every active row: R rows x 4 keys per pass (R = 4 on AVX-512,
-//      2 on narrower targets, for their 16 registers), so each K vector loaded serves R rows and
-//      each q vector four keys. bf16/f16 K is widened in registers when the tile is one pass of
-//      rows (decode), and once into an f32 scratch chunk when it takes several (prefill)
+// Per chunk of kChunkKeys keys, K of every KV head of the item, then V of every head (the
+// order a block stores them in):
+//   1. S[r][t] = q_r · k_t for every active row: 4 rows x 4 keys per pass on AVX-512, 4 rows x 2
+//      keys on narrower targets (16 registers), so a decode tile's GQA group of 4 is one pass
+//      and each K vector loaded serves every row. bf16 K of a one-pass tile is widened in
+//      registers in paired order (load_pair); f16, and bf16 of prefill tiles that take several
+//      passes, are widened with PromoteTo (prefill once per chunk into an f32 scratch)
 //   2. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
-//   3. o_r += sum_t P[r][t] v_t: R rows x 4 vectors of head_dim per pass, V widened like K
+//   3. o_r += sum_t P[r][t] v_t: 4 rows x 4 (AVX-512) or 2 vectors of head_dim per pass, V
+//      widened like K
 // KV is read straight from the pool in its own dtype; everything accumulates in f32.
 
 #undef HWY_TARGET_INCLUDE
@@ -25,6 +28,7 @@
 #include <cstddef>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "backend/cpu_attention_kernel.h"
 
@@ -59,6 +63,41 @@ HWY_INLINE float scalar_of(const T* p, int32_t i) {
   }
 }
 
+// bf16 in "paired order": one u32 lane of a K or V row holds elements 2i (low half) and 2i + 1
+// (high half). As f32 they are the lane shifted left by 16 and the lane with its low half
+// cleared: one load and two bit operations per 2 * lanes elements, no shuffle (PromoteTo costs a
+// shuffle and a shift per lanes elements, on the same ports as the FMAs). The vectors come out
+// in paired order: within each block of 2 * lanes elements the even ones, then the odd ones, so
+// q is multiplied in that order and o accumulated in it (to_paired / from_paired).
+HWY_INLINE void load_pair(DF df, const hwy::bfloat16_t* HWY_RESTRICT p, VF& even, VF& odd) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::LoadU(du, reinterpret_cast<const uint32_t*>(p));
+  even = hn::BitCast(df, hn::ShiftLeft<16>(bits));
+  odd = hn::BitCast(df, hn::And(bits, hn::Set(du, 0xFFFF0000u)));
+}
+
+// dst = src in paired order; src and dst: [head_dim], head_dim a multiple of 2 * lanes.
+HWY_INLINE void to_paired(int32_t lanes, int32_t head_dim, const float* HWY_RESTRICT src,
+                          float* HWY_RESTRICT dst) {
+  for (int32_t b = 0; b < head_dim; b += 2 * lanes) {
+    for (int32_t i = 0; i < lanes; ++i) {
+      dst[b + i] = src[b + 2 * i];
+      dst[b + lanes + i] = src[b + 2 * i + 1];
+    }
+  }
+}
+
+// dst = src back from paired order.
+HWY_INLINE void from_paired(int32_t lanes, int32_t head_dim, const float* HWY_RESTRICT src,
+                            float* HWY_RESTRICT dst) {
+  for (int32_t b = 0; b < head_dim; b += 2 * lanes) {
+    for (int32_t i = 0; i < lanes; ++i) {
+      dst[b + 2 * i] = src[b + i];
+      dst[b + 2 * i + 1] = src[b + lanes + i];
+    }
+  }
+}
+
 #if HWY_TARGET != HWY_SCALAR
 // Sums of 128-bit blocks down to one: lane i of the result is the sum of lane i of every block.
 template <class D>
@@ -87,8 +126,17 @@ HWY_INLINE void sum_of_four(DF df, const VF* a, float* HWY_RESTRICT out) {
 }
 #endif  // HWY_TARGET != HWY_SCALAR
 
+// Query rows per pass: four, so one pass covers a decode tile's GQA group of 4 and every K and V
+// vector loaded from the pool serves all of its rows. Keys per logit pass and value vectors per
+// output pass fit the register file: 4 x 4 accumulators on 512-bit targets (32 registers), 4 x 2
+// on narrower ones (16 registers).
+constexpr int kRowGroup = 4;
+constexpr int kKeyGroup = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
+constexpr int kValueVectors = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
+
 // s[r * s_stride + t] = q[r] · k[t] for r < kRows, t < kKeys. q, k: rows of head_dim floats.
-template <typename T, int kRows, int kKeys>
+// kPaired: T is bf16, q is in paired order and head_dim a multiple of 2 * lanes.
+template <typename T, int kRows, int kKeys, bool kPaired>
 HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const T* const* k, int32_t head_dim,
                               float* HWY_RESTRICT s, int32_t s_stride) {
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
@@ -97,6 +145,19 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const T* const* k, i
     for (int t = 0; t < kKeys; ++t) acc[r][t] = hn::Zero(df);
   }
   int32_t d = 0;
+  if constexpr (kPaired) {
+    for (; d < head_dim; d += 2 * lanes) {
+      VF even[kKeys], odd[kKeys];
+      for (int t = 0; t < kKeys; ++t) load_pair(df, k[t] + d, even[t], odd[t]);
+      for (int r = 0; r < kRows; ++r) {
+        const VF q_even = hn::LoadU(df, q[r] + d);
+        const VF q_odd = hn::LoadU(df, q[r] + d + lanes);
+        for (int t = 0; t < kKeys; ++t) {
+          acc[r][t] = hn::MulAdd(q_odd, odd[t], hn::MulAdd(q_even, even[t], acc[r][t]));
+        }
+      }
+    }
+  }
   for (; d + lanes <= head_dim; d += lanes) {
     VF kv[kKeys];
     for (int t = 0; t < kKeys; ++t) kv[t] = load_row(df, k[t] + d);
@@ -105,16 +166,24 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const T* const* k, i
       for (int t = 0; t < kKeys; ++t) acc[r][t] = hn::MulAdd(qv, kv[t], acc[r][t]);
     }
   }
-  for (int r = 0; r < kRows; ++r) {
 #if HWY_TARGET != HWY_SCALAR
-    if constexpr (kKeys == 4 && hn::MaxLanes(DF()) >= 4) {
-      sum_of_four(df, acc[r], s + r * s_stride);
-    } else
+  if constexpr ((kRows * kKeys) % 4 == 0 && hn::MaxLanes(DF()) >= 4) {
+    // Four dot products per transpose-and-add tree, whatever rows and keys they belong to.
+    const VF* flat = &acc[0][0];  // [kRows * kKeys], row-major
+    for (int i = 0; i < kRows * kKeys; i += 4) {
+      float sums[4];
+      sum_of_four(df, flat + i, sums);
+      for (int j = 0; j < 4; ++j) s[(i + j) / kKeys * s_stride + (i + j) % kKeys] = sums[j];
+    }
+  } else
 #endif
-    {
+  {
+    for (int r = 0; r < kRows; ++r) {
       for (int t = 0; t < kKeys; ++t)
         s[r * s_stride + t] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
     }
+  }
+  for (int r = 0; r < kRows; ++r) {
     for (int t = 0; t < kKeys; ++t) {
       for (int32_t e = d; e < head_dim; ++e) s[r * s_stride + t] += q[r][e] * scalar_of(k[t], e);
     }
@@ -122,26 +191,51 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const T* const* k, i
 }
 
 // o[r][:] += sum_{t < num_keys} p[r][t] * v[t][:] for r < kRows.
-template <typename T, int kRows>
+// kPaired: T is bf16, o is in paired order and head_dim a multiple of kValueVectors * lanes.
+template <typename T, int kRows, bool kPaired>
 HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, const T* const* v,
                               int32_t num_keys, int32_t head_dim) {
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   int32_t d = 0;
-  for (; d + 4 * lanes <= head_dim; d += 4 * lanes) {
-    VF acc[kRows][4];
+  if constexpr (kPaired) {
+    static_assert(kValueVectors % 2 == 0, "paired order takes vectors two at a time");
+    for (; d < head_dim; d += kValueVectors * lanes) {
+      VF acc[kRows][kValueVectors];
+      for (int r = 0; r < kRows; ++r) {
+        for (int c = 0; c < kValueVectors; ++c) acc[r][c] = hn::LoadU(df, o[r] + d + c * lanes);
+      }
+      for (int32_t t = 0; t < num_keys; ++t) {
+        VF pt[kRows];
+        for (int r = 0; r < kRows; ++r) pt[r] = hn::Set(df, p[r][t]);
+        for (int c = 0; c < kValueVectors; c += 2) {
+          VF even, odd;
+          load_pair(df, v[t] + d + c * lanes, even, odd);
+          for (int r = 0; r < kRows; ++r) {
+            acc[r][c] = hn::MulAdd(pt[r], even, acc[r][c]);
+            acc[r][c + 1] = hn::MulAdd(pt[r], odd, acc[r][c + 1]);
+          }
+        }
+      }
+      for (int r = 0; r < kRows; ++r) {
+        for (int c = 0; c < kValueVectors; ++c) hn::StoreU(acc[r][c], df, o[r] + d + c * lanes);
+      }
+    }
+  }
+  for (; d + kValueVectors * lanes <= head_dim; d += kValueVectors * lanes) {
+    VF acc[kRows][kValueVectors];
     for (int r = 0; r < kRows; ++r) {
-      for (int c = 0; c < 4; ++c) acc[r][c] = hn::LoadU(df, o[r] + d + c * lanes);
+      for (int c = 0; c < kValueVectors; ++c) acc[r][c] = hn::LoadU(df, o[r] + d + c * lanes);
     }
     for (int32_t t = 0; t < num_keys; ++t) {
       VF pt[kRows];
       for (int r = 0; r < kRows; ++r) pt[r] = hn::Set(df, p[r][t]);
-      for (int c = 0; c < 4; ++c) {
+      for (int c = 0; c < kValueVectors; ++c) {
         const VF vv = load_row(df, v[t] + d + c * lanes);
         for (int r = 0; r < kRows; ++r) acc[r][c] = hn::MulAdd(pt[r], vv, acc[r][c]);
       }
     }
     for (int r = 0; r < kRows; ++r) {
-      for (int c = 0; c < 4; ++c) hn::StoreU(acc[r][c], df, o[r] + d + c * lanes);
+      for (int c = 0; c < kValueVectors; ++c) hn::StoreU(acc[r][c], df, o[r] + d + c * lanes);
     }
   }
   for (; d + lanes <= head_dim; d += lanes) {
@@ -174,17 +268,15 @@ HWY_INLINE void gather_rows(const TileTask& task, int32_t kv_head, const void* k
 
 // s[r * kChunkKeys + t] = q[r] · k[t] for rows [0, num_rows) (num_rows <= kRowGroup) and keys
 // [0, num_keys). q: row pointers.
-template <typename T, int kRows>
+template <typename T, int kRows, bool kPaired>
 HWY_INLINE void dot_rows(DF df, const float* const* q, const T* const* k, int32_t num_keys,
                          int32_t head_dim, float* HWY_RESTRICT s) {
   int32_t t = 0;
-  for (; t + 4 <= num_keys; t += 4)
-    dot_rows_keys<T, kRows, 4>(df, q, k + t, head_dim, s + t, kChunkKeys);
-  for (; t < num_keys; ++t) dot_rows_keys<T, kRows, 1>(df, q, k + t, head_dim, s + t, kChunkKeys);
+  for (; t + kKeyGroup <= num_keys; t += kKeyGroup)
+    dot_rows_keys<T, kRows, kKeyGroup, kPaired>(df, q, k + t, head_dim, s + t, kChunkKeys);
+  for (; t < num_keys; ++t)
+    dot_rows_keys<T, kRows, 1, kPaired>(df, q, k + t, head_dim, s + t, kChunkKeys);
 }
-
-// Rows per pass: four on 512-bit targets (32 registers hold 4 x 4 accumulators), else two.
-constexpr int kRowGroup = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
 
 // Element offsets of the rows of keys [j0, j0 + num_keys) in KV head 0 (one division per chunk,
 // not per key).
@@ -206,26 +298,24 @@ HWY_INLINE void key_offsets(const TileTask& task, int32_t j0, int32_t num_keys,
 // Prefetches one KV head's K and V rows of a chunk's keys. Blocks are scattered over the pool,
 // so hardware prefetchers lose the stream at block boundaries; the kernel asks for the next
 // (chunk, head) unit while it computes on the current one.
-HWY_INLINE void prefetch_unit(const TileTask& task, int32_t kv_head, const int64_t* key_elem,
-                              int32_t num_keys) {
+HWY_INLINE void prefetch_unit(const TileTask& task, const void* kv_base, int32_t kv_head,
+                              const int64_t* key_elem, int32_t num_keys) {
   const PagedKv& kv = *task.kv;
   const size_t elem_bytes = dtype_size_bytes(kv.dtype);
   const size_t row_bytes = size_t(task.head_dim) * elem_bytes;
-  const auto* k_base = static_cast<const std::byte*>(kv.k);
-  const auto* v_base = static_cast<const std::byte*>(kv.v);
+  const auto* base = static_cast<const std::byte*>(kv_base);
   const int64_t head_elem = int64_t{kv_head} * kv.block_size * task.head_dim;
   for (int32_t t = 0; t < num_keys; ++t) {
     const size_t byte = size_t(key_elem[t] + head_elem) * elem_bytes;
     for (size_t line = 0; line < row_bytes; line += 64) {
-      hwy::Prefetch(k_base + byte + line);
-      hwy::Prefetch(v_base + byte + line);
+      hwy::Prefetch(base + byte + line);
     }
   }
 }
 
 // s[r][t] = q[r] · k[t] for rows [row_begin, row_end), in passes of kRowGroup rows.
 // q: [num_rows][head_dim]; s: [num_rows][kChunkKeys].
-template <typename T>
+template <typename T, bool kPaired>
 HWY_INLINE void logits_for_rows(DF df, const float* q, const T* const* k_rows, int32_t row_begin,
                                 int32_t row_end, int32_t num_keys, int32_t head_dim, float* s) {
   for (int32_t r = row_begin; r < row_end; r += kRowGroup) {
@@ -234,19 +324,20 @@ HWY_INLINE void logits_for_rows(DF df, const float* q, const T* const* k_rows, i
     for (int i = 0; i < kRowGroup; ++i) qr[i] = q + int64_t{r + std::min(i, n - 1)} * head_dim;
     float* s_rows = s + int64_t{r} * kChunkKeys;  // [n][kChunkKeys]
     if (n == kRowGroup) {
-      dot_rows<T, kRowGroup>(df, qr, k_rows, num_keys, head_dim, s_rows);
+      dot_rows<T, kRowGroup, kPaired>(df, qr, k_rows, num_keys, head_dim, s_rows);
     } else if (n >= 2) {
-      dot_rows<T, 2>(df, qr, k_rows, num_keys, head_dim, s_rows);
-      if (n == 3) dot_rows<T, 1>(df, qr + 2, k_rows, num_keys, head_dim, s_rows + 2 * kChunkKeys);
+      dot_rows<T, 2, kPaired>(df, qr, k_rows, num_keys, head_dim, s_rows);
+      if (n == 3)
+        dot_rows<T, 1, kPaired>(df, qr + 2, k_rows, num_keys, head_dim, s_rows + 2 * kChunkKeys);
     } else {
-      dot_rows<T, 1>(df, qr, k_rows, num_keys, head_dim, s_rows);
+      dot_rows<T, 1, kPaired>(df, qr, k_rows, num_keys, head_dim, s_rows);
     }
   }
 }
 
 // o[r] += sum_t p[r][t] v[t] for rows [row_begin, row_end), in passes of kRowGroup rows.
 // o: [num_rows][head_dim]; p: [num_rows][kChunkKeys].
-template <typename T>
+template <typename T, bool kPaired>
 HWY_INLINE void values_for_rows(DF df, float* o, const float* p, const T* const* v_rows,
                                 int32_t row_begin, int32_t row_end, int32_t num_keys,
                                 int32_t head_dim) {
@@ -259,12 +350,13 @@ HWY_INLINE void values_for_rows(DF df, float* o, const float* p, const T* const*
       prows[i] = p + int64_t{r + std::min(i, n - 1)} * kChunkKeys;
     }
     if (n == kRowGroup) {
-      accumulate_pv<T, kRowGroup>(df, orows, prows, v_rows, num_keys, head_dim);
+      accumulate_pv<T, kRowGroup, kPaired>(df, orows, prows, v_rows, num_keys, head_dim);
     } else if (n >= 2) {
-      accumulate_pv<T, 2>(df, orows, prows, v_rows, num_keys, head_dim);
-      if (n == 3) accumulate_pv<T, 1>(df, orows + 2, prows + 2, v_rows, num_keys, head_dim);
+      accumulate_pv<T, 2, kPaired>(df, orows, prows, v_rows, num_keys, head_dim);
+      if (n == 3)
+        accumulate_pv<T, 1, kPaired>(df, orows + 2, prows + 2, v_rows, num_keys, head_dim);
     } else {
-      accumulate_pv<T, 1>(df, orows, prows, v_rows, num_keys, head_dim);
+      accumulate_pv<T, 1, kPaired>(df, orows, prows, v_rows, num_keys, head_dim);
     }
   }
 }
@@ -283,18 +375,22 @@ HWY_INLINE void widen_rows(DF df, const T* const* rows, int32_t num_keys, int32_
   }
 }
 
-template <typename T>
+// kPaired: T is bf16, task.q and task.o are in paired order, the tile is one pass of rows
+// (num_rows <= kRowGroup) and head_dim a multiple of kValueVectors * lanes.
+template <typename T, bool kPaired>
 void attend_tile_typed(const TileTask& task) {
   const DF df;
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   const int32_t head_dim = task.head_dim;
   const int32_t group = task.rows_per_token;
   const int32_t num_tokens = task.num_rows / group;
-  float* s = task.scratch;  // [num_rows][kChunkKeys] logits, then probabilities
-  float* k_buf = s + int64_t{task.num_rows} * kChunkKeys;  // [kChunkKeys][head_dim] widened K
-  float* v_buf = k_buf + int64_t{kChunkKeys} * head_dim;   // [kChunkKeys][head_dim] widened V
-  const float* k_rows_f32[kChunkKeys];                     // [num_keys] -> rows of k_buf
-  const float* v_rows_f32[kChunkKeys];                     // [num_keys] -> rows of v_buf
+  // [num_heads][num_rows][kChunkKeys] logits, then probabilities
+  float* s_all = task.scratch;
+  // [kChunkKeys][head_dim] widened K
+  float* k_buf = s_all + int64_t{task.num_heads} * task.num_rows * kChunkKeys;
+  float* v_buf = k_buf + int64_t{kChunkKeys} * head_dim;  // [kChunkKeys][head_dim] widened V
+  const float* k_rows_f32[kChunkKeys];                    // [num_keys] -> rows of k_buf
+  const float* v_rows_f32[kChunkKeys];                    // [num_keys] -> rows of v_buf
   const T* k_rows[kChunkKeys];        // [num_keys] -> K row [head_dim] in the pool
   const T* v_rows[kChunkKeys];        // [num_keys] -> V row [head_dim] in the pool
   int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
@@ -321,6 +417,8 @@ void attend_tile_typed(const TileTask& task) {
     key_offsets(task, j0, num_keys, key_elem);
     const int32_t next_j0 = j0 + kChunkKeys;
     const int32_t next_num_keys = std::min(kChunkKeys, task.kv_end - next_j0);
+    // K of every head first, then V of every head: a block stores [K, V][head][key], so each is
+    // read in address order, two sequential runs (one per block of the chunk) instead of four.
     for (int32_t hh = 0; hh < task.num_heads; ++hh) {
       // The state of this head's rows.
       const int32_t kv_head = task.kv_head + hh;
@@ -328,12 +426,12 @@ void attend_tile_typed(const TileTask& task) {
       float* o = task.o + int64_t{hh} * task.num_rows * head_dim;        // [num_rows][head_dim]
       float* m = task.m + int64_t{hh} * task.num_rows;                   // [num_rows]
       float* l = task.l + int64_t{hh} * task.num_rows;                   // [num_rows]
+      float* s = s_all + int64_t{hh} * task.num_rows * kChunkKeys;       // [num_rows][kChunkKeys]
       if (task.prefetch) {
         if (hh + 1 < task.num_heads) {
-          prefetch_unit(task, kv_head + 1, key_elem, num_keys);
-        } else if (next_num_keys > 0) {
-          key_offsets(task, next_j0, next_num_keys, next_key_elem);
-          prefetch_unit(task, task.kv_head, next_key_elem, next_num_keys);
+          prefetch_unit(task, kv.k, kv_head + 1, key_elem, num_keys);
+        } else {
+          prefetch_unit(task, kv.v, task.kv_head, key_elem, num_keys);
         }
       }
       gather_rows(task, kv_head, kv.k, key_elem, num_keys, k_rows);
@@ -342,9 +440,9 @@ void attend_tile_typed(const TileTask& task) {
       // than once per row group in registers.
       if (widen_once) {
         widen_rows(df, k_rows, num_keys, head_dim, k_buf, k_rows_f32);
-        logits_for_rows<float>(df, q, k_rows_f32, row_begin, row_end, num_keys, head_dim, s);
+        logits_for_rows<float, false>(df, q, k_rows_f32, row_begin, row_end, num_keys, head_dim, s);
       } else {
-        logits_for_rows<T>(df, q, k_rows, row_begin, row_end, num_keys, head_dim, s);
+        logits_for_rows<T, kPaired>(df, q, k_rows, row_begin, row_end, num_keys, head_dim, s);
       }
 
       // 2. cap, mask, online softmax
@@ -396,27 +494,70 @@ void attend_tile_typed(const TileTask& task) {
           for (; d < head_dim; ++d) o_row[d] *= alpha;
         }
       }
+    }
 
+    for (int32_t hh = 0; hh < task.num_heads; ++hh) {
+      const int32_t kv_head = task.kv_head + hh;
+      float* o = task.o + int64_t{hh} * task.num_rows * head_dim;   // [num_rows][head_dim]
+      float* s = s_all + int64_t{hh} * task.num_rows * kChunkKeys;  // [num_rows][kChunkKeys]
+      if (task.prefetch) {
+        if (hh + 1 < task.num_heads) {
+          prefetch_unit(task, kv.v, kv_head + 1, key_elem, num_keys);
+        } else if (next_num_keys > 0) {
+          key_offsets(task, next_j0, next_num_keys, next_key_elem);
+          prefetch_unit(task, kv.k, task.kv_head, next_key_elem, next_num_keys);
+        }
+      }
       // 3. values
       gather_rows(task, kv_head, kv.v, key_elem, num_keys, v_rows);
       if (widen_once) {
         widen_rows(df, v_rows, num_keys, head_dim, v_buf, v_rows_f32);
-        values_for_rows<float>(df, o, s, v_rows_f32, row_begin, row_end, num_keys, head_dim);
+        values_for_rows<float, false>(df, o, s, v_rows_f32, row_begin, row_end, num_keys, head_dim);
       } else {
-        values_for_rows<T>(df, o, s, v_rows, row_begin, row_end, num_keys, head_dim);
+        values_for_rows<T, kPaired>(df, o, s, v_rows, row_begin, row_end, num_keys, head_dim);
       }
     }
   }
 }
 
+// The bf16 kernel in paired order (load_pair): q and o are reordered into a per-thread buffer on
+// the way in and o back on the way out, a few thousand floats against an item's keys x heads.
+void attend_tile_paired(const TileTask& task) {
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(DF()));
+  const int32_t head_dim = task.head_dim;
+  const int64_t num_vectors = int64_t{task.num_heads} * task.num_rows;  // rows of q and of o
+  // [2][num_vectors][head_dim]: q, then o, in paired order. Only grows.
+  thread_local std::vector<float> buffer;
+  const size_t needed = size_t(2 * num_vectors * head_dim);
+  if (buffer.size() < needed) buffer.resize(needed);
+  float* q = buffer.data();
+  float* o = q + num_vectors * head_dim;
+  for (int64_t i = 0; i < num_vectors; ++i) {
+    to_paired(lanes, head_dim, task.q + i * head_dim, q + i * head_dim);
+    to_paired(lanes, head_dim, task.o + i * head_dim, o + i * head_dim);
+  }
+  TileTask paired = task;
+  paired.q = q;
+  paired.o = o;
+  attend_tile_typed<hwy::bfloat16_t, true>(paired);
+  for (int64_t i = 0; i < num_vectors; ++i) {
+    from_paired(lanes, head_dim, o + i * head_dim, task.o + i * head_dim);
+  }
+}
+
 void attend_tile(const TileTask& task) {
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(DF()));
   switch (task.kv->dtype) {
     case DType::F32:
-      return attend_tile_typed<float>(task);
+      return attend_tile_typed<float, false>(task);
     case DType::BF16:
-      return attend_tile_typed<hwy::bfloat16_t>(task);
+      if (task.pair_bf16 && task.num_rows <= kRowGroup &&
+          task.head_dim % (kValueVectors * lanes) == 0) {
+        return attend_tile_paired(task);
+      }
+      return attend_tile_typed<hwy::bfloat16_t, false>(task);
     case DType::F16:
-      return attend_tile_typed<hwy::float16_t>(task);
+      return attend_tile_typed<hwy::float16_t, false>(task);
   }
 }
 

@@ -30,20 +30,23 @@ struct TileTask {
   int32_t window = 0;        // AttentionParams::window
   float soft_cap = 0.0f;     // AttentionParams::soft_cap
   bool prefetch = true;      // software-prefetch the next (chunk, head) while on this one
+  bool pair_bf16 = true;     // bf16 KV of one-pass tiles widened in paired order (the kernel's
+                             // load_pair); false widens with PromoteTo
   const float* q = nullptr;  // [num_heads][num_rows][head_dim] f32, multiplied by the scale
   // The state, read and updated (requires: initialised, m = -inf, l = 0, o = 0, before the
   // first range of a row):
   float* o = nullptr;  // [num_heads][num_rows][head_dim]
   float* m = nullptr;  // [num_heads][num_rows]
   float* l = nullptr;  // [num_heads][num_rows]
-  // Scratch of at least tile_scratch_floats(num_rows, head_dim) floats, 64-byte aligned; mutated.
+  // Scratch of at least tile_scratch_floats(num_heads, num_rows, head_dim) floats, 64-byte
+  // aligned; mutated.
   float* scratch = nullptr;
 };
 
-inline int64_t tile_scratch_floats(int32_t num_rows, int32_t head_dim) {
-  // Logits / probabilities [num_rows][kChunkKeys], then a chunk's K and V widened to f32
-  // [kChunkKeys][head_dim] each.
-  return int64_t{num_rows} * kChunkKeys + 2 * int64_t{kChunkKeys} * head_dim;
+inline int64_t tile_scratch_floats(int32_t num_heads, int32_t num_rows, int32_t head_dim) {
+  // Logits / probabilities [num_heads][num_rows][kChunkKeys], then a chunk's K and V widened to
+  // f32 [kChunkKeys][head_dim] each.
+  return int64_t{num_heads} * num_rows * kChunkKeys + 2 * int64_t{kChunkKeys} * head_dim;
 }
 
 // Folds keys [kv_begin, kv_end) into the state of every row of the tile, honouring the causal

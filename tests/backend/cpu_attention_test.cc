@@ -180,6 +180,9 @@ void expect_matches_reference(const CaseSpec& spec, std::mt19937_64& rng, bool a
       {"2 threads, automatic", &pool, {}},
       {"2 threads, split", &pool, {split_dist(rng), 16}},
       {"1 thread, split, 5-row tiles", nullptr, {split_dist(rng), 5}},
+      // One-token tiles take bf16's paired path wherever the group fits one pass; this run
+      // checks the PromoteTo path on the same tiles.
+      {"1 thread, 1-token tiles, bf16 not paired", nullptr, {0, 1, true, false}},
   };
   testing::TensorDiff worst;
   for (const Run& run : runs) {
