@@ -221,7 +221,7 @@ class CudaModelRunner {
   const NcclLibrary* nccl_ = nullptr;  // null: not split
   ncclComm_t comm_ = nullptr;
   std::function<bool(bool)> gate_;
-  bool capturing_ = false;  // enqueue_step is being captured into a graph
+  bool capturing_ = false;                     // enqueue_step is being captured into a graph
   std::shared_ptr<const PeerAllReduce> peer_;  // null: NCCL for every all-reduce
   int32_t rank_ = 0;
   std::shared_ptr<const void> comm_keep_alive_;
