@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <iterator>
@@ -45,6 +46,12 @@ PythonReference run_python_reference(const std::string& name, const std::string&
     }
     key_text += input;
   }
+  // and the day: references may render the date (strftime_now in chat templates), so a cached
+  // output is yesterday's rendering after midnight (this failed CI at 00:15 UTC)
+  const std::time_t now = std::time(nullptr);
+  std::tm day{};
+  localtime_r(&now, &day);
+  key_text += fmt::format("{}-{}-{}", day.tm_year + 1900, day.tm_mon + 1, day.tm_mday);
   const size_t key = std::hash<std::string>{}(key_text);
   const fs::path cached = fs::temp_directory_path() / fmt::format("kvp_{}_{:x}.json", name, key);
   if (fs::exists(cached)) {
