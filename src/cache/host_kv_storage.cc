@@ -9,13 +9,20 @@
 
 namespace kvp {
 
-void HostKvStorage::FreeAligned::operator()(std::byte* p) const { std::free(p); }
+void HostKvStorage::FreeSlab::operator()(std::byte* p) const {
+  if (allocator.release != nullptr) {
+    allocator.release(p, allocator.context);
+  } else {
+    std::free(p);
+  }
+}
 
 HostKvStorage::HostKvStorage(CacheSpec spec, std::vector<KvLayout> layouts, std::vector<Slab> slabs)
     : spec_(std::move(spec)), layouts_(std::move(layouts)), slabs_(std::move(slabs)) {}
 
 Result<HostKvStorage> HostKvStorage::create(const CacheSpec& spec,
-                                            std::span<const int32_t> num_blocks, Init init) {
+                                            std::span<const int32_t> num_blocks, Init init,
+                                            const SlabAllocator* allocator) {
   if (static_cast<int64_t>(num_blocks.size()) != spec.num_groups()) {
     return Status::invalid_argument("host KV storage: {} block counts for {} cache groups",
                                     num_blocks.size(), spec.num_groups());
@@ -36,19 +43,28 @@ Result<HostKvStorage> HostKvStorage::create(const CacheSpec& spec,
           num_blocks[g], spec.block_bytes(g), kMaxSlabBytes);
     }
     const KvLayout layout = spec.group_layout(g, num_blocks[g]);
-    // aligned_alloc wants a multiple of the alignment; never zero bytes.
     const size_t bytes = layout.size_bytes();
-    const size_t alignment = bytes >= kHugePageBytes ? kHugePageBytes : kAlignment;
-    const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-    void* p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+    void* p = nullptr;
+    FreeSlab deleter;
+    if (allocator != nullptr) {
+      p = allocator->allocate(bytes == 0 ? kAlignment : bytes, allocator->context);
+      deleter.allocator = *allocator;
+    } else {
+      // aligned_alloc wants a multiple of the alignment; never zero bytes.
+      const size_t alignment = bytes >= kHugePageBytes ? kHugePageBytes : kAlignment;
+      const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+      p = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
+      if (p != nullptr && alignment == kHugePageBytes) {
+        madvise(p, rounded, MADV_HUGEPAGE);  // advice; may be off
+      }
+    }
     if (p == nullptr) {
       return Status::resource_exhausted("host KV storage: group {}: cannot allocate {} bytes", g,
                                         bytes);
     }
-    if (alignment == kHugePageBytes) madvise(p, rounded, MADV_HUGEPAGE);  // advice; may be off
     if (init == Init::kZeroed) std::memset(p, 0, bytes);
     layouts.push_back(layout);
-    slabs.emplace_back(static_cast<std::byte*>(p));
+    slabs.emplace_back(static_cast<std::byte*>(p), deleter);
   }
   return HostKvStorage(spec, std::move(layouts), std::move(slabs));
 }

@@ -48,11 +48,22 @@ class HostKvStorage {
 
   enum class Init { kZeroed, kUninitialized };  // kUninitialized: the caller writes every byte
 
+  // Where slabs come from when not from aligned_alloc: a backend may hand out memory its device
+  // copies into directly (pinned; ForwardBackend::host_slab_allocator). allocate returns null
+  // when it cannot; memory it returns is at least kAlignment-aligned.
+  struct SlabAllocator {
+    void* (*allocate)(size_t bytes, void* context) = nullptr;
+    void (*release)(void* ptr, void* context) = nullptr;
+    void* context = nullptr;
+  };
+
   // Allocates one slab per group of `spec` (zeroed unless told); group g holds num_blocks[g]
   // blocks. InvalidArgument if num_blocks has the wrong length or a negative count;
   // ResourceExhausted if a slab would exceed kMaxSlabBytes or the memory cannot be had.
+  // allocator: null for aligned host memory (huge pages advised for large slabs).
   static Result<HostKvStorage> create(const CacheSpec& spec, std::span<const int32_t> num_blocks,
-                                      Init init = Init::kZeroed);
+                                      Init init = Init::kZeroed,
+                                      const SlabAllocator* allocator = nullptr);
 
   HostKvStorage(HostKvStorage&&) noexcept = default;
   HostKvStorage& operator=(HostKvStorage&&) noexcept = default;
@@ -96,10 +107,11 @@ class HostKvStorage {
   size_t dense_bytes(int64_t num_tokens) const;
 
  private:
-  struct FreeAligned {
+  struct FreeSlab {
+    SlabAllocator allocator;  // release == null: std::free
     void operator()(std::byte* p) const;
   };
-  using Slab = std::unique_ptr<std::byte[], FreeAligned>;
+  using Slab = std::unique_ptr<std::byte[], FreeSlab>;
 
   HostKvStorage(CacheSpec spec, std::vector<KvLayout> layouts, std::vector<Slab> slabs);
   std::byte* head_block_ptr(int32_t group, int32_t layer_in_group, BlockId block, int32_t kv,

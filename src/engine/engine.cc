@@ -191,6 +191,14 @@ Status Engine::allocate_pool() {
         fmt::format("engine: a KV pool of {} blocks of {} tokens on {}: {}", config_.num_blocks,
                     config_.block_size, backend_->device_name(), allocated.message()));
   }
+  if (config_.host_tier_bytes > 0) {
+    auto tier =
+        HostTier::create(cache_spec_, config_.host_tier_bytes, backend_->host_slab_allocator());
+    if (!tier.is_ok()) {
+      return Status(tier.status().code(), fmt::format("engine: {}", tier.status().message()));
+    }
+    host_tier_ = std::move(tier).value();
+  }
   return Status::ok();
 }
 

@@ -41,6 +41,7 @@
 #include "cache/kv_cache_manager.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "engine/host_tier.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "model/forward_backend.h"
@@ -242,12 +243,12 @@ class Engine {
                  std::vector<LogitRowSummary>* summaries = nullptr);
 
   // session tiers (engine_tiers.cc)
-  // The session's KV copied out of the pool's blocks of sequence seq_id (which stays), through
-  // the backend's block images. nullptr if the host memory cannot be had or the backend
-  // cannot read the blocks.
-  std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens) const;
-  // The first `bytes` of a reused buffer for block images. Throws std::bad_alloc.
-  std::span<std::byte> tier_image(size_t bytes) const;
+  // The bytes of sequence seq_id's live blocks (what a host copy of it holds).
+  uint64_t live_bytes(SeqId seq_id) const;
+  // The session's KV copied out of the pool's blocks of sequence seq_id (which stays) into
+  // blocks of `tier` (null: a storage of the copy's own) by the backend's transfers, waited
+  // for. nullptr if the memory cannot be had or the backend cannot copy the blocks.
+  std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier);
   // A cache file, validated whole (and its token ids against the vocabulary), as a host copy;
   // *tokens (if not null) receives its token ids. Errors name the file and the reason.
   Result<std::unique_ptr<HostKv>> read_file(const std::filesystem::path& path,
@@ -255,8 +256,7 @@ class Engine {
   // Fills an empty resident sequence with kv (the prefix cache first, so shared blocks stay
   // shared; then fresh blocks that receive the copy). false (the sequence empty again) when
   // the pool lacks blocks. Returns the tokens taken from the prefix cache in *num_shared.
-  bool copy_in(SeqId seq_id, std::span<const int32_t> tokens, const HostKv& kv,
-               int32_t* num_shared);
+  bool copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, int32_t* num_shared);
   // Restores an idle or waiting session's KV from host or disk into sequence seq (resident,
   // empty). kNoRoom: pool short (seq empty again); kFailed: the file was unreadable (KV dropped).
   Restore restore_session(SessionState& session, Sequence& seq);
@@ -286,6 +286,7 @@ class Engine {
   ModelFingerprint fingerprint_;
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
+  std::unique_ptr<HostTier> host_tier_;  // when config_.host_tier_bytes > 0; outlives sessions_
   std::map<std::string, std::unique_ptr<SessionState>> sessions_;
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;                  // admission order, oldest first
@@ -299,8 +300,7 @@ class Engine {
   // Samples a step's rows, and copies blocks of sessions moving between tiers; null: the
   // calling thread does both.
   std::unique_ptr<ThreadPool> sampler_pool_;
-  mutable std::vector<std::byte> tier_image_;  // block images of tier moves (tier_image())
-  std::vector<float> step_logits_;             // step()'s logits rows, reused across steps
+  std::vector<float> step_logits_;  // step()'s logits rows, reused across steps
   std::vector<LogitRowSummary> step_summaries_;
 };
 

@@ -49,16 +49,30 @@ struct Engine::RequestState {
   std::unordered_map<SeqId, StopText> stop_text;
 };
 
-// A session's KV out of the pool, block for block: group g's live blocks i of the sequence are
-// blocks tables[g][i] of storage (densely numbered); entries behind a window are kNoBlock.
+// A session's KV out of the pool, block for block: group g's live block i of the sequence is
+// block tables[g][i] of storage(); entries behind a window are kNoBlock. The blocks are the host
+// tier's (tier != null: given back when the copy goes) or those of a storage of its own (a cache
+// file read, a copy on its way to a file), densely numbered.
 struct Engine::HostKv {
   static constexpr BlockId kNoBlock{-1};
-  explicit HostKv(HostKvStorage kv_storage) : storage(std::move(kv_storage)) {}
-  HostKvStorage storage;
-  std::vector<std::vector<BlockId>> tables;  // [num_groups][ceil(num_tokens / block_size)]
+  explicit HostKv(HostKvStorage storage) : own(std::move(storage)) {}
+  HostKv(HostTier* host_tier, std::vector<std::vector<BlockId>> blocks)
+      : tier(host_tier), tier_blocks(std::move(blocks)) {}
+  HostKv(const HostKv&) = delete;
+  HostKv& operator=(const HostKv&) = delete;
+  ~HostKv() {
+    if (tier != nullptr) tier->release(tier_blocks);
+  }
+  HostKvStorage& storage() { return tier != nullptr ? tier->storage() : *own; }
+  const HostKvStorage& storage() const { return tier != nullptr ? tier->storage() : *own; }
+
+  HostTier* tier = nullptr;
+  std::vector<std::vector<BlockId>> tier_blocks;  // [num_groups] of tier's blocks
+  std::optional<HostKvStorage> own;               // when tier is null
+  std::vector<std::vector<BlockId>> tables;       // [num_groups][ceil(num_tokens / block_size)]
   int32_t num_tokens = 0;
   int32_t window_valid_from = 0;  // see Sequence::window_valid_from
-  uint64_t size_bytes = 0;        // of storage's slabs
+  uint64_t size_bytes = 0;        // of its blocks
 };
 
 // An idle session's KV is in exactly one tier (tier()); a busy one's KV is in its request's

@@ -6,12 +6,13 @@
 //     │                    (disk tier off or full) ───────────────────────────▶  next turn)
 //     ◀──────────── restore_session: on the session's next admission ─────────┘ (host or disk)
 //
-// A host copy holds the session's live blocks block for block (same KvLayout as the pool, fewer
-// blocks); moving out and in is one block image per cache group through the backend
-// (ForwardBackend::read_blocks / write_blocks) and one memcpy per block and layer between the
-// image and the host copy; a cache file re-blocks (docs/cache-files.md), so files are the same
-// whichever backend wrote them. Coming back, the session first takes what the prefix cache holds of
-// its tokens (a shared system prompt stays one set of blocks) and copies in only the rest.
+// A host copy holds the session's live blocks block for block (same KvLayout as the pool): in
+// the host tier's slabs (engine/host_tier.h; pinned on CUDA) or, for a copy on its way to a file,
+// in a storage of its own. Moving out and in is ForwardBackend::start_transfers: on CUDA one DMA
+// per run of consecutive blocks on a copy stream, on the CPU one memcpy per block and layer. A
+// cache file re-blocks (docs/cache-files.md), so files are the same whichever backend wrote
+// them. Coming back, the session first takes what the prefix cache holds of its tokens (a shared
+// system prompt stays one set of blocks) and copies in only the rest.
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,83 +24,56 @@
 
 namespace kvp {
 
-namespace {
-
-// A block image (model/forward_backend.h: per block, per layer, one block_pitch run) of
-// `num_blocks` blocks <-> blocks first .. first + num_blocks - 1 of a host slab of the same
-// layout but fewer blocks ([layer][block][K|V]...).
-// Blocks are copied in parallel on `pool` (may be null): a session of a large model is hundreds
-// of MB, which one thread copies at a fraction of the memory bandwidth.
-void image_to_host(const KvLayout& host, std::span<const std::byte> image, std::byte* slab,
-                   int32_t first, int32_t num_blocks, ThreadPool* pool) {
-  const size_t elem_bytes = dtype_size_bytes(host.dtype);
-  const size_t run_bytes = static_cast<size_t>(host.block_pitch()) * elem_bytes;
-  parallel_for(num_blocks > 1 ? pool : nullptr, num_blocks, [&](int64_t i, int) {
-    const std::byte* in = image.data() + size_t(i) * host.num_layers * run_bytes;
-    const auto b = static_cast<int32_t>(first + i);
-    for (int32_t layer = 0; layer < host.num_layers; ++layer) {
-      std::memcpy(slab + host.block_offset(layer, b, 0) * elem_bytes, in, run_bytes);
-      in += run_bytes;
-    }
-  });
+uint64_t Engine::live_bytes(SeqId seq_id) const {
+  uint64_t bytes = 0;
+  for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+    const BlockTable& table = cache_->table(seq_id, g);
+    bytes += uint64_t(table.num_blocks() - table.num_dropped_blocks()) * cache_spec_.block_bytes(g);
+  }
+  return bytes;
 }
 
-void host_to_image(const KvLayout& host, const std::byte* slab, std::span<const BlockId> blocks,
-                   std::span<std::byte> image, ThreadPool* pool) {
-  const size_t elem_bytes = dtype_size_bytes(host.dtype);
-  const size_t run_bytes = static_cast<size_t>(host.block_pitch()) * elem_bytes;
-  const auto num_blocks = static_cast<int64_t>(blocks.size());
-  parallel_for(num_blocks > 1 ? pool : nullptr, num_blocks, [&](int64_t i, int) {
-    std::byte* out = image.data() + size_t(i) * host.num_layers * run_bytes;
-    for (int32_t layer = 0; layer < host.num_layers; ++layer) {
-      std::memcpy(out, slab + host.block_offset(layer, blocks[i].value, 0) * elem_bytes, run_bytes);
-      out += run_bytes;
-    }
-  });
-}
-
-}  // namespace
-
-std::span<std::byte> Engine::tier_image(size_t bytes) const {
-  // grown, never shrunk or refilled: its pages stay mapped from one move to the next
-  if (tier_image_.size() < bytes) tier_image_.resize(bytes);
-  return {tier_image_.data(), bytes};
-}
-
-std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens) const {
+std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier) {
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> num_blocks(num_groups);  // [num_groups] live blocks
   for (int32_t g = 0; g < num_groups; ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
     num_blocks[g] = table.num_blocks() - table.num_dropped_blocks();
   }
-  // every byte is written below: each live block's image fills its host block
-  auto storage =
-      HostKvStorage::create(cache_spec_, num_blocks, HostKvStorage::Init::kUninitialized);
-  if (!storage.is_ok()) return nullptr;
-  auto kv = std::make_unique<HostKv>(std::move(storage).value());
+  std::unique_ptr<HostKv> kv;
+  if (tier != nullptr) {
+    auto blocks = tier->allocate(num_blocks);
+    if (!blocks) return nullptr;
+    kv = std::make_unique<HostKv>(tier, std::move(*blocks));
+  } else {
+    // every byte is written below: each live block fills its host block
+    auto storage =
+        HostKvStorage::create(cache_spec_, num_blocks, HostKvStorage::Init::kUninitialized);
+    if (!storage.is_ok()) return nullptr;
+    kv = std::make_unique<HostKv>(std::move(storage).value());
+  }
   kv->num_tokens = num_tokens;
+  uint64_t ticket = 0;
   for (int32_t g = 0; g < num_groups; ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
-    const KvLayout& host = kv->storage.layout(g);
-    const std::span<const BlockId> live = table.blocks().subspan(table.num_dropped_blocks());
     std::vector<BlockId> host_table(table.num_blocks(), HostKv::kNoBlock);
+    std::vector<BlockTransfer> ops;
     for (int32_t i = table.num_dropped_blocks(); i < table.num_blocks(); ++i) {
-      host_table[i] = BlockId{i - table.num_dropped_blocks()};
+      const int32_t k = i - table.num_dropped_blocks();
+      host_table[i] = tier != nullptr ? kv->tier_blocks[g][k] : BlockId{k};
+      ops.push_back({Pool::Device, table.blocks()[i], Pool::Host, host_table[i], g});
     }
-    // the live blocks as one image from the backend, then block for block into the host slab
-    std::span<std::byte> image;
-    try {
-      image = tier_image(live.size() * host.block_size_bytes());
-    } catch (const std::bad_alloc&) {
+    auto started = backend_->start_transfers(g, ops, kv->storage());
+    if (!started.is_ok()) {
+      // earlier groups' copies may still run into kv's blocks: wait before they are freed
+      (void)backend_->wait_transfers(ticket);
       return nullptr;
     }
-    if (!backend_->read_blocks(g, live, image).is_ok()) return nullptr;
-    image_to_host(host, image, kv->storage.slab(g).data(), 0, static_cast<int32_t>(live.size()),
-                  sampler_pool_.get());
+    ticket = *started;
     kv->tables.push_back(std::move(host_table));
-    kv->size_bytes += host.size_bytes();
+    kv->size_bytes += uint64_t(num_blocks[g]) * cache_spec_.block_bytes(g);
   }
+  if (!backend_->wait_transfers(ticket).is_ok()) return nullptr;
   return kv;
 }
 
@@ -135,21 +109,21 @@ Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem:
     std::vector<BlockId> table(num_entries, HostKv::kNoBlock);
     for (int32_t i = first; i < num_entries; ++i) table[i] = BlockId{i - first};
     kv->tables.push_back(std::move(table));
-    kv->size_bytes += kv->storage.layout(g).size_bytes();
+    kv->size_bytes += kv->storage().layout(g).size_bytes();
     // a window group keeps the last W tokens: the block they start in is valid only in part
     const int64_t begin = file->group_token_begin(g);
     if (begin % block_size != 0) {
       kv->window_valid_from = std::max(kv->window_valid_from, static_cast<int32_t>(begin));
     }
   }
-  Status tables_ok = file->check_tables(kv->storage, kv->tables);
+  Status tables_ok = file->check_tables(kv->storage(), kv->tables);
   KVP_CHECK(tables_ok.is_ok(), "{}", tables_ok.to_string());
-  file->scatter_into(kv->storage, kv->tables);
+  file->scatter_into(kv->storage(), kv->tables);
   if (tokens != nullptr) tokens->assign(file->token_ids().begin(), file->token_ids().end());
   return kv;
 }
 
-bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, const HostKv& kv,
+bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv,
                      int32_t* num_shared) {
   flush_copies();  // a block freed this step may be the source of a pending copy
   const int32_t num_tokens = kv.num_tokens;
@@ -175,33 +149,32 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, const HostKv
     done += step;
   }
   KVP_CHECK(copies.empty(), "fresh blocks needed {} copies", copies.size());
-  std::vector<BlockId> host_blocks, pool_blocks;
+  uint64_t ticket = 0;
   for (int32_t g = 0; g < cache_->num_groups(); ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
     const int32_t first = std::max(table.num_dropped_blocks(), num_matched / config_.block_size);
-    host_blocks.clear();
-    pool_blocks.clear();
+    std::vector<BlockTransfer> ops;
     for (int32_t i = first; i < table.num_blocks(); ++i) {
       KVP_CHECK(kv.tables[g][i] != HostKv::kNoBlock, "group {} entry {}: the host copy lacks it", g,
                 i);
-      host_blocks.push_back(kv.tables[g][i]);
-      pool_blocks.push_back(table.blocks()[i]);
+      ops.push_back({Pool::Host, kv.tables[g][i], Pool::Device, table.blocks()[i], g});
     }
-    const KvLayout& host = kv.storage.layout(g);
-    const std::span<std::byte> image = tier_image(host_blocks.size() * host.block_size_bytes());
-    host_to_image(host, kv.storage.slab(g).data(), host_blocks, image, sampler_pool_.get());
     // fresh blocks of this engine's own table: a refusal is a broken backend or a bug
-    const Status written = backend_->write_blocks(g, pool_blocks, image);
-    KVP_CHECK(written.is_ok(), "the {} backend refused a session's blocks: {}",
-              backend_->device_name(), written.to_string());
+    auto started = backend_->start_transfers(g, ops, kv.storage());
+    KVP_CHECK(started.is_ok(), "the {} backend refused a session's blocks: {}",
+              backend_->device_name(), started.status().to_string());
+    ticket = *started;
   }
+  const Status copied = backend_->wait_transfers(ticket);
+  KVP_CHECK(copied.is_ok(), "the {} backend failed to copy a session's blocks: {}",
+            backend_->device_name(), copied.to_string());
   *num_shared = num_matched;
   return true;
 }
 
 Engine::Restore Engine::restore_session(SessionState& session, Sequence& s) {
   std::unique_ptr<HostKv> from_file;
-  const HostKv* kv = session.host.get();
+  HostKv* kv = session.host.get();
   if (kv == nullptr) {
     std::vector<int32_t> file_tokens;
     auto read = read_file(session.file, &file_tokens);
@@ -241,21 +214,27 @@ void Engine::move_down(SessionState& session) {
   const SeqId seq_id = *session.resident;
   const int32_t num_tokens = session.num_computed;
   std::unique_ptr<HostKv> kv;
+  if (num_tokens > 0 && host_tier_ && make_host_room(live_bytes(seq_id), &session)) {
+    kv = copy_out(seq_id, num_tokens, host_tier_.get());
+    if (kv) {
+      kv->window_valid_from = session.window_valid_from;
+      cache_->free_sequence(seq_id);
+      session.resident.reset();
+      stats_.host_tier_bytes_used += kv->size_bytes;
+      session.host = std::move(kv);
+      ++session.num_moves_to_host;
+      ++stats_.num_session_moves_to_host;
+      return;
+    }
+  }
   const bool disk_fits =
       !config_.disk_dir.empty() && file_size_bytes(num_tokens) <= config_.disk_tier_bytes;
-  if (num_tokens > 0 && (config_.host_tier_bytes > 0 || disk_fits)) {
-    kv = copy_out(seq_id, num_tokens);
+  if (num_tokens > 0 && disk_fits) {
+    kv = copy_out(seq_id, num_tokens, nullptr);
     if (kv) kv->window_valid_from = session.window_valid_from;
   }
   cache_->free_sequence(seq_id);
   session.resident.reset();
-  if (kv && make_host_room(kv->size_bytes, &session)) {
-    stats_.host_tier_bytes_used += kv->size_bytes;
-    session.host = std::move(kv);
-    ++session.num_moves_to_host;
-    ++stats_.num_session_moves_to_host;
-    return;
-  }
   if (kv) {
     move_to_disk(session, std::move(kv));
     return;
@@ -273,7 +252,7 @@ void Engine::move_to_disk(SessionState& session, std::unique_ptr<HostKv> kv) {
     std::error_code ec;
     std::filesystem::create_directories(config_.disk_dir, ec);
     const std::filesystem::path path = spill_path(session);
-    Status st = write_cache_file(path, fingerprint_, kv->storage,
+    Status st = write_cache_file(path, fingerprint_, kv->storage(),
                                  std::span(session.tokens).first(kv->num_tokens), kv->tables);
     if (st.is_ok()) {
       const uintmax_t written = std::filesystem::file_size(path, ec);
@@ -454,7 +433,7 @@ Status Engine::save_session(const std::string& name, const std::filesystem::path
   std::unique_ptr<HostKv> copy;
   const HostKv* kv = session.host.get();
   if (session.resident) {
-    copy = copy_out(*session.resident, session.num_computed);
+    copy = copy_out(*session.resident, session.num_computed, nullptr);
     if (!copy) {
       return Status::resource_exhausted("save session '{}': no host memory for its KV", name);
     }
@@ -469,7 +448,7 @@ Status Engine::save_session(const std::string& name, const std::filesystem::path
     kv = copy.get();
   }
   KVP_CHECK(kv != nullptr, "session '{}' has complete KV in no tier", name);
-  Status st = write_cache_file(path, fingerprint_, kv->storage,
+  Status st = write_cache_file(path, fingerprint_, kv->storage(),
                                std::span(session.tokens).first(kv->num_tokens), kv->tables);
   if (!st.is_ok()) {
     return Status(st.code(), fmt::format("save session '{}': {}", name, st.message()));

@@ -168,4 +168,31 @@ Status CpuForwardBackend::write_blocks(int32_t group, std::span<const BlockId> b
   return Status::ok();
 }
 
+Result<uint64_t> CpuForwardBackend::start_transfers(int32_t group,
+                                                    std::span<const BlockTransfer> ops,
+                                                    HostKvStorage& host) {
+  if (slabs_.empty()) return Status::invalid_argument("cpu backend: transfers before allocate_kv");
+  bool to_host = true;
+  KVP_RETURN_IF_ERROR(check_transfers(group, ops, host, &to_host));
+  HostKvSlab& pool = slabs_[group];
+  const KvLayout& slab = host.layout(group);
+  const size_t elem_bytes = dtype_size_bytes(slab.dtype);
+  const size_t run_bytes = static_cast<size_t>(slab.block_pitch()) * elem_bytes;
+  std::byte* host_base = host.slab(group).data();
+  for (const BlockTransfer& op : ops) {
+    for (int32_t layer = 0; layer < slab.num_layers; ++layer) {
+      std::byte* src =
+          (op.src_pool == Pool::Device ? pool.bytes.data() : host_base) +
+          (op.src_pool == Pool::Device ? pool.layout : slab).block_offset(layer, op.src.value, 0) *
+              elem_bytes;
+      std::byte* dst =
+          (op.dst_pool == Pool::Device ? pool.bytes.data() : host_base) +
+          (op.dst_pool == Pool::Device ? pool.layout : slab).block_offset(layer, op.dst.value, 0) *
+              elem_bytes;
+      std::memcpy(dst, src, run_bytes);
+    }
+  }
+  return ++last_ticket_;
+}
+
 }  // namespace kvp

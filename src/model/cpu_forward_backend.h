@@ -56,6 +56,9 @@ class CpuForwardBackend final : public ForwardBackend {
                      std::span<std::byte> image) const override;
   Status write_blocks(int32_t group, std::span<const BlockId> blocks,
                       std::span<const std::byte> image) override;
+  // Block for block and layer for layer between the pool and the host slab, at once (no image).
+  Result<uint64_t> start_transfers(int32_t group, std::span<const BlockTransfer> ops,
+                                   HostKvStorage& host) override;
 
   ModelRunner& runner() { return *runner_; }
 

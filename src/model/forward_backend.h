@@ -12,6 +12,12 @@
 //   [num_layers of the group][2 (K, V)][num_kv_heads][block_size][head_dim] of the pool's dtype
 // i.e. for each layer the run of layout.block_pitch() elements that starts at
 // layout.block_offset(layer, block, 0) (cache/kv_layout.h), layers back to back.
+//
+// Session tier transfers (start_transfers): whole blocks between the pool and a host slab of
+// the same layout (HostKvStorage; the engine's host tier allocates it through
+// host_slab_allocator, so a CUDA backend's copy engine reads and writes it directly, one DMA per
+// run of consecutive blocks on a copy stream of its own). The base implementation copies at once
+// through a block image (read_blocks / write_blocks).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "cache/block_ops.h"
+#include "cache/host_kv_storage.h"
 #include "cache/kv_layout.h"
 #include "common/dtype.h"
 #include "common/ids.h"
@@ -97,6 +104,32 @@ class ForwardBackend {
                              std::span<std::byte> image) const = 0;
   virtual Status write_blocks(int32_t group, std::span<const BlockId> blocks,
                               std::span<const std::byte> image) = 0;
+
+  // Where host tier slabs come from: null for plain host memory; a CUDA backend hands out
+  // pinned memory its copy engine moves to and from directly.
+  virtual const HostKvStorage::SlabAllocator* host_slab_allocator() const { return nullptr; }
+
+  // Copies whole blocks of one group between the pool (Pool::Device) and `host` (Pool::Host),
+  // all ops the same way. Returns a ticket (> 0, increasing); the copies may still run when it
+  // returns, after everything queued before them (a forward pass writing a source block):
+  // until transfers_done(ticket), sources must not be written, nor destinations used, and
+  // `host` must live. invalid_argument (nothing copied) for mixed directions, ids outside
+  // either pool, or a host slab of another layout.
+  virtual Result<uint64_t> start_transfers(int32_t group, std::span<const BlockTransfer> ops,
+                                           HostKvStorage& host);
+  // Whether every transfer up to `ticket` has completed (never blocks); an error of the copies.
+  virtual Result<bool> transfers_done(uint64_t ticket);
+  // Blocks until every transfer up to `ticket` has completed.
+  virtual Status wait_transfers(uint64_t ticket);
+
+ protected:
+  // Checks ops for start_transfers; *to_host receives their direction.
+  Status check_transfers(int32_t group, std::span<const BlockTransfer> ops,
+                         const HostKvStorage& host, bool* to_host) const;
+  uint64_t last_ticket_ = 0;  // of start_transfers
+
+ private:
+  std::vector<std::byte> transfer_image_;  // the base implementation's block image, reused
 };
 
 }  // namespace kvp

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <random>
 
+#include "cache/cache_spec.h"
+#include "cache/host_kv_storage.h"
 #include "model/model_loader.h"
 
 namespace kvp {
@@ -111,6 +113,108 @@ TEST_P(CpuForwardBackendTest, CopyBlocksCopiesEveryLayerOfTheSourceBlock) {
   EXPECT_EQ(0, std::memcmp(all.data() + 6 * block_bytes, image.data(), block_bytes));
   EXPECT_EQ(0, std::memcmp(all.data() + 0 * block_bytes, image.data() + block_bytes, block_bytes));
   EXPECT_EQ(0, std::memcmp(all.data() + 1 * block_bytes, image.data(), block_bytes));
+}
+
+// The cache spec of a backend's model with the pool's dtype and block size (as the engine makes
+// it), for host slabs of transfers.
+CacheSpec spec_of(const ForwardBackend& backend, DType dtype, int32_t block_size) {
+  const ModelSpec& m = backend.spec();
+  std::vector<LayerAttention> attention;
+  for (int32_t l = 0; l < m.num_layers; ++l) {
+    attention.push_back(m.layer_is_sliding[l] ? LayerAttention::sliding(m.sliding_window)
+                                              : LayerAttention::global());
+  }
+  return CacheSpec::create("test", m.num_layers, m.num_kv_heads, m.head_dim, dtype, block_size,
+                           std::move(attention))
+      .value();
+}
+
+// Tier transfers: the host slab (addressed here through KvLayout, not the backend) holds each
+// block's per-layer runs as read_blocks' image has them, whether the CPU backend's own transfers
+// or the base implementation (through images) move them; moving back into other pool blocks
+// reproduces the image, and the pool's other blocks stay untouched.
+TEST_P(CpuForwardBackendTest, TierTransfersMoveBlocksBetweenThePoolAndAHostSlab) {
+  CpuForwardBackend backend(load_tiny("gemma3"));  // two cache groups
+  ASSERT_TRUE(backend.allocate_kv(layouts_of(backend, 8, 4, GetParam())).is_ok());
+  const CacheSpec spec = spec_of(backend, GetParam(), 4);
+  for (const bool base : {false, true}) {
+    auto mine = HostKvStorage::create(spec, std::vector<int32_t>(spec.num_groups(), 5));
+    ASSERT_TRUE(mine.is_ok());
+    HostKvStorage host = std::move(mine).value();
+    for (int32_t g = 0; g < backend.num_cache_groups(); ++g) {
+      const KvLayout& layout = backend.kv_layout(g);
+      const KvLayout& slab = host.layout(g);
+      const size_t block_bytes = layout.block_size_bytes();
+      const size_t run_bytes = size_t(layout.block_pitch()) * dtype_size_bytes(layout.dtype);
+      const std::vector<BlockId> filled = {BlockId{5}, BlockId{6}, BlockId{2}};
+      ASSERT_TRUE(backend.write_blocks(g, filled, random_bytes(3 * block_bytes, 40 + g)).is_ok());
+      const std::vector<std::byte> before = read_all(backend, g);
+      const std::vector<BlockTransfer> out = {
+          {Pool::Device, BlockId{5}, Pool::Host, BlockId{0}, g},
+          {Pool::Device, BlockId{6}, Pool::Host, BlockId{1}, g},
+          {Pool::Device, BlockId{2}, Pool::Host, BlockId{3}, g}};
+      auto ticket = base ? backend.ForwardBackend::start_transfers(g, out, host)
+                         : backend.start_transfers(g, out, host);
+      ASSERT_TRUE(ticket.is_ok()) << ticket.status().to_string();
+      ASSERT_TRUE(backend.wait_transfers(*ticket).is_ok());
+      for (const BlockTransfer& op : out) {
+        for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
+          const std::byte* in_slab =
+              host.slab(g).data() +
+              slab.block_offset(layer, op.dst.value, 0) * dtype_size_bytes(slab.dtype);
+          const std::byte* in_image =
+              before.data() + op.src.value * block_bytes + layer * run_bytes;
+          EXPECT_EQ(0, std::memcmp(in_slab, in_image, run_bytes))
+              << "base " << base << " group " << g << " block " << op.src.value << " layer "
+              << layer;
+        }
+      }
+      // back into blocks 0, 1, 7 (host 0, 1, 3: one run of two, then one)
+      const std::vector<BlockTransfer> in = {{Pool::Host, BlockId{0}, Pool::Device, BlockId{0}, g},
+                                             {Pool::Host, BlockId{1}, Pool::Device, BlockId{1}, g},
+                                             {Pool::Host, BlockId{3}, Pool::Device, BlockId{7}, g}};
+      ticket = base ? backend.ForwardBackend::start_transfers(g, in, host)
+                    : backend.start_transfers(g, in, host);
+      ASSERT_TRUE(ticket.is_ok()) << ticket.status().to_string();
+      ASSERT_TRUE(backend.wait_transfers(*ticket).is_ok());
+      const std::vector<std::byte> after = read_all(backend, g);
+      const int32_t moved[3][2] = {{5, 0}, {6, 1}, {2, 7}};  // {source, destination}
+      for (const auto& m : moved) {
+        EXPECT_EQ(0, std::memcmp(after.data() + m[1] * block_bytes,
+                                 before.data() + m[0] * block_bytes, block_bytes))
+            << "base " << base << " group " << g << " block " << m[0] << " -> " << m[1];
+      }
+      for (int32_t b : {2, 3, 4, 5, 6}) {
+        EXPECT_EQ(0, std::memcmp(after.data() + b * block_bytes, before.data() + b * block_bytes,
+                                 block_bytes))
+            << "group " << g << " block " << b << " changed";
+      }
+    }
+  }
+}
+
+TEST(CpuForwardBackend, BadTierTransfersAreRefusedWithNothingCopied) {
+  CpuForwardBackend backend(load_tiny("llama"));
+  ASSERT_TRUE(backend.allocate_kv(layouts_of(backend, 8, 4, DType::F32)).is_ok());
+  HostKvStorage host =
+      HostKvStorage::create(spec_of(backend, DType::F32, 4), std::vector<int32_t>{2}).value();
+  const std::vector<std::byte> zeros(host.slab(0).size());
+  auto refused = [&](std::vector<BlockTransfer> ops, int32_t group = 0) {
+    auto ticket = backend.start_transfers(group, ops, host);
+    return !ticket.is_ok() && ticket.status().code() == StatusCode::kInvalidArgument;
+  };
+  EXPECT_TRUE(refused({{Pool::Device, BlockId{8}, Pool::Host, BlockId{0}, 0}}));  // pool id
+  EXPECT_TRUE(refused({{Pool::Device, BlockId{0}, Pool::Host, BlockId{2}, 0}}));  // host id
+  EXPECT_TRUE(refused({{Pool::Device, BlockId{0}, Pool::Host, BlockId{0}, 0},
+                       {Pool::Host, BlockId{1}, Pool::Device, BlockId{1}, 0}}));  // directions
+  EXPECT_TRUE(refused({{Pool::Device, BlockId{0}, Pool::Device, BlockId{1}, 0}}));
+  EXPECT_TRUE(refused({{Pool::Device, BlockId{0}, Pool::Host, BlockId{0}, 0}}, 1));  // group
+  HostKvStorage bf16 =
+      HostKvStorage::create(spec_of(backend, DType::BF16, 4), std::vector<int32_t>{2}).value();
+  auto other = backend.start_transfers(
+      0, std::vector<BlockTransfer>{{Pool::Device, BlockId{0}, Pool::Host, BlockId{0}, 0}}, bf16);
+  EXPECT_FALSE(other.is_ok());  // another layout
+  EXPECT_EQ(0, std::memcmp(host.slab(0).data(), zeros.data(), zeros.size()));
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDtypes, CpuForwardBackendTest,

@@ -23,6 +23,7 @@ CudaForwardBackend::CudaForwardBackend(std::unique_ptr<CudaModelRunner> runner)
 
 CudaForwardBackend::~CudaForwardBackend() {
   if (runner_ != nullptr) cudaStreamSynchronize(runner_->stream());
+  destroy_transfers();
 }
 
 std::string CudaForwardBackend::device_name() const {

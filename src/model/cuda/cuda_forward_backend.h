@@ -7,9 +7,17 @@
 // device. When the runner pads head_dim (tiny models: head_dim < 64), the device pool holds
 //   [layers][blocks][2][kv_heads][block_size][padded_head_dim]
 // and read_blocks/write_blocks convert on the host (pad lanes written as zero).
+//
+// Tier transfers (cuda_tier_transfers.cc): host tier slabs are pinned (host_slab_allocator);
+// start_transfers queues one cudaMemcpy2DAsync per run of consecutive blocks (every layer of the
+// run: num_layers rows, each slab's layer stride apart) on a copy stream of its own, after an
+// event of the compute stream (so a block written by a queued forward pass is copied after it),
+// and records an event per ticket that transfers_done polls. A padded pool falls back to the
+// base implementation (through block images).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <span>
 #include <string>
@@ -46,6 +54,11 @@ class CudaForwardBackend final : public ForwardBackend {
                      std::span<std::byte> image) const override;
   Status write_blocks(int32_t group, std::span<const BlockId> blocks,
                       std::span<const std::byte> image) override;
+  const HostKvStorage::SlabAllocator* host_slab_allocator() const override;
+  Result<uint64_t> start_transfers(int32_t group, std::span<const BlockTransfer> ops,
+                                   HostKvStorage& host) override;
+  Result<bool> transfers_done(uint64_t ticket) override;
+  Status wait_transfers(uint64_t ticket) override;
 
   // For benchmarks and tests: the runner, and every pool filled with uniform values in [-1, 1).
   const CudaModelRunner& runner() const { return *runner_; }
@@ -60,6 +73,18 @@ class CudaForwardBackend final : public ForwardBackend {
   std::vector<KvLayout> layouts_;    // logical, one per group (empty before allocate_kv)
   std::vector<DeviceKvPool> pools_;  // device, head_dim = runner_->padded_head_dim()
   mutable PinnedBuffer staging_;     // block images in the device layout
+
+  // tier transfers
+  struct InFlight {
+    uint64_t ticket = 0;
+    cudaEvent_t done = nullptr;  // recorded on copy_stream_ after the ticket's copies
+  };
+  Status ensure_copy_stream();
+  void destroy_transfers();
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t compute_mark_ = nullptr;  // the compute stream's work queued before a transfer
+  std::deque<InFlight> in_flight_;      // tickets in order
+  std::vector<cudaEvent_t> spare_events_;
 };
 
 // Loads `spec`'s weights from `source` onto `device` (bf16) and wraps them as a ForwardBackend.

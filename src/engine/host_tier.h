@@ -1,0 +1,53 @@
+// HostTier: the memory of the session tier "host" (docs/engine.md, "Session tiers"). One slab
+// per cache group (HostKvStorage in the pool's layout, from the backend's slab allocator: pinned
+// memory on CUDA, so a move is one DMA per run of blocks) and a free list of its blocks per
+// group. A session's host copy is a set of these blocks (Engine::HostKv); the engine charges
+// their bytes to the tier's budget, so however the groups share it, the blocks in use never
+// exceed the budget.
+//
+//   engine ──allocate(n blocks per group)──▶ block ids ──start_transfers(pool ⇄ slab)──▶ backend
+//          ◀──────────────────────release(block ids)──────────────────────────────┘
+//
+// Each group's slab can hold the whole budget in that group's blocks (a model with sliding-window
+// layers keeps few blocks of its window groups per session, and how many is not known ahead):
+// on the CPU, pages never used are never touched; pinned memory on a GPU host is pinned whole,
+// once per group. Not thread-safe; the engine loop owns it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "cache/cache_spec.h"
+#include "cache/host_kv_storage.h"
+#include "common/ids.h"
+#include "common/status.h"
+
+namespace kvp {
+
+class HostTier {
+ public:
+  // Slabs for budget_bytes of blocks of each group of spec. invalid_argument for a zero budget;
+  // resource_exhausted when the memory cannot be had (the message names the bytes).
+  static Result<std::unique_ptr<HostTier>> create(const CacheSpec& spec, uint64_t budget_bytes,
+                                                  const HostKvStorage::SlabAllocator* allocator);
+
+  HostKvStorage& storage() { return storage_; }
+  const HostKvStorage& storage() const { return storage_; }
+  int32_t num_free(int32_t group) const { return static_cast<int32_t>(free_[group].size()); }
+
+  // num_blocks[g] blocks of each group g, or nullopt (nothing taken) when a group lacks them.
+  std::optional<std::vector<std::vector<BlockId>>> allocate(std::span<const int32_t> num_blocks);
+  // Gives blocks back. requires: each was allocated and not yet released.
+  void release(std::span<const std::vector<BlockId>> blocks);
+
+ private:
+  explicit HostTier(HostKvStorage storage);
+
+  HostKvStorage storage_;
+  std::vector<std::vector<BlockId>> free_;  // [num_groups] stacks: the last freed goes out first
+};
+
+}  // namespace kvp

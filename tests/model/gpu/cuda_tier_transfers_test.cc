@@ -1,0 +1,117 @@
+// CudaForwardBackend's tier transfers (model/cuda/cuda_forward_backend.h): blocks move between
+// the device pool and a pinned host slab (the backend's slab allocator) on the copy stream, one
+// DMA per run, and land as read_blocks' synchronous image says; they are ordered after the
+// compute stream's queued work (a fill still running when the transfer starts is copied whole);
+// tickets complete in order. Skips without a CUDA device.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "cache/cache_spec.h"
+#include "model/cuda/cuda_forward_backend.h"
+#include "model/random_model.h"
+
+namespace kvp::cuda {
+namespace {
+
+bool have_gpu() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  return true;
+}
+
+std::vector<std::byte> read_all(const ForwardBackend& backend, int32_t num_blocks) {
+  std::vector<BlockId> all;
+  for (int32_t b = 0; b < num_blocks; ++b) all.push_back(BlockId{b});
+  std::vector<std::byte> image(all.size() * backend.kv_layout(0).block_size_bytes());
+  KVP_CHECK(backend.read_blocks(0, all, image).is_ok(), "read_blocks");
+  return image;
+}
+
+TEST(CudaTierTransfers, BlocksMoveThroughPinnedSlabsInOrderAfterQueuedWork) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  auto spec = random_model_spec("smollm2-135m");  // head_dim 64: the pool is not padded
+  ASSERT_TRUE(spec.is_ok());
+  auto made = make_random_cuda_backend(*spec, 1);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  auto* gpu = static_cast<CudaForwardBackend*>(made->get());
+  constexpr int32_t kBlocks = 32, kBlockSize = 16;
+  std::vector<KvLayout> layouts = {gpu->group_layout(0, kBlocks, kBlockSize, DType::BF16)};
+  ASSERT_TRUE(gpu->allocate_kv(layouts).is_ok());
+  std::vector<LayerAttention> attention(spec->num_layers, LayerAttention::global());
+  const CacheSpec cache = CacheSpec::create("test", spec->num_layers, spec->num_kv_heads,
+                                            spec->head_dim, DType::BF16, kBlockSize, attention)
+                              .value();
+  auto slab = HostKvStorage::create(cache, std::vector<int32_t>{8}, HostKvStorage::Init::kZeroed,
+                                    gpu->host_slab_allocator());
+  ASSERT_TRUE(slab.is_ok()) << slab.status().to_string();
+  HostKvStorage host = std::move(slab).value();
+  cudaPointerAttributes attributes{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attributes, host.slab(0).data()), cudaSuccess);
+  EXPECT_EQ(attributes.type, cudaMemoryTypeHost) << "the host tier's slab is pinned";
+
+  const KvLayout& layout = gpu->kv_layout(0);
+  const size_t block_bytes = layout.block_size_bytes();
+  const size_t run_bytes = size_t(layout.block_pitch()) * 2;
+  ASSERT_TRUE(gpu->fill_kv_random(7).is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // a second fill, queued and not waited for: the transfer must copy what it writes
+  ASSERT_TRUE(gpu->fill_kv_random(8).is_ok());
+  // pool 5, 6, 7 -> host 0, 1, 2 (one run), pool 2 -> host 5
+  const std::vector<BlockTransfer> out = {{Pool::Device, BlockId{5}, Pool::Host, BlockId{0}, 0},
+                                          {Pool::Device, BlockId{6}, Pool::Host, BlockId{1}, 0},
+                                          {Pool::Device, BlockId{7}, Pool::Host, BlockId{2}, 0},
+                                          {Pool::Device, BlockId{2}, Pool::Host, BlockId{5}, 0}};
+  auto first = gpu->start_transfers(0, out, host);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  ASSERT_TRUE(gpu->wait_transfers(*first).is_ok());
+  auto done = gpu->transfers_done(*first);
+  ASSERT_TRUE(done.is_ok());
+  EXPECT_TRUE(*done);
+  const std::vector<std::byte> pool = read_all(*gpu, kBlocks);
+  for (const BlockTransfer& op : out) {
+    for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
+      const std::byte* in_slab =
+          host.slab(0).data() + host.layout(0).block_offset(layer, op.dst.value, 0) * 2;
+      EXPECT_EQ(0,
+                std::memcmp(in_slab, pool.data() + op.src.value * block_bytes + layer * run_bytes,
+                            run_bytes))
+          << "pool block " << op.src.value << " layer " << layer;
+    }
+  }
+  // back into pool 20, 21, 22 and 9; the rest of the pool unchanged
+  const std::vector<BlockTransfer> in = {{Pool::Host, BlockId{0}, Pool::Device, BlockId{20}, 0},
+                                         {Pool::Host, BlockId{1}, Pool::Device, BlockId{21}, 0},
+                                         {Pool::Host, BlockId{2}, Pool::Device, BlockId{22}, 0},
+                                         {Pool::Host, BlockId{5}, Pool::Device, BlockId{9}, 0}};
+  auto second = gpu->start_transfers(0, in, host);
+  ASSERT_TRUE(second.is_ok()) << second.status().to_string();
+  EXPECT_GT(*second, *first);
+  ASSERT_TRUE(gpu->wait_transfers(*second).is_ok());
+  const std::vector<std::byte> after = read_all(*gpu, kBlocks);
+  const int32_t moved[4][2] = {{5, 20}, {6, 21}, {7, 22}, {2, 9}};
+  std::vector<bool> destination(kBlocks, false);
+  for (const auto& m : moved) {
+    destination[m[1]] = true;
+    EXPECT_EQ(0, std::memcmp(after.data() + m[1] * block_bytes, pool.data() + m[0] * block_bytes,
+                             block_bytes))
+        << "block " << m[0] << " -> " << m[1];
+  }
+  for (int32_t b = 0; b < kBlocks; ++b) {
+    if (destination[b]) continue;
+    EXPECT_EQ(
+        0, std::memcmp(after.data() + b * block_bytes, pool.data() + b * block_bytes, block_bytes))
+        << "block " << b << " changed";
+  }
+  // refusals change nothing
+  const std::vector<BlockTransfer> bad = {
+      {Pool::Device, BlockId{kBlocks}, Pool::Host, BlockId{0}, 0}};
+  EXPECT_FALSE(gpu->start_transfers(0, bad, host).is_ok());
+}
+
+}  // namespace
+}  // namespace kvp::cuda
