@@ -85,6 +85,18 @@ std::string BenchReport::to_text() const {
   s += fmt::format("  session tiers: moves to host {}, to disk {}; restores {}; tier errors {}\n",
                    num_session_moves_to_host, num_session_moves_to_disk, num_session_restores,
                    num_tier_errors);
+  auto moves = [](const char* what, const EngineStats::Moves& m) {
+    if (m.count == 0) return fmt::format("{} 0", what);
+    return fmt::format("{} {} x {:.1f} MB in {:.2f} ms each = {:.2f} GB/s", what, m.count,
+                       double(m.bytes) / m.count / 1e6, m.seconds / m.count * 1e3,
+                       m.seconds > 0 ? double(m.bytes) / m.seconds / 1e9 : 0.0);
+  };
+  if (to_host.count + to_pool.count + file_writes.count + file_reads.count > 0) {
+    s += fmt::format("  tier moves: {}; {}\n", moves("pool->host", to_host),
+                     moves("host->pool", to_pool));
+    s += fmt::format("  file moves: {}; {}\n", moves("writes", file_writes),
+                     moves("reads", file_reads));
+  }
   s += fmt::format("  wall time: ramp-up {:.1f}%, steady {:.1f}%, drain {:.1f}%\n",
                    ramp_share * 100, steady_share * 100, drain_share * 100);
   return s;
@@ -289,6 +301,13 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
       after.num_session_moves_to_disk - before.num_session_moves_to_disk;
   report.num_session_restores = after.num_session_restores - before.num_session_restores;
   report.num_tier_errors = after.num_tier_errors - before.num_tier_errors;
+  auto moved = [](const EngineStats::Moves& a, const EngineStats::Moves& b) {
+    return EngineStats::Moves{a.count - b.count, a.bytes - b.bytes, a.seconds - b.seconds};
+  };
+  report.to_host = moved(after.to_host, before.to_host);
+  report.to_pool = moved(after.to_pool, before.to_pool);
+  report.file_writes = moved(after.file_writes, before.file_writes);
+  report.file_reads = moved(after.file_reads, before.file_reads);
   // steady state: steps running at least 80% of the peak concurrency
   int32_t peak = 0;
   for (const auto& [t, running] : concurrency_trace) peak = std::max(peak, running);

@@ -68,6 +68,8 @@ struct BenchReport {
   // spill files that could not be written or read back (damaged, deleted, disk full): the
   // sessions' KV was dropped and recomputed (EngineStats::num_tier_errors)
   int64_t num_tier_errors = 0;
+  // the tiers' byte moves (EngineStats::Moves): pool -> host, host -> pool, file writes, reads
+  EngineStats::Moves to_host, to_pool, file_writes, file_reads;
   double ramp_share = 0, steady_share = 0, drain_share = 0;  // of wall time
   std::vector<RequestTiming> requests;
 

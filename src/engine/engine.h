@@ -108,6 +108,14 @@ struct EngineStats {
   int64_t num_tier_errors = 0;            // disk writes or reads that failed (the KV was dropped)
   uint64_t host_tier_bytes_used = 0;
   uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
+  // Byte moves of the tiers, timed on the engine thread from start to completion: pool -> host
+  // memory (host tier, or a copy on its way to a file), host -> pool, file writes and reads.
+  struct Moves {
+    int64_t count = 0;
+    uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  Moves to_host, to_pool, file_writes, file_reads;
 };
 
 // (Not cache/session_store.h's SessionInfo: one name for two types would break the one-
@@ -252,7 +260,7 @@ class Engine {
   // A cache file, validated whole (and its token ids against the vocabulary), as a host copy;
   // *tokens (if not null) receives its token ids. Errors name the file and the reason.
   Result<std::unique_ptr<HostKv>> read_file(const std::filesystem::path& path,
-                                            std::vector<int32_t>* tokens) const;
+                                            std::vector<int32_t>* tokens);
   // Fills an empty resident sequence with kv (the prefix cache first, so shared blocks stay
   // shared; then fresh blocks that receive the copy). false (the sequence empty again) when
   // the pool lacks blocks. Returns the tokens taken from the prefix cache in *num_shared.

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <new>
 
@@ -23,6 +24,21 @@
 #include "engine/engine_internal.h"
 
 namespace kvp {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void count_move(EngineStats::Moves& moves, uint64_t bytes,
+                std::chrono::steady_clock::time_point start) {
+  ++moves.count;
+  moves.bytes += bytes;
+  moves.seconds += seconds_since(start);
+}
+
+}  // namespace
 
 uint64_t Engine::live_bytes(SeqId seq_id) const {
   uint64_t bytes = 0;
@@ -34,6 +50,7 @@ uint64_t Engine::live_bytes(SeqId seq_id) const {
 }
 
 std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier) {
+  const auto start = std::chrono::steady_clock::now();
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> num_blocks(num_groups);  // [num_groups] live blocks
   for (int32_t g = 0; g < num_groups; ++g) {
@@ -74,11 +91,13 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
     kv->size_bytes += uint64_t(num_blocks[g]) * cache_spec_.block_bytes(g);
   }
   if (!backend_->wait_transfers(ticket).is_ok()) return nullptr;
+  count_move(stats_.to_host, kv->size_bytes, start);
   return kv;
 }
 
 Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem::path& path,
-                                                          std::vector<int32_t>* tokens) const {
+                                                          std::vector<int32_t>* tokens) {
+  const auto start = std::chrono::steady_clock::now();
   auto file = CacheFile::read(path, fingerprint_, cache_spec_);
   if (!file.is_ok()) return file.status();
   const int32_t vocab = backend_->spec().vocab_size;
@@ -120,6 +139,7 @@ Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem:
   KVP_CHECK(tables_ok.is_ok(), "{}", tables_ok.to_string());
   file->scatter_into(kv->storage(), kv->tables);
   if (tokens != nullptr) tokens->assign(file->token_ids().begin(), file->token_ids().end());
+  count_move(stats_.file_reads, kv->size_bytes, start);
   return kv;
 }
 
@@ -149,7 +169,8 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv,
     done += step;
   }
   KVP_CHECK(copies.empty(), "fresh blocks needed {} copies", copies.size());
-  uint64_t ticket = 0;
+  const auto start = std::chrono::steady_clock::now();
+  uint64_t ticket = 0, bytes = 0;
   for (int32_t g = 0; g < cache_->num_groups(); ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
     const int32_t first = std::max(table.num_dropped_blocks(), num_matched / config_.block_size);
@@ -164,10 +185,12 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv,
     KVP_CHECK(started.is_ok(), "the {} backend refused a session's blocks: {}",
               backend_->device_name(), started.status().to_string());
     ticket = *started;
+    bytes += ops.size() * cache_spec_.block_bytes(g);
   }
   const Status copied = backend_->wait_transfers(ticket);
   KVP_CHECK(copied.is_ok(), "the {} backend failed to copy a session's blocks: {}",
             backend_->device_name(), copied.to_string());
+  count_move(stats_.to_pool, bytes, start);
   *num_shared = num_matched;
   return true;
 }
@@ -252,12 +275,14 @@ void Engine::move_to_disk(SessionState& session, std::unique_ptr<HostKv> kv) {
     std::error_code ec;
     std::filesystem::create_directories(config_.disk_dir, ec);
     const std::filesystem::path path = spill_path(session);
+    const auto start = std::chrono::steady_clock::now();
     Status st = write_cache_file(path, fingerprint_, kv->storage(),
                                  std::span(session.tokens).first(kv->num_tokens), kv->tables);
     if (st.is_ok()) {
       const uintmax_t written = std::filesystem::file_size(path, ec);
       KVP_CHECK(!ec && written == size_bytes, "spill file {}: {} bytes, expected {}", path.string(),
                 written, size_bytes);
+      count_move(stats_.file_writes, size_bytes, start);
       session.file = path;
       session.owns_file = true;
       session.disk_bytes = size_bytes;
