@@ -87,6 +87,11 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
   cmd->add_option("--host-tier-bytes", o->host_tier,
                   "host memory for idle sessions' KV, e.g. 4GiB (0: no host tier)")
       ->capture_default_str();
+  cmd->add_option("--tier-watermark", o->tier_watermark,
+                  "with a host tier: below this share of free pool blocks, idle sessions are "
+                  "copied out ahead of need, overlapping the next steps (0: only on demand)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_option("--disk-dir", o->disk_dir,
                   "folder for idle sessions' cache files (empty: no disk tier)");
   cmd->add_option("--disk-tier-bytes", o->disk_tier,
@@ -254,6 +259,7 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
   KVP_ASSIGN_OR_RETURN(const int64_t host_bytes,
                        parse_size(o.host_tier, "--host-tier-bytes", true));
   config.host_tier_bytes = static_cast<uint64_t>(host_bytes);
+  config.tier_watermark = o.tier_watermark;
   config.disk_dir = o.disk_dir;
   if (!o.disk_dir.empty()) {
     KVP_ASSIGN_OR_RETURN(const int64_t disk_bytes,

@@ -42,6 +42,7 @@ struct EngineOptions {
   int32_t step_tokens = 512;       // tokens in one step
   bool prefix_caching = true;
   std::string host_tier = "0";  // bytes of host memory for idle sessions' KV (0: none)
+  double tier_watermark = 0.1;  // EngineConfig::tier_watermark
   std::string disk_dir;         // folder for idle sessions' cache files (empty: none)
   std::string disk_tier = "0";  // bytes of cache files (> 0 with disk_dir; default 16GiB)
   int32_t threads = 0;          // CPU threads (0: all cores)

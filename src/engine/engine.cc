@@ -90,6 +90,9 @@ Status EngineConfig::validate() const {
   if (max_step_tokens < 1) {
     return Status::invalid_argument("engine: max_step_tokens {}", max_step_tokens);
   }
+  if (!(tier_watermark >= 0.0 && tier_watermark <= 1.0)) {
+    return Status::invalid_argument("engine: tier watermark {} outside [0, 1]", tier_watermark);
+  }
   if (sampler_threads < 0) {
     return Status::invalid_argument("engine: sampler_threads {} (0: automatic)", sampler_threads);
   }
@@ -203,6 +206,9 @@ Status Engine::allocate_pool() {
 }
 
 Engine::~Engine() {
+  // copies still running into host tier blocks end before the blocks go
+  for (const auto& wb : write_backs_) (void)backend_->wait_transfers(wb->ticket);
+  write_backs_.clear();
   // tables release their blocks before the prefix cache and allocators go
   for (auto& [id, s] : sequences_) {
     if (s->resident) cache_->free_sequence(id);
@@ -399,6 +405,10 @@ bool Engine::admit_prefix(Sequence& s) {
 }
 
 bool Engine::evict_idle_session() {
+  // a write-back in flight frees its blocks soonest: wait for the oldest
+  while (!write_backs_.empty()) {
+    if (finish_write_backs(true) > 0) return true;
+  }
   SessionState* lru = nullptr;
   for (auto& [name, session] : sessions_) {
     if (session->busy || !session->resident) continue;
@@ -639,6 +649,7 @@ void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* 
 }
 
 std::vector<EngineEvent> Engine::step() {
+  finish_write_backs(false);
   std::vector<EngineEvent> events;
   struct Planned {
     SeqId id;
@@ -699,7 +710,10 @@ std::vector<EngineEvent> Engine::step() {
     plan.push_back({id, q, q == pending});
     budget -= q;
   }
-  if (plan.empty()) return events;
+  if (plan.empty()) {
+    start_write_backs();
+    return events;
+  }
 
   // 3. copy-on-write copies, then the forward pass
   std::vector<BatchEntry> entries;
@@ -827,6 +841,7 @@ std::vector<EngineEvent> Engine::step() {
     }
   }
   for (const auto& [sid, reason] : to_finish) finish(seq(sid), reason, &events);
+  start_write_backs();  // finished sessions went idle: the next steps copy while computing
   return events;
 }
 
@@ -938,6 +953,7 @@ void Engine::check_integrity() const {
   }
   KVP_CHECK(resident == cache_->num_sequences(), "{} resident sequences, cache holds {}", resident,
             cache_->num_sequences());
+  for (const auto& wb : write_backs_) host_bytes += wb->kv->size_bytes;  // reserved
   KVP_CHECK(host_bytes == stats_.host_tier_bytes_used, "host tier holds {} bytes, counted {}",
             host_bytes, stats_.host_tier_bytes_used);
   KVP_CHECK(disk_bytes == stats_.disk_tier_bytes_used, "disk tier holds {} bytes, counted {}",

@@ -70,6 +70,11 @@ struct EngineConfig {
   // disk_dir while disk_tier_bytes allow, else its KV is dropped (recomputed on its next turn).
   // A full tier makes room by moving its own least recently used idle session further down.
   uint64_t host_tier_bytes = 0;  // 0: no host tier
+  // With a host tier: when fewer than this share of the pool's blocks are free after a step,
+  // idle sessions (least recently used first) are written back to the host tier ahead of need,
+  // their copies running while the next steps compute; their blocks are freed when the copy
+  // completes. 0: only when a step needs the room (synchronously).
+  double tier_watermark = 0.1;
   std::string disk_dir;          // empty: no disk tier; created on first use
   uint64_t disk_tier_bytes = 0;  // > 0 iff disk_dir is set
   // Identifies the weights in cache files (e.g. a hash of the weight files), together with the
@@ -257,6 +262,16 @@ class Engine {
   // blocks of `tier` (null: a storage of the copy's own) by the backend's transfers, waited
   // for. nullptr if the memory cannot be had or the backend cannot copy the blocks.
   std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier);
+  // As copy_out, not waited for: *ticket completes the copy (ForwardBackend::transfers_done).
+  std::unique_ptr<HostKv> start_copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
+                                         uint64_t* ticket);
+  // Write-backs (EngineConfig::tier_watermark): starts copies of idle sessions to the host tier
+  // while the pool's free blocks are below the watermark.
+  void start_write_backs();
+  // Completes the write-backs whose copies are done (wait: the oldest, waited for, too): the
+  // session's blocks are freed and its copy becomes its host tier, or, when the session changed
+  // meanwhile (a request, a truncation), the copy is dropped. Returns the pool blocks freed.
+  int32_t finish_write_backs(bool wait);
   // A cache file, validated whole (and its token ids against the vocabulary), as a host copy;
   // *tokens (if not null) receives its token ids. Errors name the file and the reason.
   Result<std::unique_ptr<HostKv>> read_file(const std::filesystem::path& path,
@@ -295,6 +310,8 @@ class Engine {
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
   std::unique_ptr<HostTier> host_tier_;  // when config_.host_tier_bytes > 0; outlives sessions_
+  struct WriteBack;
+  std::deque<std::unique_ptr<WriteBack>> write_backs_;  // in flight, oldest first
   std::map<std::string, std::unique_ptr<SessionState>> sessions_;
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;                  // admission order, oldest first

@@ -1,6 +1,7 @@
 // The Engine's private state types, shared by engine.cc and engine_tiers.cc. Not an API.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -75,6 +76,18 @@ struct Engine::HostKv {
   uint64_t size_bytes = 0;        // of its blocks
 };
 
+// A copy of an idle session's blocks to the host tier, running (Engine::start_write_backs). The
+// session stays in the pool until it completes; kv's bytes are charged to the host tier already.
+struct Engine::WriteBack {
+  std::string session;  // name; with session_id, to find it again (it may be gone)
+  int64_t session_id = 0;
+  SeqId seq;
+  std::unique_ptr<HostKv> kv;
+  uint64_t ticket = 0;
+  int32_t num_blocks = 0;  // of the pool it frees (group 0)
+  std::chrono::steady_clock::time_point start;
+};
+
 // An idle session's KV is in exactly one tier (tier()); a busy one's KV is in its request's
 // sequence, or still in the host or disk tier until that sequence is admitted.
 struct Engine::SessionState {
@@ -89,6 +102,7 @@ struct Engine::SessionState {
   bool owns_file = false;         // a spill file (removed when no longer needed)
   uint64_t disk_bytes = 0;        // of an owned file
   bool busy = false;
+  bool writing_back = false;      // a WriteBack of its resident blocks is in flight
   std::optional<SeqId> busy_seq;  // the sequence of the request running on it
   int64_t last_used = 0;
   int64_t num_turns = 0;

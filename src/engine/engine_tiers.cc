@@ -51,6 +51,16 @@ uint64_t Engine::live_bytes(SeqId seq_id) const {
 
 std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier) {
   const auto start = std::chrono::steady_clock::now();
+  uint64_t ticket = 0;
+  std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, tier, &ticket);
+  if (kv == nullptr) return nullptr;
+  if (!backend_->wait_transfers(ticket).is_ok()) return nullptr;
+  count_move(stats_.to_host, kv->size_bytes, start);
+  return kv;
+}
+
+std::unique_ptr<Engine::HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num_tokens,
+                                                       HostTier* tier, uint64_t* ticket) {
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> num_blocks(num_groups);  // [num_groups] live blocks
   for (int32_t g = 0; g < num_groups; ++g) {
@@ -70,7 +80,7 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
     kv = std::make_unique<HostKv>(std::move(storage).value());
   }
   kv->num_tokens = num_tokens;
-  uint64_t ticket = 0;
+  *ticket = 0;
   for (int32_t g = 0; g < num_groups; ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
     std::vector<BlockId> host_table(table.num_blocks(), HostKv::kNoBlock);
@@ -83,16 +93,88 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
     auto started = backend_->start_transfers(g, ops, kv->storage());
     if (!started.is_ok()) {
       // earlier groups' copies may still run into kv's blocks: wait before they are freed
-      (void)backend_->wait_transfers(ticket);
+      (void)backend_->wait_transfers(*ticket);
       return nullptr;
     }
-    ticket = *started;
+    *ticket = *started;
     kv->tables.push_back(std::move(host_table));
     kv->size_bytes += uint64_t(num_blocks[g]) * cache_spec_.block_bytes(g);
   }
-  if (!backend_->wait_transfers(ticket).is_ok()) return nullptr;
-  count_move(stats_.to_host, kv->size_bytes, start);
   return kv;
+}
+
+void Engine::start_write_backs() {
+  if (!host_tier_ || config_.tier_watermark <= 0) return;
+  const auto watermark = static_cast<int32_t>(config_.tier_watermark * config_.num_blocks);
+  int32_t coming = 0;  // pool blocks that write-backs in flight will free
+  for (const auto& wb : write_backs_) coming += wb->num_blocks;
+  while (cache_->allocator(0).num_available() + coming < watermark) {
+    SessionState* lru = nullptr;
+    for (auto& [name, session] : sessions_) {
+      if (session->busy || !session->resident || session->writing_back ||
+          session->num_computed == 0) {
+        continue;
+      }
+      if (lru == nullptr || session->last_used < lru->last_used) lru = session.get();
+    }
+    if (lru == nullptr) return;
+    const SeqId seq_id = *lru->resident;
+    if (!make_host_room(live_bytes(seq_id), lru)) return;
+    auto wb = std::make_unique<WriteBack>();
+    wb->start = std::chrono::steady_clock::now();
+    wb->kv = start_copy_out(seq_id, lru->num_computed, host_tier_.get(), &wb->ticket);
+    if (wb->kv == nullptr) return;  // the synchronous path will try again when room is needed
+    wb->kv->window_valid_from = lru->window_valid_from;
+    wb->session = lru->name;
+    wb->session_id = lru->id;
+    wb->seq = seq_id;
+    const BlockTable& table = cache_->table(seq_id, 0);
+    wb->num_blocks = table.num_blocks() - table.num_dropped_blocks();
+    stats_.host_tier_bytes_used += wb->kv->size_bytes;  // reserved now
+    lru->writing_back = true;
+    coming += wb->num_blocks;
+    write_backs_.push_back(std::move(wb));
+  }
+}
+
+int32_t Engine::finish_write_backs(bool wait) {
+  int32_t freed = 0;
+  while (!write_backs_.empty()) {
+    WriteBack& wb = *write_backs_.front();
+    if (wait) {
+      const Status st = backend_->wait_transfers(wb.ticket);
+      KVP_CHECK(st.is_ok(), "the {} backend failed a write-back: {}", backend_->device_name(),
+                st.to_string());
+      wait = false;  // only the oldest is waited for
+    } else {
+      auto done = backend_->transfers_done(wb.ticket);
+      KVP_CHECK(done.is_ok(), "the {} backend failed a write-back: {}", backend_->device_name(),
+                done.status().to_string());
+      if (!*done) break;
+    }
+    std::unique_ptr<WriteBack> owned = std::move(write_backs_.front());
+    write_backs_.pop_front();
+    stats_.host_tier_bytes_used -= owned->kv->size_bytes;
+    auto it = sessions_.find(owned->session);
+    SessionState* session =
+        it != sessions_.end() && it->second->id == owned->session_id ? it->second.get() : nullptr;
+    if (session == nullptr) continue;
+    session->writing_back = false;
+    // the copy holds the session only if nothing touched it meanwhile
+    if (session->busy || session->resident != owned->seq || session->host ||
+        session->num_computed != owned->kv->num_tokens) {
+      continue;
+    }
+    count_move(stats_.to_host, owned->kv->size_bytes, owned->start);
+    freed += owned->num_blocks;
+    cache_->free_sequence(owned->seq);
+    session->resident.reset();
+    stats_.host_tier_bytes_used += owned->kv->size_bytes;
+    session->host = std::move(owned->kv);
+    ++session->num_moves_to_host;
+    ++stats_.num_session_moves_to_host;
+  }
+  return freed;
 }
 
 Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem::path& path,

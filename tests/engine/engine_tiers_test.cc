@@ -136,6 +136,66 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
   engine.check_integrity();
 }
 
+// Write-backs ahead of need (EngineConfig::tier_watermark): the step that leaves a session idle
+// below the watermark starts its copy to the host tier; a request arriving while the copy is in
+// flight keeps the pool's blocks (the copy is dropped, nothing restored); a later step finds the
+// copy done and the session leaves the pool with no step needing the room; outputs equal a
+// fresh engine's on the whole conversation throughout.
+TEST(EngineWriteBacks, IdleSessionsLeaveAheadOfNeedAndARequestMidCopyKeepsThePool) {
+  auto runner = load("llama");
+  EngineConfig config = small_config(128);
+  config.host_tier_bytes = 64 << 20;
+  config.tier_watermark = 1.0;  // every idle session is written back
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, config);
+  std::vector<int32_t> whole = golden_ids("llama", "prompt_1");
+  const std::vector<int32_t> turn2 = {7, 19, 23}, turn3 = {31, 5};
+  auto run_turn = [&](const std::vector<int32_t>& turn, int32_t max_tokens) {
+    Request r = greedy_request(turn, max_tokens);
+    r.session = "agent";
+    auto id = engine.submit(r);
+    KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+    whole.insert(whole.end(), turn.begin(), turn.end());
+    const std::vector<int32_t> expected = reference_output(runner, whole, max_tokens);
+    auto out = run_all(engine);
+    EXPECT_EQ(out[id->value].tokens, expected) << "turn ending at " << whole.size();
+    whole.insert(whole.end(), out[id->value].tokens.begin(), out[id->value].tokens.end());
+    engine.check_integrity();
+    return out[id->value].usage;
+  };
+  const std::vector<int32_t> turn1 = whole;
+  whole.clear();
+  run_turn(turn1, 8);
+  // the step that finished turn 1 started the copy: still in the pool, its bytes reserved
+  EngineSessionInfo info = session_info(engine, "agent");
+  EXPECT_EQ(info.tier, SessionTier::kDevice);
+  EXPECT_EQ(engine.stats().num_session_moves_to_host, 0);
+  EXPECT_GT(engine.stats().host_tier_bytes_used, 0u);
+
+  // a request now: the copy is dropped and the pool's KV serves the turn
+  const Usage usage2 = run_turn(turn2, 6);
+  EXPECT_EQ(usage2.prefilled_tokens, static_cast<int32_t>(turn2.size()) + 1);
+  EXPECT_EQ(engine.stats().num_session_restores, 0);
+  EXPECT_EQ(engine.stats().num_session_moves_to_host, 0);
+
+  // an idle step finds the new copy done: the session is on the host tier, nothing evicted
+  EXPECT_TRUE(engine.step().empty());
+  engine.check_integrity();
+  info = session_info(engine, "agent");
+  EXPECT_EQ(info.tier, SessionTier::kHost);
+  EXPECT_EQ(info.num_resident_tokens, 0);
+  EXPECT_EQ(info.num_moves_to_host, 1);
+  EXPECT_EQ(engine.stats().host_tier_bytes_used, info.host_bytes);
+  EXPECT_EQ(engine.stats().num_session_evictions, 0);
+  EXPECT_EQ(engine.stats().to_host.count, 1);
+
+  // the next turn comes back from the host tier
+  const Usage usage3 = run_turn(turn3, 5);
+  EXPECT_EQ(usage3.prefilled_tokens, static_cast<int32_t>(turn3.size()) + 1);
+  EXPECT_EQ(engine.stats().num_session_restores, 1);
+  EXPECT_EQ(engine.stats().to_pool.count, 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(ModelsAndTiers, EngineTierTest,
                          ::testing::Combine(::testing::Values("llama", "gemma3"),
                                             ::testing::Values(Tier::kHost, Tier::kDisk)));
