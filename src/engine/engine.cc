@@ -214,6 +214,15 @@ Engine::~Engine() {
     if (s->resident) cache_->free_sequence(id);
   }
   for (auto& [name, session] : sessions_) drop_kv(*session);
+  // spill files still being written: finished (they read host copies), then removed
+  if (file_writer_) {
+    for (const auto& w : orphan_writes_) {
+      (void)file_writer_->wait(w->id);
+      std::error_code ec;
+      std::filesystem::remove(w->path, ec);
+    }
+    orphan_writes_.clear();
+  }
 }
 
 int32_t Engine::total_tokens_needed(int32_t num_tokens) const {
@@ -650,6 +659,7 @@ void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* 
 
 std::vector<EngineEvent> Engine::step() {
   finish_write_backs(false);
+  settle_file_writes();
   std::vector<EngineEvent> events;
   struct Planned {
     SeqId id;

@@ -41,6 +41,7 @@
 #include "cache/kv_cache_manager.h"
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "engine/file_writer.h"
 #include "engine/host_tier.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
@@ -198,6 +199,11 @@ class Engine {
   // recovers from that (num_tier_errors).
   void check_integrity() const;
 
+  // Waits for the tier moves in flight — copies to the host tier ahead of need, spill files
+  // being written — and takes their outcomes (as the next step would). For shutdown, tests and
+  // anything that looks at spill files from outside.
+  void settle_tier_moves();
+
  private:
   struct Sequence;
   struct RequestState;
@@ -272,6 +278,9 @@ class Engine {
   // session's blocks are freed and its copy becomes its host tier, or, when the session changed
   // meanwhile (a request, a truncation), the copy is dropped. Returns the pool blocks freed.
   int32_t finish_write_backs(bool wait);
+  // Takes the FileWriter's finished spill files: a failed one sends its session's KV to none
+  // (recomputed), as a failed read does.
+  void settle_file_writes();
   // A cache file, validated whole (and its token ids against the vocabulary), as a host copy;
   // *tokens (if not null) receives its token ids. Errors name the file and the reason.
   Result<std::unique_ptr<HostKv>> read_file(const std::filesystem::path& path,
@@ -312,10 +321,14 @@ class Engine {
   std::unique_ptr<HostTier> host_tier_;  // when config_.host_tier_bytes > 0; outlives sessions_
   struct WriteBack;
   std::deque<std::unique_ptr<WriteBack>> write_backs_;  // in flight, oldest first
+  struct PendingWrite;
+  // spill files whose sessions dropped them while they were written: removed when written
+  std::vector<std::unique_ptr<PendingWrite>> orphan_writes_;
   std::map<std::string, std::unique_ptr<SessionState>> sessions_;
   std::deque<SeqId> waiting_;
   std::vector<SeqId> running_;                  // admission order, oldest first
   std::vector<GroupBlockCopy> pending_copies_;  // copy-on-write copies of this step's appends
+  std::unique_ptr<FileWriter> file_writer_;     // with a disk tier; after sessions_ (reads them)
   int64_t next_request_id_ = 1;
   int64_t next_seq_id_ = 1;
   int64_t next_session_id_ = 1;

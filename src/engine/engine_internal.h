@@ -88,6 +88,14 @@ struct Engine::WriteBack {
   std::chrono::steady_clock::time_point start;
 };
 
+// A cache file being written by the FileWriter from a host copy the engine keeps until then.
+struct Engine::PendingWrite {
+  uint64_t id = 0;  // FileWriter's
+  std::unique_ptr<HostKv> kv;
+  std::filesystem::path path;
+  std::chrono::steady_clock::time_point start;
+};
+
 // An idle session's KV is in exactly one tier (tier()); a busy one's KV is in its request's
 // sequence, or still in the host or disk tier until that sequence is admitted.
 struct Engine::SessionState {
@@ -99,8 +107,10 @@ struct Engine::SessionState {
   int32_t window_valid_from = 0;  // of resident's table (see Sequence::window_valid_from)
   std::unique_ptr<HostKv> host;   // kHost
   std::filesystem::path file;     // kDisk
-  bool owns_file = false;         // a spill file (removed when no longer needed)
-  uint64_t disk_bytes = 0;        // of an owned file
+  // while its spill file is being written: the copy it is written from (restores use it)
+  std::unique_ptr<PendingWrite> writing;
+  bool owns_file = false;   // a spill file (removed when no longer needed)
+  uint64_t disk_bytes = 0;  // of an owned file
   bool busy = false;
   bool writing_back = false;      // a WriteBack of its resident blocks is in flight
   std::optional<SeqId> busy_seq;  // the sequence of the request running on it

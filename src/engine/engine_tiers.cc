@@ -279,7 +279,9 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv,
 
 Engine::Restore Engine::restore_session(SessionState& session, Sequence& s) {
   std::unique_ptr<HostKv> from_file;
-  HostKv* kv = session.host.get();
+  HostKv* kv = session.host      ? session.host.get()
+               : session.writing ? session.writing->kv.get()  // its file is still being written
+                                 : nullptr;
   if (kv == nullptr) {
     std::vector<int32_t> file_tokens;
     auto read = read_file(session.file, &file_tokens);
@@ -357,23 +359,26 @@ void Engine::move_to_disk(SessionState& session, std::unique_ptr<HostKv> kv) {
     std::error_code ec;
     std::filesystem::create_directories(config_.disk_dir, ec);
     const std::filesystem::path path = spill_path(session);
-    const auto start = std::chrono::steady_clock::now();
-    Status st = write_cache_file(path, fingerprint_, kv->storage(),
-                                 std::span(session.tokens).first(kv->num_tokens), kv->tables);
-    if (st.is_ok()) {
-      const uintmax_t written = std::filesystem::file_size(path, ec);
-      KVP_CHECK(!ec && written == size_bytes, "spill file {}: {} bytes, expected {}", path.string(),
-                written, size_bytes);
-      count_move(stats_.file_writes, size_bytes, start);
-      session.file = path;
-      session.owns_file = true;
-      session.disk_bytes = size_bytes;
-      stats_.disk_tier_bytes_used += size_bytes;
-      ++session.num_moves_to_disk;
-      ++stats_.num_session_moves_to_disk;
-      return;
-    }
-    ++stats_.num_tier_errors;
+    if (!file_writer_) file_writer_ = std::make_unique<FileWriter>();
+    auto pending = std::make_unique<PendingWrite>();
+    pending->start = std::chrono::steady_clock::now();
+    pending->path = path;
+    FileWriter::Job job;
+    job.path = path;
+    job.fingerprint = fingerprint_;
+    job.storage = &kv->storage();
+    job.tables = &kv->tables;
+    job.tokens.assign(session.tokens.begin(), session.tokens.begin() + kv->num_tokens);
+    pending->id = file_writer_->submit(std::move(job));
+    pending->kv = std::move(kv);
+    session.writing = std::move(pending);
+    session.file = path;
+    session.owns_file = true;
+    session.disk_bytes = size_bytes;
+    stats_.disk_tier_bytes_used += size_bytes;
+    ++session.num_moves_to_disk;
+    ++stats_.num_session_moves_to_disk;
+    return;
   }
   drop_kv(session);
   ++session.num_evictions;
@@ -421,11 +426,14 @@ void Engine::drop_kv(SessionState& session) {
     stats_.host_tier_bytes_used -= session.host->size_bytes;
     session.host.reset();
   }
-  if (session.owns_file) {
+  if (session.writing) {
+    // still being written: removed when written (settle_file_writes), the engine goes on
+    orphan_writes_.push_back(std::move(session.writing));
+  } else if (session.owns_file) {
     std::error_code ec;
     std::filesystem::remove(session.file, ec);
-    stats_.disk_tier_bytes_used -= session.disk_bytes;
   }
+  if (session.owns_file) stats_.disk_tier_bytes_used -= session.disk_bytes;
   session.file.clear();
   session.owns_file = false;
   session.disk_bytes = 0;
@@ -451,6 +459,49 @@ void Engine::truncate_session(SessionState& session, int32_t num_tokens) {
     }
   }
   if (!truncated) drop_kv(session);
+}
+
+void Engine::settle_tier_moves() {
+  while (!write_backs_.empty()) finish_write_backs(true);
+  if (!file_writer_) return;
+  file_writer_->drain();
+  settle_file_writes();
+}
+
+void Engine::settle_file_writes() {
+  if (!file_writer_) return;
+  for (auto& [id, status] : file_writer_->poll()) {
+    auto orphan = std::find_if(orphan_writes_.begin(), orphan_writes_.end(),
+                               [id = id](const auto& w) { return w->id == id; });
+    if (orphan != orphan_writes_.end()) {
+      std::error_code ec;
+      std::filesystem::remove((*orphan)->path, ec);
+      orphan_writes_.erase(orphan);
+      continue;
+    }
+    for (auto& [name, session] : sessions_) {
+      if (!session->writing || session->writing->id != id) continue;
+      std::unique_ptr<PendingWrite> done = std::move(session->writing);
+      if (status.is_ok()) {
+        count_move(stats_.file_writes, session->disk_bytes, done->start);
+        break;
+      }
+      // the file could not be written: the KV goes, as when a read fails (unless a request is
+      // using it, restored from the copy: then the pool holds it and only the file goes)
+      ++stats_.num_tier_errors;
+      stats_.disk_tier_bytes_used -= session->disk_bytes;
+      session->file.clear();
+      session->owns_file = false;
+      session->disk_bytes = 0;
+      if (!session->busy && !session->resident && !session->host) {
+        session->num_computed = 0;
+        session->window_valid_from = 0;
+        ++session->num_evictions;
+        ++stats_.num_session_evictions;
+      }
+      break;
+    }
+  }
 }
 
 uint64_t Engine::file_size_bytes(int32_t num_tokens) const {
@@ -545,6 +596,8 @@ Status Engine::save_session(const std::string& name, const std::filesystem::path
       return Status::resource_exhausted("save session '{}': no host memory for its KV", name);
     }
     kv = copy.get();
+  } else if (session.writing) {
+    kv = session.writing->kv.get();
   } else if (!session.file.empty()) {
     auto read = read_file(session.file, nullptr);
     if (!read.is_ok()) {

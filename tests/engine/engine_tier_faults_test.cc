@@ -151,6 +151,7 @@ TEST_P(EngineTierFaultTest, DamagedSpillFilesAreRecomputedToTheUndamagedReplies)
     ASSERT_TRUE(engine.submit(greedy_request(std::vector<int32_t>(150, 10 + i), 20)).is_ok());
   }
   run_all(engine);
+  engine.settle_tier_moves();  // the spill files are written on a thread of their own
   for (const EngineSessionInfo& info : engine.sessions()) {
     ASSERT_EQ(info.tier, SessionTier::kDisk) << info.name;
   }

@@ -94,6 +94,7 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
   ASSERT_EQ(session_info(engine, "agent").tier, SessionTier::kDevice);
 
   apply_pressure(engine);
+  engine.settle_tier_moves();  // spill files are written on a thread of their own
   const EngineSessionInfo spilled = session_info(engine, "agent");
   const SessionTier expected_tier = tier == Tier::kHost ? SessionTier::kHost : SessionTier::kDisk;
   ASSERT_EQ(spilled.tier, expected_tier) << session_tier_name(spilled.tier);
@@ -425,6 +426,7 @@ TEST(EngineTiers, SessionsNeedingFiveTimesThePoolMoveThroughEveryTierWithOutputs
   for (int a = 0; a < kAgents; ++a) {
     ASSERT_TRUE(engine->delete_session("agent" + std::to_string(a)).is_ok());
   }
+  engine->settle_tier_moves();
   engine->check_integrity();
   EXPECT_EQ(engine->stats().num_blocks_used, 0);
   EXPECT_EQ(engine->stats().host_tier_bytes_used, 0u);
