@@ -344,7 +344,9 @@ Result<RequestId> Engine::submit(Request request) {
       state->usage.cached_tokens = s->num_computed;
       session->num_resumed_tokens += s->num_computed;
     }
-    // KV on the host or disk tier comes back when the sequence is admitted (admit_prefix)
+    // KV on the host or disk tier comes back when the sequence is admitted (admit_prefix); a
+    // spill file is read from now on
+    start_prefetch(*session);
     session->busy = true;
   } else if (request.session) {
     auto created = std::make_unique<SessionState>();

@@ -285,6 +285,12 @@ class Engine {
   // *tokens (if not null) receives its token ids. Errors name the file and the reason.
   Result<std::unique_ptr<HostKv>> read_file(const std::filesystem::path& path,
                                             std::vector<int32_t>* tokens);
+  // read_file without the stats: reads only what does not change, so any thread may call it.
+  Result<std::unique_ptr<HostKv>> load_file(const std::filesystem::path& path,
+                                            std::vector<int32_t>* tokens) const;
+  // Starts reading a disk-tier session's spill file on a thread, for its next admission.
+  struct Prefetch;
+  void start_prefetch(SessionState& session);
   // Fills an empty resident sequence with kv (the prefix cache first, so shared blocks stay
   // shared; then fresh blocks that receive the copy). false (the sequence empty again) when
   // the pool lacks blocks. Returns the tokens taken from the prefix cache in *num_shared.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,6 +97,12 @@ struct Engine::PendingWrite {
   std::chrono::steady_clock::time_point start;
 };
 
+// A spill file being read ahead of its session's admission (Engine::start_prefetch).
+struct Engine::Prefetch {
+  std::vector<int32_t> tokens;  // written by the read, then read by the engine after kv.get()
+  std::future<Result<std::unique_ptr<HostKv>>> kv;
+};
+
 // An idle session's KV is in exactly one tier (tier()); a busy one's KV is in its request's
 // sequence, or still in the host or disk tier until that sequence is admitted.
 struct Engine::SessionState {
@@ -109,8 +116,9 @@ struct Engine::SessionState {
   std::filesystem::path file;     // kDisk
   // while its spill file is being written: the copy it is written from (restores use it)
   std::unique_ptr<PendingWrite> writing;
-  bool owns_file = false;   // a spill file (removed when no longer needed)
-  uint64_t disk_bytes = 0;  // of an owned file
+  std::unique_ptr<Prefetch> prefetch;  // its file read since a request for it arrived
+  bool owns_file = false;              // a spill file (removed when no longer needed)
+  uint64_t disk_bytes = 0;             // of an owned file
   bool busy = false;
   bool writing_back = false;      // a WriteBack of its resident blocks is in flight
   std::optional<SeqId> busy_seq;  // the sequence of the request running on it

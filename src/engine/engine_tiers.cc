@@ -180,6 +180,13 @@ int32_t Engine::finish_write_backs(bool wait) {
 Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem::path& path,
                                                           std::vector<int32_t>* tokens) {
   const auto start = std::chrono::steady_clock::now();
+  auto kv = load_file(path, tokens);
+  if (kv.is_ok()) count_move(stats_.file_reads, (*kv)->size_bytes, start);
+  return kv;
+}
+
+Result<std::unique_ptr<Engine::HostKv>> Engine::load_file(const std::filesystem::path& path,
+                                                          std::vector<int32_t>* tokens) const {
   auto file = CacheFile::read(path, fingerprint_, cache_spec_);
   if (!file.is_ok()) return file.status();
   const int32_t vocab = backend_->spec().vocab_size;
@@ -221,7 +228,6 @@ Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem:
   KVP_CHECK(tables_ok.is_ok(), "{}", tables_ok.to_string());
   file->scatter_into(kv->storage(), kv->tables);
   if (tokens != nullptr) tokens->assign(file->token_ids().begin(), file->token_ids().end());
-  count_move(stats_.file_reads, kv->size_bytes, start);
   return kv;
 }
 
@@ -284,7 +290,17 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s) {
                                  : nullptr;
   if (kv == nullptr) {
     std::vector<int32_t> file_tokens;
-    auto read = read_file(session.file, &file_tokens);
+    Result<std::unique_ptr<HostKv>> read = Status::not_found("not read");
+    if (session.prefetch) {
+      // read since the request arrived (start_prefetch), on a thread of its own
+      const auto start = std::chrono::steady_clock::now();
+      read = session.prefetch->kv.get();
+      file_tokens = std::move(session.prefetch->tokens);
+      session.prefetch.reset();
+      if (read.is_ok()) count_move(stats_.file_reads, (*read)->size_bytes, start);
+    } else {
+      read = read_file(session.file, &file_tokens);
+    }
     const bool same_history =
         read.is_ok() && file_tokens.size() <= session.tokens.size() &&
         std::equal(file_tokens.begin(), file_tokens.end(), session.tokens.begin()) &&
@@ -426,6 +442,7 @@ void Engine::drop_kv(SessionState& session) {
     stats_.host_tier_bytes_used -= session.host->size_bytes;
     session.host.reset();
   }
+  session.prefetch.reset();  // waits for a read in flight
   if (session.writing) {
     // still being written: removed when written (settle_file_writes), the engine goes on
     orphan_writes_.push_back(std::move(session.writing));
@@ -459,6 +476,15 @@ void Engine::truncate_session(SessionState& session, int32_t num_tokens) {
     }
   }
   if (!truncated) drop_kv(session);
+}
+
+void Engine::start_prefetch(SessionState& session) {
+  if (session.prefetch || session.host || session.writing || session.file.empty()) return;
+  auto prefetch = std::make_unique<Prefetch>();
+  Prefetch* p = prefetch.get();
+  p->kv = std::async(std::launch::async,
+                     [this, p, path = session.file] { return load_file(path, &p->tokens); });
+  session.prefetch = std::move(prefetch);
 }
 
 void Engine::settle_tier_moves() {
