@@ -1,8 +1,8 @@
-// The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2, Gemma 3
-// and Qwen3 models and their golden logits and greedy continuations, made by
-// scripts/make_tiny_models.py (transformers 5.17, float32, eager attention) and committed under
-// tests/model/fixtures/tiny/. kvpool runs them on its paged KV pool with shuffled block tables,
-// alone, batched, and in prefill chunks.
+// The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2, Gemma 3,
+// Qwen3 and Qwen3-MoE (4 experts, top 2) models and their golden logits and greedy continuations,
+// made by scripts/make_tiny_models.py (transformers 5.17, float32, eager attention) and committed
+// under tests/model/fixtures/tiny/. kvpool runs them on its paged KV pool with shuffled block
+// tables, alone, batched, and in prefill chunks.
 #include "model/model_runner.h"
 #include "quant/quant_matmul.h"
 #include "support/tensor_check.h"
@@ -254,12 +254,12 @@ TEST_P(TinyModelTest, GreedyContinuationsMatchTransformersAloneBatchedAndChunked
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyModelTest,
-                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen3_moe"));
 
 // The same weights written as GGUF the way llama.cpp's converter lays them out
 // (tests/model/make_tiny_gguf.py with the `gguf` package: permuted Llama q/k rows, Llama 3 rope
-// as rope_freqs, Gemma norms stored as 1 + w, Qwen3's q/k norms as attn_q_norm / attn_k_norm;
-// F32), read by kvpool's GGUF path.
+// as rope_freqs, Gemma norms stored as 1 + w, Qwen3's q/k norms as attn_q_norm / attn_k_norm,
+// Qwen3-MoE's experts as 3-D ffn_*_exps tensors; F32), read by kvpool's GGUF path.
 class TinyGgufTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
@@ -281,6 +281,11 @@ TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
   EXPECT_EQ(gguf.layer_is_sliding, hf.layer_is_sliding);
   EXPECT_EQ(gguf.sliding_window, hf.sliding_window);
   EXPECT_EQ(gguf.tie_word_embeddings, hf.tie_word_embeddings);
+  EXPECT_EQ(gguf.num_experts, hf.num_experts);
+  EXPECT_EQ(gguf.num_experts_per_tok, hf.num_experts_per_tok);
+  EXPECT_EQ(gguf.moe_intermediate_size, hf.moe_intermediate_size);
+  EXPECT_EQ(gguf.norm_topk_prob, hf.norm_topk_prob);
+  EXPECT_EQ(gguf.layer_is_moe, hf.layer_is_moe);
   model.runner = std::move(runner).value();
 
   const int32_t vocab = model.runner->spec().vocab_size;
@@ -299,7 +304,7 @@ TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyGgufTest,
-                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen3_moe"));
 
 TEST(ModelRunner, RejectsBadBatchesWithoutWriting) {
   TinyModel model = load_tiny("llama");
