@@ -50,6 +50,18 @@ Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t l
                        source.read_experts(layer, "up_proj", num_experts, inter, hidden));
   KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> down,
                        source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  if (spec.shared_expert_intermediate_size > 0) {
+    const int64_t shared = spec.shared_expert_intermediate_size;
+    const std::string p = fmt::format("model.layers.{}.mlp.shared_expert", layer);
+    experts->shared_gate_up.clear();
+    for (const char* name : {".gate_proj.weight", ".up_proj.weight"}) {
+      KVP_ASSIGN_OR_RETURN(quant::QuantMatrix m, read_matrix(source, p + name, shared, hidden, w));
+      experts->shared_gate_up.push_back(m);
+    }
+    KVP_ASSIGN_OR_RETURN(experts->shared_down,
+                         read_matrix(source, p + ".down_proj.weight", hidden, shared, w));
+    KVP_RETURN_IF_ERROR(read_into(source, p + "_gate.weight", {1, hidden}, &experts->shared_gate));
+  }
   for (int32_t e = 0; e < num_experts; ++e) {
     experts->gate_up.push_back(gate[e].matrix);
     experts->gate_up.push_back(up[e].matrix);
@@ -96,6 +108,8 @@ std::vector<std::pair<std::string, uint64_t>> ModelWeights::matrix_bytes_by_form
     if (lw.experts.num_experts() > 0) add(lw.experts.router);
     for (const quant::QuantMatrix& m : lw.experts.gate_up) add(m);
     for (const quant::QuantMatrix& m : lw.experts.down) add(m);
+    for (const quant::QuantMatrix& m : lw.experts.shared_gate_up) add(m);
+    add(lw.experts.shared_down);
   }
   return out;
 }
@@ -112,8 +126,10 @@ uint64_t ModelWeights::decode_read_bytes() const {
     n += lw.qkv.size_bytes() + lw.o.size_bytes() + lw.gate_up.size_bytes() + lw.down.size_bytes();
     const int32_t num_experts = lw.experts.num_experts();
     if (num_experts > 0) {
-      const uint64_t experts = lw.experts.size_bytes() - lw.experts.router.size_bytes();
-      n += lw.experts.router.size_bytes() + experts * experts_per_token / num_experts;
+      uint64_t shared = lw.experts.shared_down.size_bytes();
+      for (const quant::QuantMatrix& m : lw.experts.shared_gate_up) shared += m.size_bytes();
+      const uint64_t routed = lw.experts.size_bytes() - lw.experts.router.size_bytes() - shared;
+      n += lw.experts.router.size_bytes() + shared + routed * experts_per_token / num_experts;
     }
   }
   return n;

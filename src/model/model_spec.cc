@@ -25,6 +25,8 @@ const char* architecture_name(Architecture arch) {
       return "qwen3";
     case Architecture::kQwen3Moe:
       return "qwen3_moe";
+    case Architecture::kQwen2Moe:
+      return "qwen2_moe";
   }
   return "?";
 }
@@ -161,6 +163,12 @@ Status ModelSpec::validate_experts() const {
   KVP_RETURN_IF_ERROR(check_limit(source, "experts", std::max(num_experts, 0), kExperts));
   KVP_RETURN_IF_ERROR(check_limit(source, "expert intermediate size",
                                   std::max(moe_intermediate_size, 0), kIntermediateSize));
+  KVP_RETURN_IF_ERROR(check_limit(source, "shared expert intermediate size",
+                                  std::max(shared_expert_intermediate_size, 0), kIntermediateSize));
+  if (shared_expert_intermediate_size < 0) {
+    return Status::invalid_argument("model spec: shared expert intermediate size {}",
+                                    shared_expert_intermediate_size);
+  }
   if (num_experts < 0 || moe_intermediate_size <= 0) {
     return Status::invalid_argument("model spec: {} experts of intermediate size {}", num_experts,
                                     moe_intermediate_size);
@@ -286,20 +294,28 @@ Result<RopeSpec> parse_rope(const json& r, double default_theta, const std::stri
   return rope;
 }
 
-// Qwen3MoeConfig's expert fields, with its defaults: num_experts 128 (transformers 5 writes it
-// as num_local_experts), num_experts_per_tok 8,
-// moe_intermediate_size 768, norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers [].
-// Layer l has experts unless listed in mlp_only_layers or (l + 1) % decoder_sparse_step != 0.
+// The expert fields of Qwen3MoeConfig / Qwen2MoeConfig, with their defaults: num_experts 128 / 60
+// (transformers 5 writes Qwen3-MoE's as num_local_experts), num_experts_per_tok 8 / 4,
+// moe_intermediate_size 768 / 1408, Qwen2-MoE's shared_expert_intermediate_size 5632,
+// norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers []. Layer l has experts unless
+// listed in mlp_only_layers or (l + 1) % decoder_sparse_step != 0.
 Status parse_experts(const json& config, const std::string& source, ModelSpec* spec) {
   Fields f(config, source);
   using namespace limits;  // NOLINT(google-build-using-namespace)
-  KVP_ASSIGN_OR_RETURN(spec->num_experts, f.int_field("num_local_experts", kExperts, 128));
+  const bool qwen2 = spec->architecture == Architecture::kQwen2Moe;
+  KVP_ASSIGN_OR_RETURN(spec->num_experts,
+                       f.int_field("num_local_experts", kExperts, qwen2 ? 60 : 128));
   if (f.has("num_experts")) {
     KVP_ASSIGN_OR_RETURN(spec->num_experts, f.int_field("num_experts", kExperts));
   }
-  KVP_ASSIGN_OR_RETURN(spec->num_experts_per_tok, f.int_field("num_experts_per_tok", kExperts, 8));
+  KVP_ASSIGN_OR_RETURN(spec->num_experts_per_tok,
+                       f.int_field("num_experts_per_tok", kExperts, qwen2 ? 4 : 8));
   KVP_ASSIGN_OR_RETURN(spec->moe_intermediate_size,
-                       f.int_field("moe_intermediate_size", kIntermediateSize, 768));
+                       f.int_field("moe_intermediate_size", kIntermediateSize, qwen2 ? 1408 : 768));
+  if (qwen2) {
+    KVP_ASSIGN_OR_RETURN(spec->shared_expert_intermediate_size,
+                         f.int_field("shared_expert_intermediate_size", kIntermediateSize, 5632));
+  }
   KVP_ASSIGN_OR_RETURN(spec->norm_topk_prob, f.bool_field("norm_topk_prob", false));
   KVP_ASSIGN_OR_RETURN(int32_t sparse_step, f.int_field("decoder_sparse_step", kLayers, 1));
   if (sparse_step <= 0) {
@@ -352,17 +368,21 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     spec.architecture = Architecture::kQwen3;
   } else if (model_type == "qwen3_moe") {
     spec.architecture = Architecture::kQwen3Moe;
+  } else if (model_type == "qwen2_moe") {
+    spec.architecture = Architecture::kQwen2Moe;
   } else if (model_type == "gemma3_text" || model_type == "gemma3") {
     spec.architecture = Architecture::kGemma3;
   } else {
     return Status::unsupported(
-        "{}: model_type '{}' is not supported (llama, qwen2, qwen3, qwen3_moe, gemma3_text)",
+        "{}: model_type '{}' is not supported (llama, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+        "gemma3_text)",
         source, model_type);
   }
   const bool gemma = spec.architecture == Architecture::kGemma3;
   // Qwen3-MoE's attention is Qwen3's
   const bool qwen3 =
       spec.architecture == Architecture::kQwen3 || spec.architecture == Architecture::kQwen3Moe;
+  const bool qwen2_moe = spec.architecture == Architecture::kQwen2Moe;
 
   using namespace limits;  // NOLINT(google-build-using-namespace)
   KVP_ASSIGN_OR_RETURN(spec.vocab_size, f.int_field("vocab_size", kVocabSize));
@@ -402,11 +422,15 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
   }
   KVP_ASSIGN_OR_RETURN(bool mlp_bias, f.bool_field("mlp_bias", false));
   if (mlp_bias) return Status::unsupported("{}: mlp_bias = true is not supported", source);
-  if (spec.architecture == Architecture::kQwen2 || qwen3) {
-    // Qwen2 always has q/k/v biases; Qwen3 has them only with attention_bias = true
+  if (spec.architecture == Architecture::kQwen2 || qwen2_moe || qwen3) {
+    // Qwen2 always has q/k/v biases, Qwen2-MoE unless qkv_bias = false; Qwen3 has them only with
+    // attention_bias = true
     spec.qkv_bias = true;
     if (qwen3) {
       KVP_ASSIGN_OR_RETURN(spec.qkv_bias, f.bool_field("attention_bias", false));
+    }
+    if (qwen2_moe) {
+      KVP_ASSIGN_OR_RETURN(spec.qkv_bias, f.bool_field("qkv_bias", true));
     }
     spec.qk_norm = qwen3;  // plain x / rms * w, per head, before rope
     KVP_ASSIGN_OR_RETURN(bool sliding, f.bool_field("use_sliding_window", false));
@@ -423,7 +447,8 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
 
   spec.attention_scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
   spec.layer_is_sliding.assign(spec.num_layers, false);
-  if (spec.architecture == Architecture::kQwen3Moe) {
+  if (spec.architecture == Architecture::kQwen3Moe ||
+      spec.architecture == Architecture::kQwen2Moe) {
     KVP_RETURN_IF_ERROR(parse_experts(config, source, &spec));
   }
   if (gemma) {

@@ -12,7 +12,8 @@ namespace kvp {
 size_t ExpertWeights::size_bytes() const {
   size_t n = router.size_bytes();
   for (int32_t e = 0; e < num_experts(); ++e) n += expert_size_bytes(e);
-  return n;
+  for (const quant::QuantMatrix& m : shared_gate_up) n += m.size_bytes();
+  return n + shared_down.size_bytes();
 }
 
 size_t ExpertWeights::expert_size_bytes(int32_t expert) const {
@@ -113,6 +114,23 @@ void moe_forward(const ExpertWeights& w, const MoeParams& params, const float* x
       const float weight = groups.weights[begin + i];
       for (int64_t j = 0; j < hidden; ++j) dst[j] += weight * src[j];
     }
+  }
+  if (w.shared_gate_up.empty()) return;
+  const int64_t shared_inter = w.shared_down.cols;
+  gate_up.resize(static_cast<size_t>(num_tokens) * 2 * shared_inter);
+  act.resize(static_cast<size_t>(num_tokens) * shared_inter);
+  y.resize(static_cast<size_t>(num_tokens) * hidden);
+  quant::matmul(w.shared_gate_up, xn, num_tokens, hidden, gate_up.data(), 2 * shared_inter, pool,
+                precision);
+  cpu::gated_activation(gate_up.data(), act.data(), num_tokens, shared_inter, params.activation);
+  quant::matmul(w.shared_down, act.data(), num_tokens, shared_inter, y.data(), hidden, pool,
+                precision);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* x = xn + t * hidden;
+    float z = 0.0f;
+    for (int64_t i = 0; i < hidden; ++i) z += w.shared_gate[i] * x[i];
+    const float scale = 1.0f / (1.0f + std::exp(-z));
+    for (int64_t j = 0; j < hidden; ++j) out[t * hidden + j] += scale * y[t * hidden + j];
   }
 }
 

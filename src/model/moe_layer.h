@@ -1,12 +1,13 @@
-// The mixture-of-experts MLP of a decoder layer (Qwen3-MoE) on the CPU: the router picks each
-// token's top-k experts, tokens are grouped by expert, and each expert that received tokens runs
-// its gated MLP once over all of them, so a step reads each chosen expert's weights once (a
+// The mixture-of-experts MLP of a decoder layer (Qwen3-MoE, Qwen2-MoE) on the CPU: the router picks
+// each token's top-k experts, tokens are grouped by expert, and each expert that received tokens
+// runs its gated MLP once over all of them, so a step reads each chosen expert's weights once (a
 // prefill of many tokens) and a decode step at batch 1 reads only the k experts it chose.
 //
 //   xn [num_tokens][hidden] ─ router ─▶ logits [num_tokens][num_experts]
 //      ─ softmax, top-k (renormalised) ─▶ (expert id, weight) [num_tokens][k]
 //      ─ group by expert ─▶ for expert e: rows of its tokens, gathered [n_e][hidden]
 //      ─ gate_up_e, act, down_e ─▶ [n_e][hidden] ─ × weight, added to out[token] ─▶ out
+//   (Qwen2-MoE) + sigmoid(shared_gate · xn) × shared expert(xn), every token
 //
 // Experts' matrices are views into the stored weights (quant::slice_rows of a 3-D GGUF tensor,
 // or one safetensors tensor per expert): nothing is copied or converted per step.
@@ -26,10 +27,15 @@ struct ExpertWeights {
   std::vector<quant::QuantMatrix> gate_up;  // [num_experts * 2]: expert e's gate at 2e, up at
                                             // 2e + 1, each [intermediate][hidden]
   std::vector<quant::QuantMatrix> down;     // [num_experts], each [hidden][intermediate]
+  // Qwen2-MoE's shared expert, empty elsewhere: gate, up [shared_intermediate][hidden], down
+  // [hidden][shared_intermediate], and its gate's weights [hidden].
+  std::vector<quant::QuantMatrix> shared_gate_up;
+  quant::QuantMatrix shared_down;
+  std::vector<float> shared_gate;
 
   int32_t num_experts() const { return static_cast<int32_t>(down.size()); }
   int64_t intermediate() const { return down.empty() ? 0 : down.front().cols; }
-  size_t size_bytes() const;  // router and every expert
+  size_t size_bytes() const;  // router and every expert, the shared one included
   size_t expert_size_bytes(int32_t expert) const;
 };
 
@@ -59,7 +65,8 @@ struct MoeParams {
 };
 
 // out[t] = sum over t's experts e of weight_e * down_e(act(gate_e xn[t]) * up_e xn[t]), the
-// experts' contributions added in ascending expert order (transformers' order). Overwrites out.
+// experts' contributions added in ascending expert order (transformers' order), then the shared
+// expert's when there is one. Overwrites out.
 //   xn [num_tokens][hidden], out [num_tokens][hidden]; the router multiplies in f32, the experts
 //   in `precision` (quant_matmul.h). Threads: the pool's, inside each matmul.
 // requires: xn and out do not overlap.

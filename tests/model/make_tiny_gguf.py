@@ -11,6 +11,9 @@ way llama.cpp's convert_hf_to_gguf.py lays such models out, with the `gguf` pack
     tensor per projection, blk.N.ffn_{gate,up,down}_exps.weight [experts, rows, cols], the
     router as blk.N.ffn_gate_inp.weight, and {arch}.expert_count / expert_used_count /
     expert_feed_forward_length
+  - Qwen2-MoE (arch qwen2moe): Qwen2's attention, experts as Qwen3-MoE's, the shared expert as
+    blk.N.ffn_{gate,up,down}_shexp.weight, its gate as blk.N.ffn_gate_inp_shexp.weight, and
+    {arch}.expert_shared_feed_forward_length
 All tensors stay F32 (the goldens' greedy margins are as small as 2e-4; conversions of other
 types are tested against the gguf package in gguf_file_test.cc).
 kvpool reads the result with its own GGUF reader; the test compares the logits with the
@@ -75,6 +78,7 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
     cfg = json.load(open(f"{model_dir}/config.json"))
     tensors = read_safetensors(f"{model_dir}/model.safetensors")
     arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
+            "qwen2_moe": "qwen2moe",
             "gemma3_text": "gemma3", "gemma3": "gemma3"}[cfg["model_type"]]
     convention = arch  # the tensor layout follows the real architecture
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -104,13 +108,16 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
         w.add_uint32("tokenizer.ggml.eos_token_id", eos[0] if isinstance(eos, list) else eos)
     if convention == "gemma3":
         w.add_uint32(f"{arch}.attention.sliding_window", cfg["sliding_window"])
-    if convention == "qwen3moe":
+    if convention in ("qwen3moe", "qwen2moe"):
         # transformers 5 writes num_local_experts, Qwen's own configs num_experts
         num_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
         w.add_uint32(f"{arch}.expert_count", num_experts)
         w.add_uint32(f"{arch}.expert_used_count", cfg["num_experts_per_tok"])
         w.add_uint32(f"{arch}.expert_feed_forward_length", cfg["moe_intermediate_size"])
         stack_experts(tensors, cfg["num_hidden_layers"], num_experts)
+    if convention == "qwen2moe":
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length",
+                     cfg["shared_expert_intermediate_size"])
     if global_rope.get("rope_type") == "linear":
         w.add_string(f"{arch}.rope.scaling.type", "linear")
         w.add_float32(f"{arch}.rope.scaling.factor", global_rope["factor"])
@@ -135,6 +142,10 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
         "mlp.up_proj.weight": "ffn_up.weight",
         "mlp.down_proj.weight": "ffn_down.weight",
         "mlp.gate.weight": "ffn_gate_inp.weight",
+        "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+        "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+        "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+        "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
         "mlp.experts.gate_proj": "ffn_gate_exps.weight",
         "mlp.experts.up_proj": "ffn_up_exps.weight",
         "mlp.experts.down_proj": "ffn_down_exps.weight",

@@ -211,6 +211,30 @@ TEST(ModelSpecHf, Qwen3MoeBadExpertCountsAreRefused) {
   expect_refused(j, StatusCode::kUnsupported, "more than kvpool's limit of 4096 experts");
 }
 
+TEST(ModelSpecHf, Qwen2MoeReadsItsSharedExpertAndQwen2MoeConfigDefaults) {
+  json j = tiny_qwen3_moe();
+  j["model_type"] = "qwen2_moe";
+  j.erase("head_dim");
+  j.erase("num_local_experts");
+  j.erase("norm_topk_prob");
+  j["shared_expert_intermediate_size"] = 48;
+  auto spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->architecture, Architecture::kQwen2Moe);
+  EXPECT_TRUE(spec->qkv_bias);  // Qwen2MoeConfig.qkv_bias defaults to true
+  EXPECT_FALSE(spec->qk_norm);
+  EXPECT_EQ(spec->head_dim, 16);       // hidden / heads
+  EXPECT_EQ(spec->num_experts, 60);    // Qwen2MoeConfig.num_experts
+  EXPECT_FALSE(spec->norm_topk_prob);  // Qwen2MoeConfig.norm_topk_prob
+  EXPECT_EQ(spec->shared_expert_intermediate_size, 48);
+  j["qkv_bias"] = false;
+  j["num_experts"] = 6;
+  spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_FALSE(spec->qkv_bias);
+  EXPECT_EQ(spec->num_experts, 6);
+}
+
 TEST(ModelSpec, ValidateRefusesNonFiniteScalesAndCaps) {
   auto spec = model_spec_from_hf_config(tiny_llama(), "config.json");
   ASSERT_TRUE(spec.is_ok());
