@@ -78,12 +78,17 @@ Status check_consistent(const ModelConfig& c, std::string_view source) {
 }  // namespace
 
 std::string ModelConfig::describe() const {
+  const std::string experts =
+      num_experts == 0 ? ""
+                       : fmt::format(", experts {} ({} per token) x ffn {}, shared ffn {}",
+                                     num_experts, num_experts_used, expert_intermediate_size,
+                                     shared_expert_intermediate_size);
   return fmt::format(
       "{}: {} layers, hidden {}, ffn {}, heads {}/{} x {} (v {}), vocab {}, ctx {}, rms_eps {}, "
-      "rope base {} dim {}, sliding window {}, tied embeddings {}",
+      "rope base {} dim {}, sliding window {}, tied embeddings {}{}",
       architecture, num_layers, hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim,
       value_head_dim, vocab_size, context_length, rms_norm_eps, rope_freq_base, rope_dim,
-      sliding_window, tied_embeddings ? "yes" : "no");
+      sliding_window, tied_embeddings ? "yes" : "no", experts);
 }
 
 Result<ModelConfig> model_config_from_gguf(const GgufFile& file) {
@@ -124,6 +129,13 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& file) {
   KVP_ASSIGN_OR_RETURN(c.vocab_size, gguf_u32(file, p + "vocab_size", kVocabSize, num_tokens));
   KVP_RETURN_IF_ERROR(check_limit(source, "the vocabulary size", c.vocab_size, kVocabSize));
   c.tied_embeddings = !file.tensor("output.weight").is_ok();
+  KVP_ASSIGN_OR_RETURN(c.num_experts, gguf_u32(file, p + "expert_count", kExperts, 0u));
+  KVP_ASSIGN_OR_RETURN(c.num_experts_used, gguf_u32(file, p + "expert_used_count", kExperts, 0u));
+  KVP_ASSIGN_OR_RETURN(c.expert_intermediate_size,
+                       gguf_u32(file, p + "expert_feed_forward_length", kIntermediateSize, 0u));
+  KVP_ASSIGN_OR_RETURN(
+      c.shared_expert_intermediate_size,
+      gguf_u32(file, p + "expert_shared_feed_forward_length", kIntermediateSize, 0u));
   KVP_RETURN_IF_ERROR(check_consistent(c, fmt::format("gguf '{}'", file.path())));
   return c;
 }
@@ -204,6 +216,15 @@ Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_vi
   KVP_ASSIGN_OR_RETURN(c.sliding_window, hf_u32(j, source, "sliding_window", kSlidingWindow, 0u));
   auto tie = j.find("tie_word_embeddings");
   c.tied_embeddings = tie != j.end() && tie->is_boolean() && tie->get<bool>();
+  KVP_ASSIGN_OR_RETURN(c.num_experts, hf_u32(j, source, "num_local_experts", kExperts, 0u));
+  if (j.contains("num_experts")) {
+    KVP_ASSIGN_OR_RETURN(c.num_experts, hf_u32(j, source, "num_experts", kExperts, 0u));
+  }
+  KVP_ASSIGN_OR_RETURN(c.num_experts_used, hf_u32(j, source, "num_experts_per_tok", kExperts, 0u));
+  KVP_ASSIGN_OR_RETURN(c.expert_intermediate_size,
+                       hf_u32(j, source, "moe_intermediate_size", kIntermediateSize, 0u));
+  KVP_ASSIGN_OR_RETURN(c.shared_expert_intermediate_size,
+                       hf_u32(j, source, "shared_expert_intermediate_size", kIntermediateSize, 0u));
   KVP_RETURN_IF_ERROR(check_consistent(c, source));
   return c;
 }

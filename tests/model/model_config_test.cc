@@ -209,6 +209,17 @@ TEST(InspectModelFile, DescribesGgufAndItsConfig) {
   EXPECT_NE(text->find("config: llama: 30 layers, hidden 576"), std::string::npos) << *text;
 }
 
+TEST(InspectModelFile, ShowsTheExpertsOfMixtureOfExpertsModels) {
+  auto text = inspect_model_file("tests/model/fixtures/tiny/qwen2_moe");
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_NE(text->find("config: qwen2_moe: 3 layers"), std::string::npos) << *text;
+  EXPECT_NE(text->find(", experts 6 (2 per token) x ffn 32, shared ffn 48"), std::string::npos)
+      << *text;
+  text = inspect_model_file("tests/model/fixtures/tiny/qwen3");
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_EQ(text->find("experts"), std::string::npos) << *text;
+}
+
 TEST(InspectModelFile, MissingAndNonModelFilesAreErrors) {
   EXPECT_EQ(inspect_model_file("/nonexistent/x.gguf").status().code(), StatusCode::kNotFound);
   std::string dir = (fs::temp_directory_path() / "kvp_inspect_XXXXXX").string();
