@@ -19,8 +19,10 @@ types are tested against the gguf package in gguf_file_test.cc).
 kvpool reads the result with its own GGUF reader; the test compares the logits with the
 transformers goldens of the same weights.
 Usage: make_tiny_gguf.py MODEL_DIR OUT.gguf [--arch NAME] [--drop TENSOR] [--transpose TENSOR]
+                         [--expert-type Q8_0]
   --arch, --drop, --transpose make damaged variants for the error tests (another architecture
-  name, a GGUF tensor left out, a GGUF tensor written transposed).
+  name, a GGUF tensor left out, a GGUF tensor written transposed); --expert-type stores the
+  3-D expert tensors quantised by the gguf package (the reader's row slices of a block format).
 """
 import argparse
 import json
@@ -74,7 +76,7 @@ def llama3_rope_factors(head_dim, rope):
     return np.array(factors, dtype=np.float32)
 
 
-def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
+def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, expert_type=None):
     cfg = json.load(open(f"{model_dir}/config.json"))
     tensors = read_safetensors(f"{model_dir}/model.safetensors")
     arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
@@ -171,6 +173,11 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
             continue
         if out == transpose:
             data = data.T
+        if expert_type and out.endswith("_exps.weight"):
+            qtype = gguf.GGMLQuantizationType[expert_type]
+            w.add_tensor(out, gguf.quants.quantize(np.ascontiguousarray(data), qtype),
+                         raw_dtype=qtype)
+            continue
         w.add_tensor(out, np.ascontiguousarray(data))
     if global_rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, global_rope))
@@ -203,5 +210,6 @@ if __name__ == "__main__":
     ap.add_argument("--arch")
     ap.add_argument("--drop")
     ap.add_argument("--transpose")
+    ap.add_argument("--expert-type")
     a = ap.parse_args()
-    main(a.model_dir, a.out, a.arch, a.drop, a.transpose)
+    main(a.model_dir, a.out, a.arch, a.drop, a.transpose, a.expert_type)

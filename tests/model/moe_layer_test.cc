@@ -175,7 +175,8 @@ TEST(MoeForward, GroupedByExpertEqualsThePerTokenReference) {
 }
 
 // Router rows that send every token to expert 0 and none to expert 5 (positive activations: row
-// 0 all +1, row 5 all -1).
+// 0 all +1, row 5 all -1). Expert 5's weights are NaN: a step that read them into any output
+// would show it.
 TEST(MoeForward, OneExpertTakesEveryTokenAndAnotherNone) {
   std::mt19937 rng(11);
   const int32_t num_experts = 6, top_k = 3;
@@ -183,6 +184,9 @@ TEST(MoeForward, OneExpertTakesEveryTokenAndAnotherNone) {
   Layer l = random_layer(num_experts, hidden, inter, rng);
   std::fill_n(l.router.begin(), hidden, 1.0f);
   std::fill_n(l.router.begin() + 5 * hidden, hidden, -1.0f);
+  for (std::vector<float>* m : {&l.gate[5], &l.up[5], &l.down[5]}) {
+    std::fill(m->begin(), m->end(), NAN);
+  }
   std::uniform_real_distribution<float> uniform(0.1f, 1.0f);
   std::vector<float> x(num_tokens * hidden);
   for (float& v : x) v = uniform(rng);
