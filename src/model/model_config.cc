@@ -77,12 +77,34 @@ Status check_consistent(const ModelConfig& c, std::string_view source) {
 
 }  // namespace
 
+uint64_t ModelConfig::matrix_parameters(bool active_per_token) const {
+  const uint64_t hidden = hidden_size;
+  const uint64_t q_dim = uint64_t{num_heads} * head_dim;
+  const uint64_t kv_dim = uint64_t{num_kv_heads} * (head_dim + value_head_dim);
+  const uint64_t attention = hidden * (q_dim + kv_dim) + q_dim * hidden;
+  const uint64_t experts_run = active_per_token ? num_experts_used : num_experts;
+  const uint64_t moe = hidden * num_experts + experts_run * 3 * hidden * expert_intermediate_size +
+                       3 * hidden * shared_expert_intermediate_size +
+                       (shared_expert_intermediate_size > 0 ? hidden : 0);
+  const uint64_t dense = 3 * hidden * intermediate_size;
+  const uint64_t moe_layers = std::min(num_moe_layers, num_layers);
+  return uint64_t{vocab_size} * hidden * (tied_embeddings ? 1 : 2) + num_layers * attention +
+         moe_layers * moe + (num_layers - moe_layers) * dense;
+}
+
 std::string ModelConfig::describe() const {
+  const auto billions = [](uint64_t n) {
+    return n >= 1'000'000'000 ? fmt::format("{:.1f}B", n / 1e9) : fmt::format("{}", n);
+  };
   const std::string experts =
-      num_experts == 0 ? ""
-                       : fmt::format(", experts {} ({} per token) x ffn {}, shared ffn {}",
-                                     num_experts, num_experts_used, expert_intermediate_size,
-                                     shared_expert_intermediate_size);
+      num_experts == 0
+          ? ""
+          : fmt::format(
+                ", experts {} ({} per token) x ffn {}, shared ffn {} in {} layers, matrix "
+                "parameters {} ({} active per token)",
+                num_experts, num_experts_used, expert_intermediate_size,
+                shared_expert_intermediate_size, num_moe_layers, billions(matrix_parameters(false)),
+                billions(matrix_parameters(true)));
   return fmt::format(
       "{}: {} layers, hidden {}, ffn {}, heads {}/{} x {} (v {}), vocab {}, ctx {}, rms_eps {}, "
       "rope base {} dim {}, sliding window {}, tied embeddings {}{}",
@@ -136,6 +158,9 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& file) {
   KVP_ASSIGN_OR_RETURN(
       c.shared_expert_intermediate_size,
       gguf_u32(file, p + "expert_shared_feed_forward_length", kIntermediateSize, 0u));
+  for (uint32_t l = 0; c.num_experts > 0 && l < c.num_layers; ++l) {
+    if (file.tensor(fmt::format("blk.{}.ffn_gate_inp.weight", l)).is_ok()) ++c.num_moe_layers;
+  }
   KVP_RETURN_IF_ERROR(check_consistent(c, fmt::format("gguf '{}'", file.path())));
   return c;
 }
@@ -225,6 +250,19 @@ Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_vi
                        hf_u32(j, source, "moe_intermediate_size", kIntermediateSize, 0u));
   KVP_ASSIGN_OR_RETURN(c.shared_expert_intermediate_size,
                        hf_u32(j, source, "shared_expert_intermediate_size", kIntermediateSize, 0u));
+  if (c.num_experts > 0) {
+    KVP_ASSIGN_OR_RETURN(uint32_t step, hf_u32(j, source, "decoder_sparse_step", kLayers, 1u));
+    std::vector<bool> dense(c.num_layers, false);
+    if (auto only = j.find("mlp_only_layers"); only != j.end() && only->is_array()) {
+      for (const nlohmann::json& l : *only) {
+        if (l.is_number_unsigned() && l.get<uint64_t>() < c.num_layers)
+          dense[l.get<uint64_t>()] = true;
+      }
+    }
+    for (uint32_t l = 0; step > 0 && l < c.num_layers; ++l) {
+      if (!dense[l] && (l + 1) % step == 0) ++c.num_moe_layers;
+    }
+  }
   KVP_RETURN_IF_ERROR(check_consistent(c, source));
   return c;
 }
