@@ -3,7 +3,9 @@
 
 For each architecture (Llama with Llama 3 rope scaling and tied embeddings, Qwen2 with q/k/v
 bias, Gemma 3 with interleaved sliding-window and global layers, Qwen3 with per-head q/k RMS
-norms, an explicit head_dim unequal to hidden / heads and tied embeddings) it builds a small model with
+norms, an explicit head_dim unequal to hidden / heads and tied embeddings, Qwen3-MoE with 4
+experts of which each token runs 2, Qwen2-MoE with 6 experts, top 2, a gated shared expert and a
+dense layer between its MoE layers) it builds a small model with
 random weights, saves it as safetensors + config.json, and records golden outputs computed by
 transformers in float32 on the CPU (eager attention):
   golden.safetensors: prompt_{i} (int32 token ids), logits_{i} ([len, vocab] float32, every
@@ -22,7 +24,9 @@ import torch
 import transformers
 from safetensors.torch import save_file
 from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
+                          Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM)
 
 VOCAB = 256
 PROMPT_LENGTHS = [1, 7, 29, 45]
@@ -61,6 +65,23 @@ def configs():
             num_attention_heads=4, num_key_value_heads=2, head_dim=32,
             max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=True,
             initializer_range=0.08, attention_bias=False,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False, bos_token_id=1, eos_token_id=2)),
+        "qwen3_moe": (Qwen3MoeForCausalLM, Qwen3MoeConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+            num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+            mlp_only_layers=[], num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, initializer_range=0.08,
+            attention_bias=False, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            use_sliding_window=False, bos_token_id=1, eos_token_id=2)),
+        "qwen2_moe": (Qwen2MoeForCausalLM, Qwen2MoeConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+            shared_expert_intermediate_size=48, num_experts=6, num_experts_per_tok=2,
+            norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1],
+            num_hidden_layers=3, num_attention_heads=8, num_key_value_heads=2,
+            max_position_embeddings=1024, rms_norm_eps=1e-6, tie_word_embeddings=False,
+            initializer_range=0.08, qkv_bias=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
             use_sliding_window=False, bos_token_id=1, eos_token_id=2)),
     }

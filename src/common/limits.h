@@ -26,6 +26,7 @@ inline constexpr Limit kLayers{4096, "layers"};
 inline constexpr Limit kHiddenSize{1u << 17, "hidden units"};
 inline constexpr Limit kIntermediateSize{1u << 20, "feed-forward units"};
 inline constexpr Limit kHeads{4096, "heads"};
+inline constexpr Limit kExperts{4096, "experts"};
 inline constexpr Limit kHeadDim{8192, "dimensions per head"};
 inline constexpr Limit kVocabSize{1u << 24, "tokens in a vocabulary"};
 // Context length a model declares: at least kMinContextLength (a smaller one is a broken file,

@@ -17,10 +17,13 @@ Result<Architecture> architecture_of(const GgufFile& file) {
   if (arch == "llama") return Architecture::kLlama;
   if (arch == "qwen2") return Architecture::kQwen2;
   if (arch == "qwen3") return Architecture::kQwen3;
+  if (arch == "qwen3moe") return Architecture::kQwen3Moe;
+  if (arch == "qwen2moe") return Architecture::kQwen2Moe;
   if (arch == "gemma3") return Architecture::kGemma3;
   return Status::unsupported(
-      "gguf '{}': architecture '{}' is not supported (llama, qwen2, qwen3, gemma3)", file.path(),
-      arch);
+      "gguf '{}': architecture '{}' is not supported (llama, qwen2, qwen2moe, qwen3, qwen3moe, "
+      "gemma3)",
+      file.path(), arch);
 }
 
 // `{arch}.rope.scaling.*` (linear only; llama3 comes as rope_freqs.weight).
@@ -60,12 +63,42 @@ Result<bool> optional_bool(const GgufFile& file, std::string_view key, bool fall
   return file.get_bool(key);
 }
 
+// {arch}.expert_count, expert_used_count, expert_feed_forward_length,
+// expert_shared_feed_forward_length (qwen2moe), and expert_weights_norm (absent: as llama.cpp's
+// graphs, qwen3moe renormalises, qwen2moe does not). A layer has experts where its router
+// blk.N.ffn_gate_inp.weight exists.
+Status experts_of(const GgufFile& file, const std::string& arch, ModelSpec* spec) {
+  const auto u32 = [&](const std::string& key) -> Result<int32_t> {
+    KVP_ASSIGN_OR_RETURN(int64_t v, file.get_integer(key));
+    if (v < 0 || v > int64_t{limits::kExperts.max} * 1024) {
+      return Status::invalid_argument("gguf '{}': {} = {} is out of range", file.path(), key, v);
+    }
+    return static_cast<int32_t>(v);
+  };
+  KVP_ASSIGN_OR_RETURN(spec->num_experts, u32(arch + ".expert_count"));
+  KVP_ASSIGN_OR_RETURN(spec->num_experts_per_tok, u32(arch + ".expert_used_count"));
+  KVP_ASSIGN_OR_RETURN(spec->moe_intermediate_size, u32(arch + ".expert_feed_forward_length"));
+  const bool qwen2 = spec->architecture == Architecture::kQwen2Moe;
+  KVP_ASSIGN_OR_RETURN(spec->norm_topk_prob,
+                       optional_bool(file, arch + ".expert_weights_norm", !qwen2));
+  if (qwen2) {
+    KVP_ASSIGN_OR_RETURN(spec->shared_expert_intermediate_size,
+                         u32(arch + ".expert_shared_feed_forward_length"));
+  }
+  spec->layer_is_moe.assign(spec->num_layers, false);
+  for (int32_t l = 0; l < spec->num_layers; ++l) {
+    spec->layer_is_moe[l] = file.tensor(fmt::format("blk.{}.ffn_gate_inp.weight", l)).is_ok();
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
   KVP_ASSIGN_OR_RETURN(Architecture arch, architecture_of(file));
   KVP_ASSIGN_OR_RETURN(ModelConfig config, model_config_from_gguf(file));
-  const std::string_view arch_name = architecture_name(arch);
+  // llama.cpp's name of the architecture, its metadata keys' prefix
+  const std::string arch_name = config.architecture;
   if (config.rope_dim != config.head_dim) {
     return Status::unsupported("gguf '{}': rope over {} of {} head dimensions is not supported",
                                file.path(), config.rope_dim, config.head_dim);
@@ -101,6 +134,15 @@ Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
     case Architecture::kQwen3:  // neox rope (no permuted rows), plain per-head q/k norms
       spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
       spec.qk_norm = true;
+      break;
+    case Architecture::kQwen3Moe:
+      spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
+      spec.qk_norm = true;
+      KVP_RETURN_IF_ERROR(experts_of(file, arch_name, &spec));
+      break;
+    case Architecture::kQwen2Moe:
+      spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
+      KVP_RETURN_IF_ERROR(experts_of(file, arch_name, &spec));
       break;
     case Architecture::kGemma3: {
       spec.activation = cpu::Activation::kGeluTanh;
@@ -282,6 +324,15 @@ std::string GgufWeights::gguf_name(const std::string& hf_name) const {
       {"mlp.down_proj.weight", "ffn_down.weight"},
       {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
       {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+      {"mlp.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+      {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+      {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+      {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
+      // the experts' stacked projections (read_experts)
+      {"mlp.experts.gate_proj", "ffn_gate_exps.weight"},
+      {"mlp.experts.up_proj", "ffn_up_exps.weight"},
+      {"mlp.experts.down_proj", "ffn_down_exps.weight"},
   };
   const char* mapped = nullptr;
   for (const Pair& p : kCommon) {
@@ -311,10 +362,16 @@ Result<const GgufTensor*> GgufWeights::find(const std::string& name,
     return Status::not_found("gguf '{}': tensor '{}' ('{}') is missing", file_->path(), g, name);
   }
   const GgufTensor& t = **tensor;
-  // ggml lists dimensions innermost first; shape is outermost first
-  const bool same = t.dims.size() == shape.size() &&
-                    std::equal(t.dims.rbegin(), t.dims.rend(), shape.begin(), shape.end(),
-                               [](uint64_t a, int64_t b) { return b >= 0 && a == uint64_t(b); });
+  // ggml lists dimensions innermost first; shape is outermost first. Outer dimensions of size 1
+  // do not count (a [1][hidden] gate may be stored as [hidden], as llama.cpp reads Qwen2-MoE's)
+  size_t file_dims = t.dims.size(), want_dims = shape.size();
+  while (file_dims > 1 && t.dims[file_dims - 1] == 1) --file_dims;
+  size_t outer = 0;
+  while (want_dims - outer > 1 && shape[outer] == 1) ++outer;
+  const bool same =
+      file_dims == want_dims - outer &&
+      std::equal(t.dims.rend() - file_dims, t.dims.rend(), shape.begin() + outer, shape.end(),
+                 [](uint64_t a, int64_t b) { return b >= 0 && a == uint64_t(b); });
   if (!same) {
     std::vector<uint64_t> outer_first(t.dims.rbegin(), t.dims.rend());
     return Status::mismatch("gguf '{}': tensor '{}' has shape [{}], expected [{}]", file_->path(),
@@ -340,6 +397,31 @@ Result<StoredMatrix> GgufWeights::read_matrix(const std::string& name, int64_t r
   m.matrix = quant::make_matrix(t->type, t->data.data(), rows, cols);
   m.keep_alive = file_;  // the mapping lives as long as the file
   return m;
+}
+
+Result<std::vector<StoredMatrix>> GgufWeights::read_experts(int32_t layer,
+                                                            const std::string& projection,
+                                                            int32_t num_experts, int64_t rows,
+                                                            int64_t cols) const {
+  const std::array<int64_t, 3> shape{num_experts, rows, cols};
+  KVP_ASSIGN_OR_RETURN(
+      const GgufTensor* t,
+      find(fmt::format("model.layers.{}.mlp.experts.{}", layer, projection), shape));
+  StoredMatrix all;  // [num_experts * rows][cols]
+  if (quant::matmul_supports(t->type)) {
+    all.matrix = quant::make_matrix(t->type, t->data.data(), num_experts * rows, cols);
+    all.keep_alive = file_;
+  } else {
+    std::vector<float> values(t->num_elements);
+    KVP_RETURN_IF_ERROR(file_->dequantize_tensor(*t, values));
+    all = owned_f32_matrix(std::move(values), num_experts * rows, cols);
+  }
+  std::vector<StoredMatrix> experts(num_experts);
+  for (int32_t e = 0; e < num_experts; ++e) {
+    experts[e].matrix = quant::slice_rows(all.matrix, e * rows, rows);
+    experts[e].keep_alive = all.keep_alive;
+  }
+  return experts;
 }
 
 }  // namespace kvp

@@ -21,7 +21,8 @@
 
 namespace kvp {
 
-// Unsupported naming the file for architectures other than llama, qwen2, qwen3, gemma3 (and for
+// Unsupported naming the file for architectures other than llama, qwen2, qwen3, qwen3moe,
+// gemma3 (and for
 // partial rotary dimensions); the reader's errors for missing or inconsistent keys.
 Result<ModelSpec> model_spec_from_gguf(const GgufFile& file);
 
@@ -40,6 +41,11 @@ class GgufWeights : public WeightSource {
   // In place in the file's mapping for every block format quant::matmul reads.
   Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
                                    int64_t cols) const override;
+  // Slices of blk.{layer}.ffn_{gate,up,down}_exps.weight [num_experts][rows][cols] (ggml's
+  // dims innermost first: cols, rows, experts), in place where matmul reads the type.
+  Result<std::vector<StoredMatrix>> read_experts(int32_t layer, const std::string& projection,
+                                                 int32_t num_experts, int64_t rows,
+                                                 int64_t cols) const override;
   std::string describe() const override { return file_->path(); }
 
   // The GGUF name of a Hugging Face tensor name ("model.layers.3.mlp.up_proj.weight" →

@@ -77,13 +77,40 @@ Status check_consistent(const ModelConfig& c, std::string_view source) {
 
 }  // namespace
 
+uint64_t ModelConfig::matrix_parameters(bool active_per_token) const {
+  const uint64_t hidden = hidden_size;
+  const uint64_t q_dim = uint64_t{num_heads} * head_dim;
+  const uint64_t kv_dim = uint64_t{num_kv_heads} * (head_dim + value_head_dim);
+  const uint64_t attention = hidden * (q_dim + kv_dim) + q_dim * hidden;
+  const uint64_t experts_run = active_per_token ? num_experts_used : num_experts;
+  const uint64_t moe = hidden * num_experts + experts_run * 3 * hidden * expert_intermediate_size +
+                       3 * hidden * shared_expert_intermediate_size +
+                       (shared_expert_intermediate_size > 0 ? hidden : 0);
+  const uint64_t dense = 3 * hidden * intermediate_size;
+  const uint64_t moe_layers = std::min(num_moe_layers, num_layers);
+  return uint64_t{vocab_size} * hidden * (tied_embeddings ? 1 : 2) + num_layers * attention +
+         moe_layers * moe + (num_layers - moe_layers) * dense;
+}
+
 std::string ModelConfig::describe() const {
+  const auto billions = [](uint64_t n) {
+    return n >= 1'000'000'000 ? fmt::format("{:.1f}B", n / 1e9) : fmt::format("{}", n);
+  };
+  const std::string experts =
+      num_experts == 0
+          ? ""
+          : fmt::format(
+                ", experts {} ({} per token) x ffn {}, shared ffn {} in {} layers, matrix "
+                "parameters {} ({} active per token)",
+                num_experts, num_experts_used, expert_intermediate_size,
+                shared_expert_intermediate_size, num_moe_layers, billions(matrix_parameters(false)),
+                billions(matrix_parameters(true)));
   return fmt::format(
       "{}: {} layers, hidden {}, ffn {}, heads {}/{} x {} (v {}), vocab {}, ctx {}, rms_eps {}, "
-      "rope base {} dim {}, sliding window {}, tied embeddings {}",
+      "rope base {} dim {}, sliding window {}, tied embeddings {}{}",
       architecture, num_layers, hidden_size, intermediate_size, num_heads, num_kv_heads, head_dim,
       value_head_dim, vocab_size, context_length, rms_norm_eps, rope_freq_base, rope_dim,
-      sliding_window, tied_embeddings ? "yes" : "no");
+      sliding_window, tied_embeddings ? "yes" : "no", experts);
 }
 
 Result<ModelConfig> model_config_from_gguf(const GgufFile& file) {
@@ -124,6 +151,16 @@ Result<ModelConfig> model_config_from_gguf(const GgufFile& file) {
   KVP_ASSIGN_OR_RETURN(c.vocab_size, gguf_u32(file, p + "vocab_size", kVocabSize, num_tokens));
   KVP_RETURN_IF_ERROR(check_limit(source, "the vocabulary size", c.vocab_size, kVocabSize));
   c.tied_embeddings = !file.tensor("output.weight").is_ok();
+  KVP_ASSIGN_OR_RETURN(c.num_experts, gguf_u32(file, p + "expert_count", kExperts, 0u));
+  KVP_ASSIGN_OR_RETURN(c.num_experts_used, gguf_u32(file, p + "expert_used_count", kExperts, 0u));
+  KVP_ASSIGN_OR_RETURN(c.expert_intermediate_size,
+                       gguf_u32(file, p + "expert_feed_forward_length", kIntermediateSize, 0u));
+  KVP_ASSIGN_OR_RETURN(
+      c.shared_expert_intermediate_size,
+      gguf_u32(file, p + "expert_shared_feed_forward_length", kIntermediateSize, 0u));
+  for (uint32_t l = 0; c.num_experts > 0 && l < c.num_layers; ++l) {
+    if (file.tensor(fmt::format("blk.{}.ffn_gate_inp.weight", l)).is_ok()) ++c.num_moe_layers;
+  }
   KVP_RETURN_IF_ERROR(check_consistent(c, fmt::format("gguf '{}'", file.path())));
   return c;
 }
@@ -204,6 +241,28 @@ Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_vi
   KVP_ASSIGN_OR_RETURN(c.sliding_window, hf_u32(j, source, "sliding_window", kSlidingWindow, 0u));
   auto tie = j.find("tie_word_embeddings");
   c.tied_embeddings = tie != j.end() && tie->is_boolean() && tie->get<bool>();
+  KVP_ASSIGN_OR_RETURN(c.num_experts, hf_u32(j, source, "num_local_experts", kExperts, 0u));
+  if (j.contains("num_experts")) {
+    KVP_ASSIGN_OR_RETURN(c.num_experts, hf_u32(j, source, "num_experts", kExperts, 0u));
+  }
+  KVP_ASSIGN_OR_RETURN(c.num_experts_used, hf_u32(j, source, "num_experts_per_tok", kExperts, 0u));
+  KVP_ASSIGN_OR_RETURN(c.expert_intermediate_size,
+                       hf_u32(j, source, "moe_intermediate_size", kIntermediateSize, 0u));
+  KVP_ASSIGN_OR_RETURN(c.shared_expert_intermediate_size,
+                       hf_u32(j, source, "shared_expert_intermediate_size", kIntermediateSize, 0u));
+  if (c.num_experts > 0) {
+    KVP_ASSIGN_OR_RETURN(uint32_t step, hf_u32(j, source, "decoder_sparse_step", kLayers, 1u));
+    std::vector<bool> dense(c.num_layers, false);
+    if (auto only = j.find("mlp_only_layers"); only != j.end() && only->is_array()) {
+      for (const nlohmann::json& l : *only) {
+        if (l.is_number_unsigned() && l.get<uint64_t>() < c.num_layers)
+          dense[l.get<uint64_t>()] = true;
+      }
+    }
+    for (uint32_t l = 0; step > 0 && l < c.num_layers; ++l) {
+      if (!dense[l] && (l + 1) % step == 0) ++c.num_moe_layers;
+    }
+  }
   KVP_RETURN_IF_ERROR(check_consistent(c, source));
   return c;
 }

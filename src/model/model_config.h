@@ -31,8 +31,26 @@ struct ModelConfig {
   uint32_t rope_dim = 0;         // rotated dimensions per head; = head_dim unless given
   uint32_t sliding_window = 0;   // tokens; 0 = every layer attends globally
   bool tied_embeddings = false;  // GGUF: no output.weight tensor; HF: tie_word_embeddings
+  // Mixture of experts (0 experts: dense): {arch}.expert_count / num_experts (num_local_experts),
+  // expert_used_count / num_experts_per_tok, expert_feed_forward_length / moe_intermediate_size,
+  // expert_shared_feed_forward_length / shared_expert_intermediate_size.
+  uint32_t num_experts = 0;
+  uint32_t num_experts_used = 0;
+  uint32_t expert_intermediate_size = 0;
+  uint32_t shared_expert_intermediate_size = 0;
+  // Layers with experts (the others have a dense MLP of intermediate_size): GGUF, those with a
+  // router blk.N.ffn_gate_inp.weight; HF, as Qwen3MoeDecoderLayer decides (decoder_sparse_step,
+  // mlp_only_layers).
+  uint32_t num_moe_layers = 0;
 
-  // "llama: 30 layers, hidden 576, ffn 1536, heads 9/3 x 64, vocab 49152, ctx 8192, ..."
+  // Parameters of the weight matrices (embeddings, lm-head unless tied, attention, MLPs,
+  // routers and experts; not norms or biases): all of them, or those one token multiplies by
+  // (num_experts_used of each layer's experts).
+  uint64_t matrix_parameters(bool active_per_token) const;
+
+  // "llama: 30 layers, hidden 576, ffn 1536, heads 9/3 x 64, vocab 49152, ctx 8192, ...", and
+  // for a mixture of experts ", experts 128 (8 per token) x ffn 768, shared ffn 0 in 48 layers,
+  // matrix parameters 30.4B (3.3B active per token)"
   std::string describe() const;
 };
 

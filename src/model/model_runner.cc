@@ -35,6 +35,44 @@ Result<quant::QuantMatrix> read_matrix(const WeightSource& source, const std::st
   return m.matrix;
 }
 
+// Layer `layer`'s router "model.layers.N.mlp.gate.weight" [num_experts][hidden] and its
+// experts' gate, up [moe_intermediate][hidden] and down [hidden][moe_intermediate].
+Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
+                    ExpertWeights* experts, ModelWeights* w) {
+  const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
+  const int32_t num_experts = spec.num_experts;
+  KVP_ASSIGN_OR_RETURN(experts->router,
+                       read_matrix(source, fmt::format("model.layers.{}.mlp.gate.weight", layer),
+                                   num_experts, hidden, w));
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> gate,
+                       source.read_experts(layer, "gate_proj", num_experts, inter, hidden));
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> up,
+                       source.read_experts(layer, "up_proj", num_experts, inter, hidden));
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> down,
+                       source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  if (spec.shared_expert_intermediate_size > 0) {
+    const int64_t shared = spec.shared_expert_intermediate_size;
+    const std::string p = fmt::format("model.layers.{}.mlp.shared_expert", layer);
+    experts->shared_gate_up.clear();
+    for (const char* name : {".gate_proj.weight", ".up_proj.weight"}) {
+      KVP_ASSIGN_OR_RETURN(quant::QuantMatrix m, read_matrix(source, p + name, shared, hidden, w));
+      experts->shared_gate_up.push_back(m);
+    }
+    KVP_ASSIGN_OR_RETURN(experts->shared_down,
+                         read_matrix(source, p + ".down_proj.weight", hidden, shared, w));
+    KVP_RETURN_IF_ERROR(read_into(source, p + "_gate.weight", {1, hidden}, &experts->shared_gate));
+  }
+  for (int32_t e = 0; e < num_experts; ++e) {
+    experts->gate_up.push_back(gate[e].matrix);
+    experts->gate_up.push_back(up[e].matrix);
+    experts->down.push_back(down[e].matrix);
+    for (StoredMatrix* m : {&gate[e], &up[e], &down[e]}) {
+      w->keep_alive.push_back(std::move(m->keep_alive));
+    }
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 int64_t LinearWeight::rows() const {
@@ -67,6 +105,11 @@ std::vector<std::pair<std::string, uint64_t>> ModelWeights::matrix_bytes_by_form
     for (const LinearWeight* l : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down}) {
       for (const quant::QuantMatrix& m : l->parts) add(m);
     }
+    if (lw.experts.num_experts() > 0) add(lw.experts.router);
+    for (const quant::QuantMatrix& m : lw.experts.gate_up) add(m);
+    for (const quant::QuantMatrix& m : lw.experts.down) add(m);
+    for (const quant::QuantMatrix& m : lw.experts.shared_gate_up) add(m);
+    add(lw.experts.shared_down);
   }
   return out;
 }
@@ -81,6 +124,13 @@ uint64_t ModelWeights::decode_read_bytes() const {
   uint64_t n = lm_head.rows == 0 ? embed.size_bytes() : lm_head.size_bytes();
   for (const LayerWeights& lw : layers) {
     n += lw.qkv.size_bytes() + lw.o.size_bytes() + lw.gate_up.size_bytes() + lw.down.size_bytes();
+    const int32_t num_experts = lw.experts.num_experts();
+    if (num_experts > 0) {
+      uint64_t shared = lw.experts.shared_down.size_bytes();
+      for (const quant::QuantMatrix& m : lw.experts.shared_gate_up) shared += m.size_bytes();
+      const uint64_t routed = lw.experts.size_bytes() - lw.experts.router.size_bytes() - shared;
+      n += lw.experts.router.size_bytes() + shared + routed * experts_per_token / num_experts;
+    }
   }
   return n;
 }
@@ -92,6 +142,7 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
   const int64_t kv_dim = int64_t{spec.num_kv_heads} * head_dim;
   const int64_t inter = spec.intermediate_size;
   ModelWeights w;
+  w.experts_per_token = spec.num_experts_per_tok;
   KVP_ASSIGN_OR_RETURN(
       w.embed, read_matrix(source, "model.embed_tokens.weight", spec.vocab_size, hidden, &w));
   KVP_RETURN_IF_ERROR(read_into(source, "model.norm.weight", {hidden}, &w.final_norm));
@@ -134,6 +185,10 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
     } else {
       KVP_RETURN_IF_ERROR(
           read_into(source, p + "post_attention_layernorm.weight", {hidden}, &lw.mlp_norm));
+    }
+    if (spec.layer_moe(l)) {
+      KVP_RETURN_IF_ERROR(load_experts(spec, source, l, &lw.experts, &w));
+      continue;
     }
     KVP_RETURN_IF_ERROR(
         add_part(source, p + "mlp.gate_proj.weight", inter, hidden, &lw.gate_up, &w));
@@ -401,11 +456,16 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
 
     cpu::rms_norm(x.data(), lw.mlp_norm.data(), xn.data(), num_tokens, hidden, eps,
                   spec_.norm_style);
-    quant::matmul(lw.gate_up.parts, xn.data(), num_tokens, hidden, gate_up.data(), 2 * inter, pool_,
-                  precision);
-    cpu::gated_activation(gate_up.data(), act.data(), num_tokens, inter, spec_.activation);
-    quant::matmul(lw.down.parts, act.data(), num_tokens, inter, proj.data(), hidden, pool_,
-                  precision);
+    if (spec_.layer_moe(l)) {
+      const MoeParams moe{spec_.num_experts_per_tok, spec_.norm_topk_prob, spec_.activation};
+      moe_forward(lw.experts, moe, xn.data(), num_tokens, hidden, proj.data(), pool_, precision);
+    } else {
+      quant::matmul(lw.gate_up.parts, xn.data(), num_tokens, hidden, gate_up.data(), 2 * inter,
+                    pool_, precision);
+      cpu::gated_activation(gate_up.data(), act.data(), num_tokens, inter, spec_.activation);
+      quant::matmul(lw.down.parts, act.data(), num_tokens, inter, proj.data(), hidden, pool_,
+                    precision);
+    }
     if (all_reduce_) all_reduce_(std::span(proj.data(), static_cast<size_t>(num_tokens * hidden)));
     if (!lw.post_mlp_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_mlp_norm.data(), num_tokens, hidden, eps,

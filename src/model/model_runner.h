@@ -4,7 +4,8 @@
 //   tokens of all sequences, packed:   [ seq0: q_len0 tokens | seq1: q_len1 | … ]
 //   per layer: norm → q,k,v → (q/k norm) → rope → write k,v to their slots (slot mapping of the
 //              layer's cache group) → paged attention over each sequence's block table
-//              → o → (+ residual) → norm → gated MLP → (+ residual)
+//              → o → (+ residual) → norm → gated MLP, or the mixture of experts of an MoE
+//              layer (model/moe_layer.h) → (+ residual)
 //   logits only for the rows asked for (usually each sequence's last token).
 //
 // Layers are assigned to cache groups: group 0 holds the global layers, group 1 the
@@ -25,6 +26,7 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "model/model_spec.h"
+#include "model/moe_layer.h"
 #include "model/weight_source.h"
 #include "quant/quant_matmul.h"
 
@@ -50,6 +52,7 @@ struct LayerWeights {
   std::vector<float> mlp_norm;        // [hidden]
   LinearWeight gate_up;               // gate [intermediate] rows, then up [intermediate]
   LinearWeight down;                  // [hidden][intermediate]
+  ExpertWeights experts;              // MoE layers (gate_up, down empty there), else empty
   std::vector<float> post_mlp_norm;   // [hidden] (Gemma 3) or empty
 };
 
@@ -60,13 +63,15 @@ struct ModelWeights {
   quant::QuantMatrix lm_head;     // [vocab][hidden]; rows == 0 when tied to embed
   // What the matrices point into: file mappings (shared) and converted copies.
   std::vector<std::shared_ptr<const void>> keep_alive;
+  int32_t experts_per_token = 0;  // experts a token runs per MoE layer (spec's top-k)
 
   // Bytes of the matrices by stored format ("Q4_1" → bytes), the lm-head counted once when
   // tied; and their sum. The small f32 tensors (norms, biases) are not counted.
   std::vector<std::pair<std::string, uint64_t>> matrix_bytes_by_format() const;
   uint64_t matrix_bytes() const;
   // Bytes of the matrices one decode step reads: every layer's and the lm-head (the embedding
-  // table only when it is the lm-head; a lookup reads one row of it).
+  // table only when it is the lm-head; a lookup reads one row of it); of an MoE layer the
+  // router and experts_per_token experts of average size.
   uint64_t decode_read_bytes() const;
 };
 

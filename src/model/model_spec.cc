@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -22,6 +23,10 @@ const char* architecture_name(Architecture arch) {
       return "gemma3";
     case Architecture::kQwen3:
       return "qwen3";
+    case Architecture::kQwen3Moe:
+      return "qwen3_moe";
+    case Architecture::kQwen2Moe:
+      return "qwen2_moe";
   }
   return "?";
 }
@@ -78,8 +83,13 @@ Status ModelSpec::validate() const {
         "model spec: context length {} is less than kvpool's smallest context of {} tokens",
         context_length, limits::kMinContextLength);
   }
-  if (vocab_size <= 0 || hidden_size <= 0 || intermediate_size <= 0 || num_layers <= 0 ||
-      num_q_heads <= 0 || num_kv_heads <= 0 || head_dim <= 0) {
+  // a model whose every layer has experts needs no dense intermediate size
+  const bool all_moe =
+      !layer_is_moe.empty() &&
+      std::all_of(layer_is_moe.begin(), layer_is_moe.end(), [](bool b) { return b; });
+  if (vocab_size <= 0 || hidden_size <= 0 || (intermediate_size <= 0 && !all_moe) ||
+      intermediate_size < 0 || num_layers <= 0 || num_q_heads <= 0 || num_kv_heads <= 0 ||
+      head_dim <= 0) {
     return Status::invalid_argument(
         "model spec: sizes must be positive (vocab {}, hidden {}, intermediate {}, layers {}, "
         "heads {}, kv heads {}, head dim {})",
@@ -137,6 +147,39 @@ Status ModelSpec::validate() const {
     if (sliding && sliding_window <= 0) {
       return Status::invalid_argument("model spec: a sliding layer needs sliding_window > 0");
     }
+  }
+  return validate_experts();
+}
+
+Status ModelSpec::validate_experts() const {
+  using namespace limits;  // NOLINT(google-build-using-namespace)
+  const std::string_view source = "model spec";
+  if (num_experts == 0) {
+    if (!layer_is_moe.empty()) {
+      return Status::invalid_argument("model spec: mixture-of-experts layers without experts");
+    }
+    return Status::ok();
+  }
+  KVP_RETURN_IF_ERROR(check_limit(source, "experts", std::max(num_experts, 0), kExperts));
+  KVP_RETURN_IF_ERROR(check_limit(source, "expert intermediate size",
+                                  std::max(moe_intermediate_size, 0), kIntermediateSize));
+  KVP_RETURN_IF_ERROR(check_limit(source, "shared expert intermediate size",
+                                  std::max(shared_expert_intermediate_size, 0), kIntermediateSize));
+  if (shared_expert_intermediate_size < 0) {
+    return Status::invalid_argument("model spec: shared expert intermediate size {}",
+                                    shared_expert_intermediate_size);
+  }
+  if (num_experts < 0 || moe_intermediate_size <= 0) {
+    return Status::invalid_argument("model spec: {} experts of intermediate size {}", num_experts,
+                                    moe_intermediate_size);
+  }
+  if (num_experts_per_tok <= 0 || num_experts_per_tok > num_experts) {
+    return Status::invalid_argument("model spec: {} experts per token of {} experts",
+                                    num_experts_per_tok, num_experts);
+  }
+  if (static_cast<int32_t>(layer_is_moe.size()) != num_layers) {
+    return Status::invalid_argument("model spec: {} expert-layer flags for {} layers",
+                                    layer_is_moe.size(), num_layers);
   }
   return Status::ok();
 }
@@ -251,6 +294,59 @@ Result<RopeSpec> parse_rope(const json& r, double default_theta, const std::stri
   return rope;
 }
 
+// The expert fields of Qwen3MoeConfig / Qwen2MoeConfig, with their defaults: num_experts 128 / 60
+// (transformers 5 writes Qwen3-MoE's as num_local_experts), num_experts_per_tok 8 / 4,
+// moe_intermediate_size 768 / 1408, Qwen2-MoE's shared_expert_intermediate_size 5632,
+// norm_topk_prob false, decoder_sparse_step 1, mlp_only_layers []. Layer l has experts unless
+// listed in mlp_only_layers or (l + 1) % decoder_sparse_step != 0.
+Status parse_experts(const json& config, const std::string& source, ModelSpec* spec) {
+  Fields f(config, source);
+  using namespace limits;  // NOLINT(google-build-using-namespace)
+  const bool qwen2 = spec->architecture == Architecture::kQwen2Moe;
+  KVP_ASSIGN_OR_RETURN(spec->num_experts,
+                       f.int_field("num_local_experts", kExperts, qwen2 ? 60 : 128));
+  if (f.has("num_experts")) {
+    KVP_ASSIGN_OR_RETURN(spec->num_experts, f.int_field("num_experts", kExperts));
+  }
+  KVP_ASSIGN_OR_RETURN(spec->num_experts_per_tok,
+                       f.int_field("num_experts_per_tok", kExperts, qwen2 ? 4 : 8));
+  KVP_ASSIGN_OR_RETURN(spec->moe_intermediate_size,
+                       f.int_field("moe_intermediate_size", kIntermediateSize, qwen2 ? 1408 : 768));
+  if (qwen2) {
+    KVP_ASSIGN_OR_RETURN(spec->shared_expert_intermediate_size,
+                         f.int_field("shared_expert_intermediate_size", kIntermediateSize, 5632));
+  }
+  KVP_ASSIGN_OR_RETURN(spec->norm_topk_prob, f.bool_field("norm_topk_prob", false));
+  KVP_ASSIGN_OR_RETURN(int32_t sparse_step, f.int_field("decoder_sparse_step", kLayers, 1));
+  if (sparse_step <= 0) {
+    return Status::invalid_argument("{}: decoder_sparse_step {} must be positive", source,
+                                    sparse_step);
+  }
+  std::vector<bool> dense(spec->num_layers, false);
+  if (f.has("mlp_only_layers")) {
+    const json& only = config["mlp_only_layers"];
+    if (!only.is_array()) {
+      return Status::invalid_argument("{}: 'mlp_only_layers' is not a list", source);
+    }
+    for (const json& l : only) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= spec->num_layers) {
+        return Status::invalid_argument("{}: mlp_only_layers entry {} is not a layer of {}", source,
+                                        l.dump(), spec->num_layers);
+      }
+      dense[l.get<int64_t>()] = true;
+    }
+  }
+  spec->layer_is_moe.assign(spec->num_layers, false);
+  if (spec->num_experts == 0) {  // transformers: no layer has experts
+    spec->layer_is_moe.clear();
+    return Status::ok();
+  }
+  for (int32_t l = 0; l < spec->num_layers; ++l) {
+    spec->layer_is_moe[l] = !dense[l] && (l + 1) % sparse_step == 0;
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string& source) {
@@ -270,15 +366,23 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     spec.architecture = Architecture::kQwen2;
   } else if (model_type == "qwen3") {
     spec.architecture = Architecture::kQwen3;
+  } else if (model_type == "qwen3_moe") {
+    spec.architecture = Architecture::kQwen3Moe;
+  } else if (model_type == "qwen2_moe") {
+    spec.architecture = Architecture::kQwen2Moe;
   } else if (model_type == "gemma3_text" || model_type == "gemma3") {
     spec.architecture = Architecture::kGemma3;
   } else {
     return Status::unsupported(
-        "{}: model_type '{}' is not supported (llama, qwen2, qwen3, gemma3_text)", source,
-        model_type);
+        "{}: model_type '{}' is not supported (llama, qwen2, qwen2_moe, qwen3, qwen3_moe, "
+        "gemma3_text)",
+        source, model_type);
   }
   const bool gemma = spec.architecture == Architecture::kGemma3;
-  const bool qwen3 = spec.architecture == Architecture::kQwen3;
+  // Qwen3-MoE's attention is Qwen3's
+  const bool qwen3 =
+      spec.architecture == Architecture::kQwen3 || spec.architecture == Architecture::kQwen3Moe;
+  const bool qwen2_moe = spec.architecture == Architecture::kQwen2Moe;
 
   using namespace limits;  // NOLINT(google-build-using-namespace)
   KVP_ASSIGN_OR_RETURN(spec.vocab_size, f.int_field("vocab_size", kVocabSize));
@@ -292,10 +396,11 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     return Status::invalid_argument("{}: num_attention_heads {} must be positive", source,
                                     spec.num_q_heads);
   }
-  // Qwen3Config's head_dim defaults to 128, not hidden / heads
-  KVP_ASSIGN_OR_RETURN(
-      spec.head_dim,
-      f.int_field("head_dim", kHeadDim, qwen3 ? 128 : spec.hidden_size / spec.num_q_heads));
+  // Qwen3Config's head_dim defaults to 128, not hidden / heads (Qwen3MoeConfig's does not)
+  KVP_ASSIGN_OR_RETURN(spec.head_dim, f.int_field("head_dim", kHeadDim,
+                                                  spec.architecture == Architecture::kQwen3
+                                                      ? 128
+                                                      : spec.hidden_size / spec.num_q_heads));
   if (spec.num_layers < 0) {
     return Status::invalid_argument("{}: num_hidden_layers {} must be positive", source,
                                     spec.num_layers);
@@ -317,11 +422,15 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
   }
   KVP_ASSIGN_OR_RETURN(bool mlp_bias, f.bool_field("mlp_bias", false));
   if (mlp_bias) return Status::unsupported("{}: mlp_bias = true is not supported", source);
-  if (spec.architecture == Architecture::kQwen2 || qwen3) {
-    // Qwen2 always has q/k/v biases; Qwen3 has them only with attention_bias = true
+  if (spec.architecture == Architecture::kQwen2 || qwen2_moe || qwen3) {
+    // Qwen2 always has q/k/v biases, Qwen2-MoE unless qkv_bias = false; Qwen3 has them only with
+    // attention_bias = true
     spec.qkv_bias = true;
     if (qwen3) {
       KVP_ASSIGN_OR_RETURN(spec.qkv_bias, f.bool_field("attention_bias", false));
+    }
+    if (qwen2_moe) {
+      KVP_ASSIGN_OR_RETURN(spec.qkv_bias, f.bool_field("qkv_bias", true));
     }
     spec.qk_norm = qwen3;  // plain x / rms * w, per head, before rope
     KVP_ASSIGN_OR_RETURN(bool sliding, f.bool_field("use_sliding_window", false));
@@ -338,6 +447,10 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
 
   spec.attention_scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
   spec.layer_is_sliding.assign(spec.num_layers, false);
+  if (spec.architecture == Architecture::kQwen3Moe ||
+      spec.architecture == Architecture::kQwen2Moe) {
+    KVP_RETURN_IF_ERROR(parse_experts(config, source, &spec));
+  }
   if (gemma) {
     spec.activation = cpu::Activation::kGeluTanh;
     spec.norm_style = cpu::NormStyle::kOnePlusW;

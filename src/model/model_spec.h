@@ -1,6 +1,8 @@
 // A decoder-only transformer's hyper-parameters, for the architectures kvpool runs:
 // Llama (incl. Llama 3 rope scaling; SmolLM2 is a Llama), Qwen2 (q/k/v bias), Qwen3 (plain RMS
-// norms of each q and k head, an explicit head_dim) and Gemma 3 (interleaved sliding-window and
+// norms of each q and k head, an explicit head_dim), Qwen3-MoE (Qwen3 attention, a routed
+// mixture of experts in place of the MLP), Qwen2-MoE (Qwen2 attention, routed experts plus a
+// gated shared expert) and Gemma 3 (interleaved sliding-window and
 // global layers, each with its own rope, q/k norms, pre- and post-norms, GELU-tanh, scaled
 // embeddings). Read from a Hugging Face config.json (both the
 // older rope_theta/rope_scaling fields and transformers 5's rope_parameters).
@@ -18,7 +20,7 @@
 namespace kvp {
 
 // Values are mixed into the cache fingerprint (engine.cc): append, never reorder.
-enum class Architecture { kLlama, kQwen2, kGemma3, kQwen3 };
+enum class Architecture { kLlama, kQwen2, kGemma3, kQwen3, kQwen3Moe, kQwen2Moe };
 const char* architecture_name(Architecture arch);
 
 struct RopeSpec {
@@ -55,6 +57,23 @@ struct ModelSpec {
   RopeSpec rope_local;                 // rope of sliding-window layers (Gemma 3)
   int32_t sliding_window = 0;          // tokens; 0: no sliding layers
   std::vector<bool> layer_is_sliding;  // [num_layers]
+  // Mixture of experts (Qwen3-MoE, Qwen2-MoE): a layer marked in layer_is_moe replaces its MLP by a
+  // router over num_experts gated MLPs of moe_intermediate_size, of which each token runs the
+  // num_experts_per_tok most probable (softmax over the router logits), weighted by their
+  // probabilities (renormalised to sum 1 when norm_topk_prob). Other layers keep the dense MLP
+  // of intermediate_size. num_experts == 0: a dense model, layer_is_moe empty.
+  int32_t num_experts = 0;
+  int32_t num_experts_per_tok = 0;
+  int32_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  std::vector<bool> layer_is_moe;  // [num_layers] or empty
+  // Qwen2-MoE: every token of an MoE layer also runs a shared gated MLP of this size, its output
+  // scaled by sigmoid(shared_expert_gate · x) and added to the experts'. 0: none.
+  int32_t shared_expert_intermediate_size = 0;
+
+  bool is_moe() const { return num_experts > 0; }
+  bool layer_moe(int32_t layer) const { return !layer_is_moe.empty() && layer_is_moe[layer]; }
+
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;
   // Tokens of context the model was trained for (GGUF {arch}.context_length, config.json
@@ -65,6 +84,9 @@ struct ModelSpec {
   // layer list length, finite positive rope bases and norm epsilon, token ids in the
   // vocabulary). Errors name the field and the value.
   Status validate() const;
+
+ private:
+  Status validate_experts() const;  // the mixture-of-experts fields (part of validate)
 };
 
 // Parses a Hugging Face config.json (already read); `source` names the file in errors.

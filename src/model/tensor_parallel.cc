@@ -50,6 +50,10 @@ Status check_tensor_parallel(const ModelSpec& spec, int32_t n) {
   if (n < 1 || n > kMaxTensorParallel) {
     return Status::invalid_argument("tensor parallel {}: must be 1 to {}", n, kMaxTensorParallel);
   }
+  if (n > 1 && spec.is_moe()) {
+    return Status::unsupported("tensor parallel {}: {} has experts, which are not split", n,
+                               architecture_name(spec.architecture));
+  }
   if (spec.num_q_heads % n != 0 || spec.num_kv_heads % n != 0 || spec.intermediate_size % n != 0) {
     return Status::invalid_argument(
         "tensor parallel {}: the model's {} attention heads, {} kv heads and intermediate size {} "
@@ -135,6 +139,17 @@ Result<StoredMatrix> ShardedWeightSource::read_matrix(const std::string& name, i
   const int64_t shape[] = {rows, cols};
   KVP_ASSIGN_OR_RETURN(std::vector<float> values, read_f32(name, shape));
   return owned_f32_matrix(std::move(values), rows, cols);
+}
+
+Result<std::vector<StoredMatrix>> ShardedWeightSource::read_experts(int32_t layer,
+                                                                    const std::string& projection,
+                                                                    int32_t num_experts,
+                                                                    int64_t rows,
+                                                                    int64_t cols) const {
+  if (shard_.size != 1) {
+    return Status::unsupported("{}: experts are not split over ranks", describe());
+  }
+  return base_.read_experts(layer, projection, num_experts, rows, cols);
 }
 
 bool RankGate::arrive(bool ready) {

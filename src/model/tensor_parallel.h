@@ -71,6 +71,10 @@ class ShardedWeightSource final : public WeightSource {
                                       std::span<const int64_t> shape) const override;
   Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
                                    int64_t cols) const override;
+  // The base's, unsplit (a split model with experts is refused: check_tensor_parallel).
+  Result<std::vector<StoredMatrix>> read_experts(int32_t layer, const std::string& projection,
+                                                 int32_t num_experts, int64_t rows,
+                                                 int64_t cols) const override;
   std::string describe() const override;
 
  private:

@@ -1,5 +1,7 @@
 #include "model/weight_source.h"
 
+#include <fmt/format.h>
+
 #include <array>
 
 namespace kvp {
@@ -17,6 +19,22 @@ Result<StoredMatrix> WeightSource::read_matrix(const std::string& name, int64_t 
   const std::array<int64_t, 2> shape{rows, cols};
   KVP_ASSIGN_OR_RETURN(std::vector<float> values, read_f32(name, shape));
   return owned_f32_matrix(std::move(values), rows, cols);
+}
+
+Result<std::vector<StoredMatrix>> WeightSource::read_experts(int32_t layer,
+                                                             const std::string& projection,
+                                                             int32_t num_experts, int64_t rows,
+                                                             int64_t cols) const {
+  std::vector<StoredMatrix> experts;
+  experts.reserve(num_experts);
+  for (int32_t e = 0; e < num_experts; ++e) {
+    KVP_ASSIGN_OR_RETURN(
+        StoredMatrix m,
+        read_matrix(fmt::format("model.layers.{}.mlp.experts.{}.{}.weight", layer, e, projection),
+                    rows, cols));
+    experts.push_back(std::move(m));
+  }
+  return experts;
 }
 
 }  // namespace kvp

@@ -7,6 +7,9 @@
 //   read_matrix(name, rows, cols)   → a quant::QuantMatrix viewing the file's mapping in place
 //                                     (GGUF block formats, safetensors F32/F16/BF16), kept alive
 //                                     by `keep_alive`; an owned f32 copy where no kernel exists
+//   read_experts(layer, projection, …) → one matrix per expert of a mixture-of-experts layer:
+//                                     Hugging Face's tensor per expert, or slices of GGUF's one
+//                                     3-D tensor per projection (blk.N.ffn_gate_exps.weight)
 #pragma once
 
 #include <cstdint>
@@ -40,6 +43,14 @@ class WeightSource {
   // converted to f32 once. Errors as read_f32. This default converts through read_f32.
   virtual Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
                                            int64_t cols) const;
+  // The matrices [rows][cols] of `num_experts` experts' projection `projection` ("gate_proj",
+  // "up_proj", "down_proj") of layer `layer`, each in its stored format as read_matrix keeps it.
+  // This default reads Hugging Face's per-expert tensors
+  // "model.layers.{layer}.mlp.experts.{e}.{projection}.weight" through read_matrix.
+  virtual Result<std::vector<StoredMatrix>> read_experts(int32_t layer,
+                                                         const std::string& projection,
+                                                         int32_t num_experts, int64_t rows,
+                                                         int64_t cols) const;
   // A description for messages ("model.safetensors").
   virtual std::string describe() const = 0;
 };

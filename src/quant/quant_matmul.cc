@@ -26,6 +26,16 @@ QuantMatrix make_matrix(GgmlType type, const void* data, int64_t rows, int64_t c
   return m;
 }
 
+QuantMatrix slice_rows(const QuantMatrix& w, int64_t row_begin, int64_t num_rows) {
+  KVP_CHECK(row_begin >= 0 && num_rows >= 0 && row_begin + num_rows <= w.rows,
+            "slice_rows: rows [{}, {}) of a {}-row matrix", row_begin, row_begin + num_rows,
+            w.rows);
+  QuantMatrix m = w;
+  m.data = w.row(row_begin);
+  m.rows = num_rows;
+  return m;
+}
+
 namespace {
 
 bool is_float_type(GgmlType type) {

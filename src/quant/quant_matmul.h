@@ -35,6 +35,11 @@ struct QuantMatrix {
 // A view of `rows` x `cols` of `type` at `data`. requires: cols % block_size == 0.
 QuantMatrix make_matrix(GgmlType type, const void* data, int64_t rows, int64_t cols);
 
+// Rows [row_begin, row_begin + num_rows) of w as a matrix of their own, viewing w's bytes in
+// place (one expert of a 3-D expert tensor stored as [experts * rows][cols]).
+// requires: 0 <= row_begin, num_rows >= 0, row_begin + num_rows <= w.rows.
+QuantMatrix slice_rows(const QuantMatrix& w, int64_t row_begin, int64_t num_rows);
+
 // Whether matmul has a kernel for this type (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 // Q2_K..Q6_K, IQ4_NL, IQ4_XS).
 bool matmul_supports(GgmlType type);

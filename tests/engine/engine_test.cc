@@ -91,10 +91,11 @@ TEST_P(EngineGoldenTest, PreemptedRequestsRecomputeToTheSameOutput) {
   EXPECT_GT(preempted, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest, ::testing::Values("llama", "gemma3", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest,
+                         ::testing::Values("llama", "gemma3", "qwen3", "qwen3_moe", "qwen2_moe"));
 
 TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutput) {
-  for (const char* model : {"llama", "qwen3"}) {
+  for (const char* model : {"llama", "qwen3", "qwen3_moe", "qwen2_moe"}) {
     SCOPED_TRACE(model);
     auto runner = load(model);
     CpuForwardBackend backend(runner);

@@ -249,7 +249,8 @@ TEST_P(EngineSaveLoadTest, SavedSessionContinuesInAFreshEngineAsIfItHadStayed) {
   engine.check_integrity();
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, EngineSaveLoadTest, ::testing::Values("llama", "gemma3", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Models, EngineSaveLoadTest,
+                         ::testing::Values("llama", "gemma3", "qwen3", "qwen3_moe", "qwen2_moe"));
 
 TEST(EngineTiers, FilesOfOtherModelsAndCorruptFilesAreRefusedAndTheEngineKeepsServing) {
   auto llama = load("llama");

@@ -258,6 +258,13 @@ TEST(GgufWeights, MapsHuggingFaceNames) {
             "blk.3.ffn_norm.weight");
   EXPECT_EQ(llama.gguf_name("model.layers.x.mlp.up_proj.weight"), "");
   EXPECT_EQ(llama.gguf_name("model.layers.1.mlp.experts.weight"), "");
+  GgufWeights moe(nullptr, Architecture::kQwen2Moe);
+  EXPECT_EQ(moe.gguf_name("model.layers.4.mlp.gate.weight"), "blk.4.ffn_gate_inp.weight");
+  EXPECT_EQ(moe.gguf_name("model.layers.4.mlp.experts.down_proj"), "blk.4.ffn_down_exps.weight");
+  EXPECT_EQ(moe.gguf_name("model.layers.4.mlp.shared_expert.up_proj.weight"),
+            "blk.4.ffn_up_shexp.weight");
+  EXPECT_EQ(moe.gguf_name("model.layers.4.mlp.shared_expert_gate.weight"),
+            "blk.4.ffn_gate_inp_shexp.weight");
 }
 
 }  // namespace

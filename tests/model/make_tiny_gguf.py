@@ -7,13 +7,22 @@ way llama.cpp's convert_hf_to_gguf.py lays such models out, with the `gguf` pack
   - Gemma 3: every norm weight stored as 1 + w; linear rope scaling as rope.scaling.* keys
   - Qwen2 / Qwen3: rows as transformers has them (neox rope); Qwen3's per-head q/k norms as
     blk.N.attn_q_norm / attn_k_norm, plain w
+  - Qwen3-MoE (arch qwen3moe): Qwen3's attention; each layer's experts stacked into one 3-D
+    tensor per projection, blk.N.ffn_{gate,up,down}_exps.weight [experts, rows, cols], the
+    router as blk.N.ffn_gate_inp.weight, and {arch}.expert_count / expert_used_count /
+    expert_feed_forward_length
+  - Qwen2-MoE (arch qwen2moe): Qwen2's attention, experts as Qwen3-MoE's, the shared expert as
+    blk.N.ffn_{gate,up,down}_shexp.weight, its gate as blk.N.ffn_gate_inp_shexp.weight, and
+    {arch}.expert_shared_feed_forward_length
 All tensors stay F32 (the goldens' greedy margins are as small as 2e-4; conversions of other
 types are tested against the gguf package in gguf_file_test.cc).
 kvpool reads the result with its own GGUF reader; the test compares the logits with the
 transformers goldens of the same weights.
 Usage: make_tiny_gguf.py MODEL_DIR OUT.gguf [--arch NAME] [--drop TENSOR] [--transpose TENSOR]
+                         [--expert-type Q8_0]
   --arch, --drop, --transpose make damaged variants for the error tests (another architecture
-  name, a GGUF tensor left out, a GGUF tensor written transposed).
+  name, a GGUF tensor left out, a GGUF tensor written transposed); --expert-type stores the
+  3-D expert tensors quantised by the gguf package (the reader's row slices of a block format).
 """
 import argparse
 import json
@@ -67,11 +76,12 @@ def llama3_rope_factors(head_dim, rope):
     return np.array(factors, dtype=np.float32)
 
 
-def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
+def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, expert_type=None):
     cfg = json.load(open(f"{model_dir}/config.json"))
     tensors = read_safetensors(f"{model_dir}/model.safetensors")
-    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3",
-            "gemma3": "gemma3"}[cfg["model_type"]]
+    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
+            "qwen2_moe": "qwen2moe",
+            "gemma3_text": "gemma3", "gemma3": "gemma3"}[cfg["model_type"]]
     convention = arch  # the tensor layout follows the real architecture
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // n_head)
@@ -100,6 +110,16 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
         w.add_uint32("tokenizer.ggml.eos_token_id", eos[0] if isinstance(eos, list) else eos)
     if convention == "gemma3":
         w.add_uint32(f"{arch}.attention.sliding_window", cfg["sliding_window"])
+    if convention in ("qwen3moe", "qwen2moe"):
+        # transformers 5 writes num_local_experts, Qwen's own configs num_experts
+        num_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+        w.add_uint32(f"{arch}.expert_count", num_experts)
+        w.add_uint32(f"{arch}.expert_used_count", cfg["num_experts_per_tok"])
+        w.add_uint32(f"{arch}.expert_feed_forward_length", cfg["moe_intermediate_size"])
+        stack_experts(tensors, cfg["num_hidden_layers"], num_experts)
+    if convention == "qwen2moe":
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length",
+                     cfg["shared_expert_intermediate_size"])
     if global_rope.get("rope_type") == "linear":
         w.add_string(f"{arch}.rope.scaling.type", "linear")
         w.add_float32(f"{arch}.rope.scaling.factor", global_rope["factor"])
@@ -123,6 +143,14 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
         "mlp.gate_proj.weight": "ffn_gate.weight",
         "mlp.up_proj.weight": "ffn_up.weight",
         "mlp.down_proj.weight": "ffn_down.weight",
+        "mlp.gate.weight": "ffn_gate_inp.weight",
+        "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp.weight",
+        "mlp.shared_expert.up_proj.weight": "ffn_up_shexp.weight",
+        "mlp.shared_expert.down_proj.weight": "ffn_down_shexp.weight",
+        "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp.weight",
+        "mlp.experts.gate_proj": "ffn_gate_exps.weight",
+        "mlp.experts.up_proj": "ffn_up_exps.weight",
+        "mlp.experts.down_proj": "ffn_down_exps.weight",
         "pre_feedforward_layernorm.weight": "ffn_norm.weight",
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
         "post_attention_layernorm.weight":
@@ -145,6 +173,11 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
             continue
         if out == transpose:
             data = data.T
+        if expert_type and out.endswith("_exps.weight"):
+            qtype = gguf.GGMLQuantizationType[expert_type]
+            w.add_tensor(out, gguf.quants.quantize(np.ascontiguousarray(data), qtype),
+                         raw_dtype=qtype)
+            continue
         w.add_tensor(out, np.ascontiguousarray(data))
     if global_rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(head_dim, global_rope))
@@ -152,6 +185,18 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def stack_experts(tensors, num_layers, num_experts):
+    # convert_hf_to_gguf.py Qwen2MoeModel.modify_tensors: per-expert matrices → one 3-D tensor
+    for layer in range(num_layers):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            names = [f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
+                     for e in range(num_experts)]
+            if names[0] not in tensors:
+                continue
+            tensors[f"model.layers.{layer}.mlp.experts.{proj}"] = np.stack(
+                [tensors.pop(n) for n in names])
 
 
 def rest_is(name, suffix):
@@ -165,5 +210,6 @@ if __name__ == "__main__":
     ap.add_argument("--arch")
     ap.add_argument("--drop")
     ap.add_argument("--transpose")
+    ap.add_argument("--expert-type")
     a = ap.parse_args()
-    main(a.model_dir, a.out, a.arch, a.drop, a.transpose)
+    main(a.model_dir, a.out, a.arch, a.drop, a.transpose, a.expert_type)

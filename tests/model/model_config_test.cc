@@ -209,6 +209,24 @@ TEST(InspectModelFile, DescribesGgufAndItsConfig) {
   EXPECT_NE(text->find("config: llama: 30 layers, hidden 576"), std::string::npos) << *text;
 }
 
+TEST(InspectModelFile, ShowsTheExpertsOfMixtureOfExpertsModels) {
+  auto text = inspect_model_file("tests/model/fixtures/tiny/qwen2_moe");
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_NE(text->find("config: qwen2_moe: 3 layers"), std::string::npos) << *text;
+  // parameter counts of transformers' model (matrices only; inactive: 4 of 6 experts in 2 layers)
+  EXPECT_NE(text->find(", experts 6 (2 per token) x ffn 32, shared ffn 48 in 2 layers, matrix "
+                       "parameters 174976 (125824 active per token)"),
+            std::string::npos)
+      << *text;
+  text = inspect_model_file("tests/model/fixtures/tiny/qwen3_moe");
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_NE(text->find("matrix parameters 131584 (107008 active per token)"), std::string::npos)
+      << *text;
+  text = inspect_model_file("tests/model/fixtures/tiny/qwen3");
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_EQ(text->find("experts"), std::string::npos) << *text;
+}
+
 TEST(InspectModelFile, MissingAndNonModelFilesAreErrors) {
   EXPECT_EQ(inspect_model_file("/nonexistent/x.gguf").status().code(), StatusCode::kNotFound);
   std::string dir = (fs::temp_directory_path() / "kvp_inspect_XXXXXX").string();

@@ -1,8 +1,9 @@
-// The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2, Gemma 3
-// and Qwen3 models and their golden logits and greedy continuations, made by
-// scripts/make_tiny_models.py (transformers 5.17, float32, eager attention) and committed under
-// tests/model/fixtures/tiny/. kvpool runs them on its paged KV pool with shuffled block tables,
-// alone, batched, and in prefill chunks.
+// The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2, Gemma 3,
+// Qwen3, Qwen3-MoE (4 experts, top 2) and Qwen2-MoE (6 experts, top 2, a gated shared expert, a
+// dense layer between MoE layers) models and their golden logits and greedy continuations,
+// made by scripts/make_tiny_models.py (transformers 5.17, float32, eager attention) and committed
+// under tests/model/fixtures/tiny/. kvpool runs them on its paged KV pool with shuffled block
+// tables, alone, batched, and in prefill chunks.
 #include "model/model_runner.h"
 #include "quant/quant_matmul.h"
 #include "support/tensor_check.h"
@@ -20,6 +21,7 @@
 #include <optional>
 #include <random>
 
+#include "model/gguf_model.h"
 #include "model/model_loader.h"
 #include "model/safetensors_weights.h"
 
@@ -254,12 +256,13 @@ TEST_P(TinyModelTest, GreedyContinuationsMatchTransformersAloneBatchedAndChunked
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyModelTest,
-                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen3_moe",
+                                           "qwen2_moe"));
 
 // The same weights written as GGUF the way llama.cpp's converter lays them out
 // (tests/model/make_tiny_gguf.py with the `gguf` package: permuted Llama q/k rows, Llama 3 rope
-// as rope_freqs, Gemma norms stored as 1 + w, Qwen3's q/k norms as attn_q_norm / attn_k_norm;
-// F32), read by kvpool's GGUF path.
+// as rope_freqs, Gemma norms stored as 1 + w, Qwen3's q/k norms as attn_q_norm / attn_k_norm,
+// Qwen3-MoE's experts as 3-D ffn_*_exps tensors; F32), read by kvpool's GGUF path.
 class TinyGgufTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
@@ -281,6 +284,11 @@ TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
   EXPECT_EQ(gguf.layer_is_sliding, hf.layer_is_sliding);
   EXPECT_EQ(gguf.sliding_window, hf.sliding_window);
   EXPECT_EQ(gguf.tie_word_embeddings, hf.tie_word_embeddings);
+  EXPECT_EQ(gguf.num_experts, hf.num_experts);
+  EXPECT_EQ(gguf.num_experts_per_tok, hf.num_experts_per_tok);
+  EXPECT_EQ(gguf.moe_intermediate_size, hf.moe_intermediate_size);
+  EXPECT_EQ(gguf.norm_topk_prob, hf.norm_topk_prob);
+  EXPECT_EQ(gguf.layer_is_moe, hf.layer_is_moe);
   model.runner = std::move(runner).value();
 
   const int32_t vocab = model.runner->spec().vocab_size;
@@ -299,7 +307,79 @@ TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyGgufTest,
-                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen3_moe",
+                                           "qwen2_moe"));
+
+// The tiny Qwen3-MoE with its 3-D expert tensors quantised to Q8_0 by the gguf package: each
+// expert is a row slice of the file's tensor (consecutive, in the mapping, nothing copied) whose
+// rows dequantise to the transformers weights within Q8_0's rounding, and the model's logits stay
+// near the goldens (the experts' rounding is the only difference).
+TEST(TinyGgufMoe, QuantisedExpertsAreRowSlicesOfTheStoredTensor) {
+  const std::string python = ".venv/bin/python";
+  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " not found (scripts/setup.sh)";
+  const std::string out =
+      (std::filesystem::temp_directory_path() / fmt::format("kvp_tiny_moe_q8_{}.gguf", ::getpid()))
+          .string();
+  const std::string command = fmt::format(
+      "{} tests/model/make_tiny_gguf.py {}qwen3_moe {} --expert-type Q8_0", python, kFixtures, out);
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  auto file = GgufFile::open(out);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  const GgufWeights gguf(std::make_shared<const GgufFile>(std::move(file).value()),
+                         Architecture::kQwen3Moe);
+  auto hf = SafetensorsWeights::open(std::string(kFixtures) + "qwen3_moe/model.safetensors");
+  ASSERT_TRUE(hf.is_ok()) << hf.status().to_string();
+  const int32_t num_experts = 4;
+  struct Projection {
+    const char* name;
+    int64_t rows, cols;
+  };
+  for (const Projection& p : {Projection{"gate_proj", 32, 64}, Projection{"down_proj", 64, 32}}) {
+    SCOPED_TRACE(p.name);
+    auto experts = gguf.read_experts(1, p.name, num_experts, p.rows, p.cols);
+    ASSERT_TRUE(experts.is_ok()) << experts.status().to_string();
+    ASSERT_EQ(experts->size(), size_t{num_experts});
+    const quant::QuantMatrix& first = (*experts)[0].matrix;
+    for (int32_t e = 0; e < num_experts; ++e) {
+      const quant::QuantMatrix& m = (*experts)[e].matrix;
+      EXPECT_EQ(m.type, GgmlType::Q8_0);
+      EXPECT_EQ(m.rows, p.rows);
+      EXPECT_EQ(m.data, first.data + static_cast<size_t>(e) * p.rows * first.row_bytes);
+      const std::vector<int64_t> shape = {p.rows, p.cols};
+      auto want = hf.value()->read_f32(
+          fmt::format("model.layers.1.mlp.experts.{}.{}.weight", e, p.name), shape);
+      ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+      std::vector<float> row(p.cols);
+      for (int64_t r = 0; r < p.rows; ++r) {
+        quant::dequantize_row(m, r, row.data());
+        for (int64_t b = 0; b < p.cols;
+             b += 32) {  // Q8_0: an f16 scale d per 32, |error| <= d / 2 + 127 |f16(d) - d|
+          float amax = 0.0f;
+          for (int64_t i = b; i < b + 32; ++i)
+            amax = std::max(amax, std::abs((*want)[r * p.cols + i]));
+          for (int64_t i = b; i < b + 32; ++i) {
+            ASSERT_NEAR(row[i], (*want)[r * p.cols + i], amax / 127.0f * 0.57f + 1e-6f)
+                << "expert " << e << " row " << r << " column " << i;
+          }
+        }
+      }
+    }
+  }
+  auto runner = load_model(out, nullptr);
+  std::filesystem::remove(out);
+  ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
+  TinyModel model = load_tiny("qwen3_moe");
+  model.runner = std::move(runner).value();
+  const int32_t vocab = model.runner->spec().vocab_size;
+  for (size_t p = 0; p < model.golden.prompts.size(); ++p) {
+    const auto& prompt = model.golden.prompts[p];
+    PagedPool pool(*model.runner, 1, static_cast<int32_t>(prompt.size()), 4, 41 + p);
+    auto logits = pool.step(*model.runner, {prompt}, {0});
+    ASSERT_EQ(logits.size(), prompt.size() * vocab);
+    const double err = relative_error(logits, model.golden.logits[p]);
+    EXPECT_LT(err, 2e-2) << "prompt " << p << ": relative error " << err;
+  }
+}
 
 TEST(ModelRunner, RejectsBadBatchesWithoutWriting) {
   TinyModel model = load_tiny("llama");

@@ -156,6 +156,85 @@ TEST(ModelSpecHf, Qwen3SlidingWindowIsRefused) {
                  "config.json: Qwen3 with use_sliding_window = true is not supported");
 }
 
+// As transformers 5.17 writes Qwen3MoeConfig (num_local_experts, not num_experts).
+json tiny_qwen3_moe() {
+  return json::parse(R"({"model_type": "qwen3_moe", "vocab_size": 256, "hidden_size": 64,
+    "intermediate_size": 96, "moe_intermediate_size": 32, "num_local_experts": 4,
+    "num_experts_per_tok": 2, "norm_topk_prob": true, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-06, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    "tie_word_embeddings": false, "bos_token_id": 1, "eos_token_id": 2})");
+}
+
+TEST(ModelSpecHf, Qwen3MoeReadsItsExperts) {
+  auto spec = model_spec_from_hf_config(tiny_qwen3_moe(), "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->architecture, Architecture::kQwen3Moe);
+  EXPECT_STREQ(architecture_name(spec->architecture), "qwen3_moe");
+  EXPECT_TRUE(spec->qk_norm);
+  EXPECT_FALSE(spec->qkv_bias);
+  EXPECT_EQ(spec->num_experts, 4);
+  EXPECT_EQ(spec->num_experts_per_tok, 2);
+  EXPECT_EQ(spec->moe_intermediate_size, 32);
+  EXPECT_TRUE(spec->norm_topk_prob);
+  EXPECT_EQ(spec->layer_is_moe, std::vector<bool>(4, true));
+  json j = tiny_qwen3_moe();  // Qwen's own configs say num_experts
+  j.erase("num_local_experts");
+  j["num_experts"] = 8;
+  spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->num_experts, 8);
+}
+
+// Qwen3MoeDecoderLayer: experts unless listed in mlp_only_layers or (l + 1) % step != 0.
+TEST(ModelSpecHf, Qwen3MoeDenseLayersFollowSparseStepAndMlpOnlyLayers) {
+  json j = tiny_qwen3_moe();
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {3};
+  auto spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->layer_is_moe, (std::vector<bool>{false, true, false, false}));
+  j["mlp_only_layers"] = {4};
+  expect_refused(j, StatusCode::kInvalidArgument, "mlp_only_layers entry 4 is not a layer of 4");
+}
+
+TEST(ModelSpecHf, Qwen3MoeBadExpertCountsAreRefused) {
+  json j = tiny_qwen3_moe();
+  j["num_experts_per_tok"] = 5;
+  expect_refused(j, StatusCode::kInvalidArgument, "5 experts per token of 4 experts");
+  j = tiny_qwen3_moe();
+  j["moe_intermediate_size"] = 0;
+  expect_refused(j, StatusCode::kInvalidArgument, "4 experts of intermediate size 0");
+  j = tiny_qwen3_moe();
+  j["num_local_experts"] = 5000;
+  expect_refused(j, StatusCode::kUnsupported, "more than kvpool's limit of 4096 experts");
+}
+
+TEST(ModelSpecHf, Qwen2MoeReadsItsSharedExpertAndQwen2MoeConfigDefaults) {
+  json j = tiny_qwen3_moe();
+  j["model_type"] = "qwen2_moe";
+  j.erase("head_dim");
+  j.erase("num_local_experts");
+  j.erase("norm_topk_prob");
+  j["shared_expert_intermediate_size"] = 48;
+  auto spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->architecture, Architecture::kQwen2Moe);
+  EXPECT_TRUE(spec->qkv_bias);  // Qwen2MoeConfig.qkv_bias defaults to true
+  EXPECT_FALSE(spec->qk_norm);
+  EXPECT_EQ(spec->head_dim, 16);       // hidden / heads
+  EXPECT_EQ(spec->num_experts, 60);    // Qwen2MoeConfig.num_experts
+  EXPECT_FALSE(spec->norm_topk_prob);  // Qwen2MoeConfig.norm_topk_prob
+  EXPECT_EQ(spec->shared_expert_intermediate_size, 48);
+  j["qkv_bias"] = false;
+  j["num_experts"] = 6;
+  spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_FALSE(spec->qkv_bias);
+  EXPECT_EQ(spec->num_experts, 6);
+}
+
 TEST(ModelSpec, ValidateRefusesNonFiniteScalesAndCaps) {
   auto spec = model_spec_from_hf_config(tiny_llama(), "config.json");
   ASSERT_TRUE(spec.is_ok());

@@ -102,6 +102,11 @@ bool CudaModelRunner::group_is_sliding(int32_t group) const {
 
 Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   KVP_RETURN_IF_ERROR(spec.validate());
+  if (spec.is_moe()) {
+    return Status::unsupported(
+        "cuda model runner: {} is a mixture-of-experts model; experts run on the CPU backend only",
+        architecture_name(spec.architecture));
+  }
   if (spec.head_dim > 256 || spec.head_dim % 2 != 0) {
     return Status::unsupported("cuda model runner: head dim {} (even and at most 256)",
                                spec.head_dim);
