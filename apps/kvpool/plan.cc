@@ -252,11 +252,13 @@ void print_adr_notes(const std::vector<PlannedModel>& models) {
         const double pool = 4 * kGiB;
         notes.push_back(fmt::format(
             "{}: ADR-002 fits ~{} agents at 8K with 8-bit KV in a 4 GB pool; at half the 16-bit "
-            "bytes that is {} (its cap) or {} (+1 cap); with 16-bit KV, {}.",
+            "bytes that is {} (its cap) or {} (+1 cap); with kvpool's int8 KV (--kv-dtype int8, "
+            "an f16 scale per head vector included), {}; with 16-bit KV, {}.",
             m.name, adr.agents_8bit_in_4gb,
             static_cast<int64_t>(pool / (static_cast<double>(adr_cap_bytes) / 2)),
             static_cast<int64_t>(pool / (static_cast<double>(ours) / 2)),
-            spec.plan_pool(static_cast<uint64_t>(pool), 8192).num_seqs));
+            spec.with_dtype(DType::I8).plan_pool(static_cast<uint64_t>(pool), 8192).num_seqs,
+            spec.with_dtype(DType::BF16).plan_pool(static_cast<uint64_t>(pool), 8192).num_seqs));
       }
     }
     if (adr.window_waste_kb != 0) {

@@ -3,6 +3,11 @@
 // sizes, head dims, GQA ratios, query lengths, KV lengths, windows, soft caps, dtypes and
 // forced KV splits; plus 32K contexts and bad arguments. Outputs are poisoned with NaN before
 // every call, so an element left unwritten shows as non-finite.
+//
+// int8 KV: random f32 rows (of varied magnitude) are quantised into the pool; the reference reads
+// the dequantised cache (value times its row's scale), so the kernels meet the f32 tolerance; and
+// against attention over the original f32 rows they stay within a bound derived from the
+// quantisation steps (Int8WithinQuantisationBoundOfUnquantisedAttention).
 #include "backend/cpu_attention.h"
 
 #include <fmt/format.h>
@@ -16,10 +21,12 @@
 #include <iostream>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cache/kv_quant.h"
 #include "support/tensor_check.h"
 
 namespace kvp {
@@ -68,8 +75,12 @@ class PagedProblem {
     layout_ = KvLayout{
         2, blocks_needed + 5, spec.num_kv_heads, spec.block_size, spec.head_dim, spec.kv_dtype};
     slab_.resize(layout_.size_bytes());
-    testing::fill_random(slab_.data(), spec.kv_dtype, static_cast<size_t>(layout_.size_elems()),
-                         rng);
+    if (spec.kv_dtype == DType::I8) {
+      fill_quantised(rng);
+    } else {
+      testing::fill_random(slab_.data(), spec.kv_dtype, static_cast<size_t>(layout_.size_elems()),
+                           rng);
+    }
     kv_ = paged_kv_for_layer(layout_, slab_.data(), 1);
 
     std::vector<int32_t> ids(static_cast<size_t>(layout_.num_blocks));
@@ -127,6 +138,48 @@ class PagedProblem {
     return out;
   }
 
+  // int8 only: the oracle's answer on the f32 rows before quantisation.
+  std::vector<float> reference_unquantised() const {
+    std::vector<float> ref(out_elems(), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> q32(out_elems());
+    for (size_t i = 0; i < q32.size(); ++i) q32[i] = load_as_f32(q_.data(), spec_.q_dtype, i);
+    const PagedKv original =
+        paged_kv_for_layer(original_layout_, const_cast<float*>(original_.data()), 1);
+    reference_paged_attention(params_, batch_, original, q32.data(), DType::F32, ref.data());
+    return ref;
+  }
+  // int8 only: the largest K scale, V scale and |V| of the original rows, and the largest L1
+  // norm of a query row.
+  struct QuantStats {
+    float max_k_scale = 0, max_v_scale = 0, max_abs_v = 0, max_q_l1 = 0;
+  };
+  QuantStats quant_stats() const {
+    QuantStats st;
+    const int32_t n = layout_.num_kv_heads * layout_.num_blocks * layout_.block_size;
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t head = i % layout_.num_kv_heads;
+      const int32_t block = i / layout_.num_kv_heads / layout_.block_size;
+      const int32_t token = i / layout_.num_kv_heads % layout_.block_size;
+      for (int32_t kv = 0; kv < 2; ++kv) {
+        F16 scale;
+        std::memcpy(&scale, slab_.data() + layout_.scale_offset(1, block, kv, head, token),
+                    sizeof scale);
+        float& max_scale = kv == 0 ? st.max_k_scale : st.max_v_scale;
+        max_scale = std::max(max_scale, f16_to_f32(scale));
+      }
+      const float* v = original_.data() + original_layout_.elem_offset(1, block, 1, head, token);
+      for (int32_t d = 0; d < layout_.head_dim; ++d)
+        st.max_abs_v = std::max(st.max_abs_v, std::fabs(v[d]));
+    }
+    for (size_t row = 0; row < out_elems() / size_t(spec_.head_dim); ++row) {
+      float l1 = 0;
+      for (int32_t d = 0; d < spec_.head_dim; ++d)
+        l1 += std::fabs(load_as_f32(q_.data(), spec_.q_dtype, row * spec_.head_dim + d));
+      st.max_q_l1 = std::max(st.max_q_l1, l1);
+    }
+    return st;
+  }
+
   const AttentionParams& params() const { return params_; }
   const AttentionBatch& batch() const { return batch_; }
   AttentionBatch& mutable_batch() { return batch_; }
@@ -146,6 +199,41 @@ class PagedProblem {
   std::vector<int32_t> kv_lens_;      // [num_seqs]
   std::vector<std::byte> q_;          // [num_tokens][num_q_heads][head_dim] of q_dtype
   AttentionBatch batch_;
+  // int8: the f32 rows the pool was quantised from, in an f32 layout of the same geometry.
+  KvLayout original_layout_;
+  std::vector<float> original_;
+
+  // Random f32 rows, each scaled by a random magnitude in [0.05, 4] (keys and values vary per
+  // token), quantised row by row into the int8 pool.
+  void fill_quantised(std::mt19937_64& rng) {
+    original_layout_ = layout_;
+    original_layout_.dtype = DType::F32;
+    original_.resize(size_t(original_layout_.size_elems()));
+    testing::fill_random(original_.data(), DType::F32, original_.size(), rng);
+    std::uniform_real_distribution<float> magnitude(0.05f, 4.0f);
+    const KvLayout& l = layout_;
+    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
+      for (int32_t block = 0; block < l.num_blocks; ++block) {
+        for (int32_t kv = 0; kv < 2; ++kv) {
+          for (int32_t head = 0; head < l.num_kv_heads; ++head) {
+            for (int32_t token = 0; token < l.block_size; ++token) {
+              float* row =
+                  original_.data() + original_layout_.elem_offset(layer, block, kv, head, token);
+              const float m = magnitude(rng);
+              for (int32_t d = 0; d < l.head_dim; ++d) row[d] *= m;
+              F16 scale;
+              quantize_kv_int8(row, l.head_dim,
+                               reinterpret_cast<int8_t*>(
+                                   slab_.data() + l.elem_offset(layer, block, kv, head, token)),
+                               &scale);
+              std::memcpy(slab_.data() + l.scale_offset(layer, block, kv, head, token), &scale,
+                          sizeof scale);
+            }
+          }
+        }
+      }
+    }
+  }
 };
 
 // Output of q's dtype: f32 keeps the f32-accumulation bound whatever the KV dtype (the reference
@@ -158,6 +246,8 @@ double tolerance(DType out_dtype) {
       return 2e-3;
     case DType::BF16:
       return 1e-2;
+    case DType::I8:
+      break;
   }
   return 0.0;
 }
@@ -216,11 +306,10 @@ void expect_matches_reference(const CaseSpec& spec, std::mt19937_64& rng, bool a
 using MatrixParam = std::tuple<int32_t, int32_t, int32_t>;  // block size, head dim, group
 class CpuAttentionMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
-TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
-  const auto [block_size, head_dim, group] = GetParam();
+// One mixed batch of the matrix; kv_dtype: forced, else rotated over f32, bf16, f16.
+CaseSpec matrix_case(int32_t block_size, int32_t head_dim, int32_t group,
+                     std::optional<DType> kv_dtype) {
   // A seed per combination: every combination sees its own inputs, reproducibly.
-  const uint64_t seed = uint64_t(block_size) * 1000003u + uint64_t(head_dim) * 101u + group;
-  std::mt19937_64 rng(seed);
   const int32_t combo = block_size + head_dim / 64 + group;  // rotates the options below
   auto round_up = [&](int32_t x) { return (x + block_size - 1) / block_size * block_size; };
   CaseSpec spec;
@@ -229,7 +318,7 @@ TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
   spec.group = group;
   spec.num_kv_heads = group == 8 ? 1 : 2;
   const DType kv_types[] = {DType::F32, DType::BF16, DType::F16};
-  spec.kv_dtype = kv_types[combo % 3];
+  spec.kv_dtype = kv_dtype.value_or(kv_types[combo % 3]);
   spec.q_dtype = combo % 7 == 0 ? DType::BF16 : combo % 11 == 0 ? DType::F16 : DType::F32;
   // Logit spread: from near-uniform attention to sharp.
   spec.params.scale = (combo % 2 == 0 ? 1.0f : 3.0f) / std::sqrt(float(head_dim));
@@ -247,8 +336,55 @@ TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
       {0, 5},                   // in the batch, but nothing to compute
       {1, 1},                   // first token
   };
+  return spec;
+}
+
+// A seed per combination: every combination sees its own inputs, reproducibly.
+uint64_t matrix_seed(int32_t block_size, int32_t head_dim, int32_t group) {
+  return uint64_t(block_size) * 1000003u + uint64_t(head_dim) * 101u + group;
+}
+
+TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
+  const auto [block_size, head_dim, group] = GetParam();
+  std::mt19937_64 rng(matrix_seed(block_size, head_dim, group));
+  const CaseSpec spec = matrix_case(block_size, head_dim, group, std::nullopt);
   std::cout << "[ sampled  ] " << describe(spec) << "\n";
+  const int32_t combo = block_size + head_dim / 64 + group;
   expect_matches_reference(spec, rng, /*also_scalar=*/combo % 6 == 0);
+}
+
+// The same matrix with an int8 pool: against the reference on the dequantised cache (f32
+// tolerance), and against the reference on the unquantised rows within the bound the
+// quantisation steps allow. With max key scale s_k, a key element is off by at most s_k / 2, so
+// a logit by D = scale * |q|_1 * s_k / 2 (the soft cap only shrinks it); each probability then
+// moves by a factor within e^(+-2D), and a value element is off by at most s_v / 2:
+//   |out - out_unquantised| <= (e^(2D) - 1) * max|v| + s_v / 2.
+TEST_P(CpuAttentionMatrix, Int8MixedBatchMatchesReference) {
+  const auto [block_size, head_dim, group] = GetParam();
+  std::mt19937_64 rng(matrix_seed(block_size, head_dim, group) + 7);
+  const CaseSpec spec = matrix_case(block_size, head_dim, group, DType::I8);
+  std::cout << "[ sampled  ] " << describe(spec) << "\n";
+  expect_matches_reference(spec, rng, /*also_scalar=*/(block_size + group) % 3 == 0);
+
+  PagedProblem problem(spec, rng);
+  const std::vector<float> unquantised = problem.reference_unquantised();
+  const PagedProblem::QuantStats st = problem.quant_stats();
+  const double logit_error = double(spec.params.scale) * st.max_q_l1 * st.max_k_scale / 2;
+  const double bound = std::expm1(2 * logit_error) * st.max_abs_v + st.max_v_scale / 2 + 1e-5;
+  std::vector<std::byte> out = problem.poisoned_out();
+  ASSERT_TRUE(cpu::paged_attention(problem.params(), problem.batch(), problem.kv(), problem.q(),
+                                   problem.q_dtype(), out.data(), nullptr)
+                  .is_ok());
+  double worst = 0;
+  for (size_t i = 0; i < unquantised.size(); ++i) {
+    worst = std::max(
+        worst, std::fabs(double(load_as_f32(out.data(), problem.q_dtype(), i)) - unquantised[i]));
+  }
+  std::cout << "[ int8     ] largest difference from unquantised attention " << worst << ", bound "
+            << bound << "\n";
+  // a 16-bit output adds its own rounding of values up to max|v|
+  const double out_rounding = problem.q_dtype() == DType::F32 ? 0.0 : st.max_abs_v * 1e-2;
+  EXPECT_LE(worst, bound + out_rounding);
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockHeadGroup, CpuAttentionMatrix,
@@ -340,10 +476,11 @@ TEST(CpuAttention, EveryCompiledTargetMatchesReference) {
     std::cout << "[ target   ] " << hwy::TargetName(target) << " -> kernel " << cpu::kernel_target()
               << "\n";
     EXPECT_STREQ(cpu::kernel_target(), hwy::TargetName(target));
-    for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16, DType::I8}) {
       CaseSpec spec;
       spec.block_size = 8;
-      spec.head_dim = kv_dtype == DType::F16 ? 72 : 128;  // 72: tails past the last vector
+      // 72: tails past the last vector
+      spec.head_dim = kv_dtype == DType::F16 || kv_dtype == DType::I8 ? 72 : 128;
       spec.group = kv_dtype == DType::BF16 ? 3 : 4;
       spec.kv_dtype = kv_dtype;
       spec.params.scale = 0.3f;
