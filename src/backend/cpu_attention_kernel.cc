@@ -388,25 +388,34 @@ HWY_INLINE void widen_rows(DF df, const T* const* rows, int32_t num_keys, int32_
   }
 }
 
-// int8: scale[t] = the f16 scale of key t's row of one KV head (key_scale from key_offsets).
-HWY_INLINE void gather_scales(const TileTask& task, int32_t kv_head, const void* kv_base,
-                              const int64_t* key_scale, int32_t num_keys, float* scale) {
+// int8: scale[t] = the f16 scale of key t's row of one KV head (key_scale from key_offsets),
+// widened a vector at a time; scale[t] = 1 for t in [num_keys, kChunkKeys).
+HWY_INLINE void gather_scales(DF df, const TileTask& task, int32_t kv_head, const void* kv_base,
+                              const int64_t* key_scale, int32_t num_keys,
+                              float* HWY_RESTRICT scale) {
+  const hn::Rebind<hwy::float16_t, DF> dh;
   const auto* base =
       static_cast<const std::byte*>(kv_base) + int64_t{kv_head} * task.kv->head_pitch();
-  for (int32_t t = 0; t < num_keys; ++t) {
-    F16 bits;
-    std::memcpy(&bits, base + key_scale[t], sizeof bits);
-    scale[t] = f16_to_f32(bits);
+  uint16_t bits[kChunkKeys];  // the scales' f16 bit patterns, gathered from the blocks
+  for (int32_t t = 0; t < num_keys; ++t) std::memcpy(&bits[t], base + key_scale[t], 2);
+  std::fill(bits + num_keys, bits + kChunkKeys, uint16_t{0x3c00});  // 1.0
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
+  for (int32_t t = 0; t < kChunkKeys; t += lanes) {
+    const auto* h = reinterpret_cast<const hwy::float16_t*>(bits + t);
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, h)), df, scale + t);
   }
 }
 
-// s[r][t] *= scale[t] for rows [row_begin, row_end), keys [0, num_keys): an int8 row's scale,
-// applied once per (row, key) after its dot product rather than per element.
-HWY_INLINE void scale_columns(float* s, const float* scale, int32_t row_begin, int32_t row_end,
-                              int32_t num_keys) {
+// s[r][t] *= scale[t] for rows [row_begin, row_end), all kChunkKeys columns: an int8 row's
+// scale, applied once per (query row, key) after its dot product rather than per element.
+HWY_INLINE void scale_columns(DF df, float* s, const float* HWY_RESTRICT scale, int32_t row_begin,
+                              int32_t row_end) {
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   for (int32_t r = row_begin; r < row_end; ++r) {
-    float* s_row = s + int64_t{r} * kChunkKeys;
-    for (int32_t t = 0; t < num_keys; ++t) s_row[t] *= scale[t];
+    float* s_row = s + int64_t{r} * kChunkKeys;  // [kChunkKeys], aligned
+    for (int32_t t = 0; t < kChunkKeys; t += lanes) {
+      hn::Store(hn::Mul(hn::Load(df, s_row + t), hn::LoadU(df, scale + t)), df, s_row + t);
+    }
   }
 }
 
@@ -431,8 +440,8 @@ void attend_tile_typed(const TileTask& task) {
   int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
   int64_t next_key_elem[kChunkKeys];  // the same for the next chunk (prefetch)
   constexpr bool kScaled = std::is_same_v<T, int8_t>;
-  int64_t key_scale[kChunkKeys];  // int8: byte offset of each key's scale in KV head 0
-  float row_scale[kChunkKeys];    // int8: the scales of one head's K (then V) rows of the chunk
+  int64_t key_scale[kChunkKeys];          // int8: byte offset of each key's scale in KV head 0
+  HWY_ALIGN float row_scale[kChunkKeys];  // int8: one head's K (then V) row scales of the chunk
   const PagedKv& kv = *task.kv;
 
   for (int32_t j0 = task.kv_begin; j0 < task.kv_end; j0 += kChunkKeys) {
@@ -483,8 +492,8 @@ void attend_tile_typed(const TileTask& task) {
         logits_for_rows<T, kPaired>(df, q, k_rows, row_begin, row_end, num_keys, head_dim, s);
       }
       if constexpr (kScaled) {
-        gather_scales(task, kv_head, kv.k, key_scale, num_keys, row_scale);
-        scale_columns(s, row_scale, row_begin, row_end, num_keys);
+        gather_scales(df, task, kv_head, kv.k, key_scale, num_keys, row_scale);
+        scale_columns(df, s, row_scale, row_begin, row_end);
       }
 
       // 2. cap, mask, online softmax
@@ -553,8 +562,8 @@ void attend_tile_typed(const TileTask& task) {
       // 3. values (int8: each probability times its V row's scale first)
       gather_rows(task, kv_head, kv.v, key_elem, num_keys, v_rows);
       if constexpr (kScaled) {
-        gather_scales(task, kv_head, kv.v, key_scale, num_keys, row_scale);
-        scale_columns(s, row_scale, row_begin, row_end, num_keys);
+        gather_scales(df, task, kv_head, kv.v, key_scale, num_keys, row_scale);
+        scale_columns(df, s, row_scale, row_begin, row_end);
       }
       if (widen_once) {
         widen_rows(df, v_rows, num_keys, head_dim, v_buf, v_rows_f32);
