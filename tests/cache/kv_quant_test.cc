@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "cache/kv_layout.h"
+
 namespace kvp {
 namespace {
 
@@ -91,6 +93,22 @@ TEST(KvQuant, DenseVectorIsValuesThenScale) {
   std::vector<float> back(4);
   kv_vector_to_f32(dense.data(), DType::I8, 4, back.data());
   EXPECT_EQ(back, x);
+}
+
+// The memory goal of issue 17: 8-bit KV, scales included, at most 0.52x the bytes of bf16; and
+// the scales sit after their head's rows inside the block.
+TEST(KvQuant, Int8BlocksAreUnder052OfBf16WithTheirScalesInside) {
+  KvLayout bf16{2, 10, 8, 16, 128, DType::BF16};
+  KvLayout int8 = bf16;
+  int8.dtype = DType::I8;
+  EXPECT_EQ(int8.size_bytes(), size_t{2} * 10 * 2 * 8 * 16 * (128 + 2));
+  EXPECT_LE(double(int8.size_bytes()) / double(bf16.size_bytes()), 0.52);
+  EXPECT_EQ(int8.head_pitch(), 16 * 130);
+  EXPECT_EQ(int8.elem_offset(1, 3, 1, 2, 5),
+            ((1 * 10 + 3) * 2 + 1) * 8 * 16 * 130 + 2 * 16 * 130 + 5 * 128);
+  EXPECT_EQ(int8.scale_offset(1, 3, 1, 2, 5),
+            ((1 * 10 + 3) * 2 + 1) * 8 * 16 * 130 + 2 * 16 * 130 + 16 * 128 + 2 * 5);
+  EXPECT_EQ(int8.block_size_bytes() * 10, int8.size_bytes());
 }
 
 }  // namespace
