@@ -12,7 +12,7 @@
 // 3 = variant 2 without its software prefetch (to measure what the prefetch buys), 4 = variant 2
 // widening bf16 KV with PromoteTo instead of in paired order (to measure what pairing buys).
 //
-//   attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32] [--batch 1,8,32]
+//   attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32,f16,int8] [--batch 1,8,32]
 //                       [--ctx 512,4096,16384] [--no-decode] [--no-prefill] [--min-time S]
 //                       [--rotate-mb MB] [--tile-rows N] [--csv FILE]
 // --rotate-mb (default 512) sets the KV footprint the calls rotate through; a small value keeps
@@ -39,6 +39,7 @@
 #include "backend/attention.h"
 #include "backend/cpu_attention.h"
 #include "backend/cpu_probe.h"
+#include "cache/kv_quant.h"
 #include "common/thread_pool.h"
 
 namespace kvp::bench {
@@ -91,6 +92,30 @@ void fill_fast(void* data, DType t, size_t count, uint64_t seed) {
     x ^= x << 17;
     const float f = static_cast<float>(x >> 40) * (2.0f / 16777216.0f) - 1.0f;
     store_from_f32(data, t, i, f);
+  }
+}
+
+// int8 KV: random values in [-127, 127] and every row's scale 1/127 (a finite f16).
+void fill_int8(const KvLayout& layout, std::byte* slab) {
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int64_t i = 0; i < layout.size_elems(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    slab[i] = static_cast<std::byte>(static_cast<int8_t>(int64_t(x >> 40) % 255 - 127));
+  }
+  const F16 scale = f32_to_f16(1.0f / 127.0f);
+  for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
+    for (int32_t block = 0; block < layout.num_blocks; ++block) {
+      for (int32_t kv = 0; kv < 2; ++kv) {
+        for (int32_t head = 0; head < layout.num_kv_heads; ++head) {
+          for (int32_t token = 0; token < layout.block_size; ++token) {
+            std::memcpy(slab + layout.scale_offset(layer, block, kv, head, token), &scale,
+                        sizeof scale);
+          }
+        }
+      }
+    }
   }
 }
 
@@ -154,7 +179,11 @@ class Case {
       std::exit(1);
     }
     madvise(slab_.get(), slab_bytes, MADV_HUGEPAGE);
-    fill_fast(slab_.get(), kv_dtype, size_t(layout_.size_elems()), 1);
+    if (kv_dtype == DType::I8) {
+      fill_int8(layout_, slab_.get());
+    } else {
+      fill_fast(slab_.get(), kv_dtype, size_t(layout_.size_elems()), 1);
+    }
     kv_ = paged_kv_for_layer(layout_, slab_.get(), 0);
 
     // Each set's blocks, shuffled, so tables are non-contiguous as in a live pool.
@@ -203,10 +232,10 @@ class Case {
     }
   }
 
-  // KV bytes one call reads (every sequence's K and V, all KV heads).
+  // KV bytes one call reads (every sequence's K and V, all KV heads; int8: with the scales).
   double kv_bytes() const {
-    return double(batch_.num_seqs) * batch_.max_kv_len * kNumKvHeads * kHeadDim * 2.0 *
-           double(dtype_size_bytes(layout_.dtype));
+    return double(batch_.num_seqs) * batch_.max_kv_len * kNumKvHeads * 2.0 *
+           double(kv_vector_bytes(layout_.dtype, kHeadDim));
   }
   // Multiply-add FLOPs of one call: q·k and p·v over every visible key of every query row.
   double flops() const {
@@ -246,12 +275,13 @@ std::vector<int> parse_ints(std::string_view s) {
 }
 
 int usage(const char* why) {
-  std::fprintf(stderr,
-               "attention_cpu_bench: %s\n"
-               "usage: attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32]\n"
-               "       [--batch 1,8,32] [--ctx 512,4096,16384] [--no-decode] [--no-prefill]\n"
-               "       [--min-time S] [--rotate-mb MB] [--tile-rows N] [--csv FILE]\n",
-               why);
+  std::fprintf(
+      stderr,
+      "attention_cpu_bench: %s\n"
+      "usage: attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32,f16,int8]\n"
+      "       [--batch 1,8,32] [--ctx 512,4096,16384] [--no-decode] [--no-prefill]\n"
+      "       [--min-time S] [--rotate-mb MB] [--tile-rows N] [--csv FILE]\n",
+      why);
   return 2;
 }
 
@@ -297,8 +327,8 @@ int main(int argc, char** argv) {
       size_t pos = 0;
       while (pos <= list.size()) {
         const size_t comma = std::min(list.find(',', pos), list.size());
-        const auto t = parse_dtype(list.substr(pos, comma - pos));
-        if (!t) return usage("--kv takes f32, f16, bf16");
+        const auto t = parse_kv_cache_dtype(list.substr(pos, comma - pos));
+        if (!t) return usage("--kv takes f32, f16, bf16, int8");
         kv_dtypes.push_back(*t);
         pos = comma + 1;
       }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cache/kv_layout.h"
+#include "cache/kv_quant.h"
 #include "engine/engine.h"
 #include "model/gguf_model.h"
 #include "model/model_config.h"
@@ -299,15 +300,16 @@ int run_inspect(const InspectOptions& o) {
   std::printf("\nkvpool runner: %s, %d layers (%d global, %d sliding-window of %d tokens)\n",
               architecture_name(s.architecture), s.num_layers, s.num_layers - sliding, sliding,
               s.sliding_window);
-  const int64_t per_layer_token = 2LL * s.num_kv_heads * s.head_dim;  // K and V elements
-  for (DType dtype : {DType::F32, DType::BF16}) {
-    const auto esize = static_cast<int64_t>(dtype_size_bytes(dtype));
+  for (DType dtype : {DType::F32, DType::BF16, DType::I8}) {
+    // K and V bytes of one token in one layer (int8: a scale per head vector included)
+    const auto per_layer_token =
+        static_cast<int64_t>(2 * s.num_kv_heads * kv_vector_bytes(dtype, s.head_dim));
     std::printf(
         "  KV %-4s: %lld bytes per token (all layers), %lld bytes per block of %d tokens"
         " per layer\n",
         std::string(dtype_name(dtype)).c_str(),
-        static_cast<long long>(per_layer_token * esize * s.num_layers),
-        static_cast<long long>(per_layer_token * esize * o.block_size), o.block_size);
+        static_cast<long long>(per_layer_token * s.num_layers),
+        static_cast<long long>(per_layer_token * o.block_size), o.block_size);
   }
   // The weights as the CPU runner holds them: the file's block formats in place (mapped), or
   // converted where no kernel reads the format.

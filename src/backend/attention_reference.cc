@@ -23,11 +23,14 @@ void reference_paged_attention(const AttentionParams& params, const AttentionBat
       values.assign(static_cast<size_t>(kv_len) * head_dim, 0.0);
       for (int32_t j = first_visible_key(params, kv_len, q_len); j < kv_len; ++j) {
         const int64_t block = table[j / kv.block_size];
-        const int64_t base =
-            block * kv.block_pitch + (int64_t{kvh} * kv.block_size + j % kv.block_size) * head_dim;
+        const int32_t token = j % kv.block_size;
+        const int64_t base = kv.row_offset(block, kvh, token);
+        // int8: the dequantised cache, value times its row's scale
+        const double k_scale = kv_row_scale(kv, kv.k, block, kvh, token);
+        const double v_scale = kv_row_scale(kv, kv.v, block, kvh, token);
         for (int32_t d = 0; d < head_dim; ++d) {
-          keys[size_t(j) * head_dim + d] = load_as_f32(kv.k, kv.dtype, base + d);
-          values[size_t(j) * head_dim + d] = load_as_f32(kv.v, kv.dtype, base + d);
+          keys[size_t(j) * head_dim + d] = k_scale * kv_element(kv, kv.k, base + d);
+          values[size_t(j) * head_dim + d] = v_scale * kv_element(kv, kv.v, base + d);
         }
       }
       for (int32_t g = 0; g < group; ++g) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cpu_attention_kernel.h"
+#include "cache/kv_quant.h"
 
 namespace kvp::cpu {
 namespace {
@@ -301,19 +302,21 @@ Status paged_attention_scalar(const AttentionParams& params, const AttentionBatc
       float m = kNegInf, l = 0.0f;
       std::fill(acc, acc + head_dim, 0.0f);
       for (int32_t j = first; j <= pos; ++j) {
-        const int64_t base = table[j / kv.block_size] * kv.block_pitch +
-                             (int64_t{h / group} * kv.block_size + j % kv.block_size) * head_dim;
+        const int64_t block = table[j / kv.block_size];
+        const int32_t token = j % kv.block_size;
+        const int64_t base = kv.row_offset(block, h / group, token);
+        const float k_scale = kv_row_scale(kv, kv.k, block, h / group, token);
+        const float v_scale = kv_row_scale(kv, kv.v, block, h / group, token);
         float dot = 0.0f;
-        for (int32_t d = 0; d < head_dim; ++d)
-          dot += q_row[d] * load_as_f32(kv.k, kv.dtype, base + d);
-        float logit = dot * params.scale;
+        for (int32_t d = 0; d < head_dim; ++d) dot += q_row[d] * kv_element(kv, kv.k, base + d);
+        float logit = dot * k_scale * params.scale;
         if (params.soft_cap > 0.0f) logit = params.soft_cap * std::tanh(logit / params.soft_cap);
         const float m_new = std::max(m, logit);
         const float alpha = std::exp(m - m_new);
         const float p = std::exp(logit - m_new);
         l = l * alpha + p;
         for (int32_t d = 0; d < head_dim; ++d) {
-          acc[d] = acc[d] * alpha + p * load_as_f32(kv.v, kv.dtype, base + d);
+          acc[d] = acc[d] * alpha + p * v_scale * kv_element(kv, kv.v, base + d);
         }
         m = m_new;
       }
@@ -330,21 +333,32 @@ Status write_kv(const KvWrite& write, const PagedKv& kv) {
   if (write.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
     return Status::invalid_argument("kv write: KV pointer is null");
   }
+  const bool quantise = kv.dtype == DType::I8;  // f32 rows in, int8 rows and scales out
+  const size_t in_bytes = quantise ? sizeof(float) : dtype_size_bytes(kv.dtype);
   const size_t elem_bytes = dtype_size_bytes(kv.dtype);
   const size_t row_bytes = size_t(kv.head_dim) * elem_bytes;
   for (int32_t i = 0; i < write.num_tokens; ++i) {
     const int64_t slot = write.slot_mapping[i];
     if (slot < 0) continue;  // padding
     const int64_t block = slot / kv.block_size;
-    const int64_t token = slot % kv.block_size;
+    const auto token = static_cast<int32_t>(slot % kv.block_size);
     for (int32_t h = 0; h < kv.num_kv_heads; ++h) {
       const int64_t src = (int64_t{i} * kv.num_kv_heads + h) * kv.head_dim;
-      const int64_t dst =
-          block * kv.block_pitch + (int64_t{h} * kv.block_size + token) * kv.head_dim;
-      std::memcpy(static_cast<std::byte*>(kv.k) + size_t(dst) * elem_bytes,
-                  static_cast<const std::byte*>(write.k) + size_t(src) * elem_bytes, row_bytes);
-      std::memcpy(static_cast<std::byte*>(kv.v) + size_t(dst) * elem_bytes,
-                  static_cast<const std::byte*>(write.v) + size_t(src) * elem_bytes, row_bytes);
+      const int64_t dst = kv.row_offset(block, h, token);
+      const void* ins[2] = {write.k, write.v};
+      void* outs[2] = {kv.k, kv.v};
+      for (int32_t which = 0; which < 2; ++which) {
+        const auto* in = static_cast<const std::byte*>(ins[which]) + size_t(src) * in_bytes;
+        auto* out = static_cast<std::byte*>(outs[which]);
+        if (quantise) {
+          F16 scale;
+          quantize_kv_int8(reinterpret_cast<const float*>(in), kv.head_dim,
+                           reinterpret_cast<int8_t*>(out + dst), &scale);
+          std::memcpy(out + kv.scale_offset(block, h, token), &scale, sizeof scale);
+        } else {
+          std::memcpy(out + size_t(dst) * elem_bytes, in, row_bytes);
+        }
+      }
     }
   }
   return Status::ok();

@@ -12,7 +12,10 @@
 //   2. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
 //   3. o_r += sum_t P[r][t] v_t: 4 rows x 4 (AVX-512) or 2 vectors of head_dim per pass, V
 //      widened like K
-// KV is read straight from the pool in its own dtype; everything accumulates in f32.
+// KV is read straight from the pool in its own dtype; everything accumulates in f32. int8 KV
+// (cache/kv_quant.h) is widened like f16 (int8 -> int32 -> f32 in registers), and its per-row
+// scales are applied per key, not per element: K's multiply the logits after step 1, V's the
+// probabilities before step 3.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu_attention_kernel.cc"
@@ -26,6 +29,7 @@
 #include <bit>
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -40,11 +44,16 @@ using VF = hn::Vec<DF>;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// One vector of f32 from a K or V row of element type T (float, bfloat16_t or float16_t).
+// One vector of f32 from a K or V row of element type T (float, bfloat16_t, float16_t, or
+// int8_t: the stored values, the row's scale applied by the caller).
 template <typename T>
 HWY_INLINE VF load_row(DF df, const T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, float>) {
     return hn::LoadU(df, p);
+  } else if constexpr (std::is_same_v<T, int8_t>) {
+    const hn::Rebind<int32_t, DF> di;
+    const hn::Rebind<int8_t, DF> d8;
+    return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, p)));
   } else {
     const hn::Rebind<T, DF> dt;
     return hn::PromoteTo(df, hn::LoadU(dt, p));
@@ -56,6 +65,8 @@ template <typename T>
 HWY_INLINE float scalar_of(const T* p, int32_t i) {
   if constexpr (std::is_same_v<T, float>) {
     return p[i];
+  } else if constexpr (std::is_same_v<T, int8_t>) {
+    return static_cast<float>(p[i]);
   } else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
     return bf16_to_f32(Bf16{std::bit_cast<uint16_t>(p[i])});
   } else {
@@ -257,12 +268,12 @@ HWY_INLINE void accumulate_pv(DF df, float* const* o, const float* const* p, con
 }
 
 // Row pointers of one KV head's rows for the keys of a chunk, for K (kv_base = kv.k) or V.
-// key_elem[t]: element offset of key t's row in KV head 0; head h adds h * block_size * head_dim.
+// key_elem[t]: element offset of key t's row in KV head 0; head h adds h * head_pitch.
 template <typename T>
 HWY_INLINE void gather_rows(const TileTask& task, int32_t kv_head, const void* kv_base,
                             const int64_t* key_elem, int32_t num_keys, const T** rows) {
   const T* base = static_cast<const T*>(kv_base);
-  const int64_t head_elem = int64_t{kv_head} * task.kv->block_size * task.head_dim;
+  const int64_t head_elem = int64_t{kv_head} * task.kv->head_pitch();
   for (int32_t t = 0; t < num_keys; ++t) rows[t] = base + key_elem[t] + head_elem;
 }
 
@@ -279,15 +290,17 @@ HWY_INLINE void dot_rows(DF df, const float* const* q, const T* const* k, int32_
 }
 
 // Element offsets of the rows of keys [j0, j0 + num_keys) in KV head 0 (one division per chunk,
-// not per key).
+// not per key); key_scale (int8, else null): byte offsets of their scales in KV head 0.
 HWY_INLINE void key_offsets(const TileTask& task, int32_t j0, int32_t num_keys,
-                            int64_t* HWY_RESTRICT key_elem) {
+                            int64_t* HWY_RESTRICT key_elem, int64_t* HWY_RESTRICT key_scale) {
   const PagedKv& kv = *task.kv;
   int32_t block_index = j0 / kv.block_size;
   int32_t in_block = j0 - block_index * kv.block_size;
   for (int32_t t = 0; t < num_keys; ++t) {
     key_elem[t] =
         task.block_table[block_index] * kv.block_pitch + int64_t{in_block} * task.head_dim;
+    if (key_scale != nullptr)
+      key_scale[t] = kv.scale_offset(task.block_table[block_index], 0, in_block);
     if (++in_block == kv.block_size) {
       in_block = 0;
       ++block_index;
@@ -304,7 +317,7 @@ HWY_INLINE void prefetch_unit(const TileTask& task, const void* kv_base, int32_t
   const size_t elem_bytes = dtype_size_bytes(kv.dtype);
   const size_t row_bytes = size_t(task.head_dim) * elem_bytes;
   const auto* base = static_cast<const std::byte*>(kv_base);
-  const int64_t head_elem = int64_t{kv_head} * kv.block_size * task.head_dim;
+  const int64_t head_elem = int64_t{kv_head} * kv.head_pitch();
   for (int32_t t = 0; t < num_keys; ++t) {
     const size_t byte = size_t(key_elem[t] + head_elem) * elem_bytes;
     for (size_t line = 0; line < row_bytes; line += 64) {
@@ -375,6 +388,37 @@ HWY_INLINE void widen_rows(DF df, const T* const* rows, int32_t num_keys, int32_
   }
 }
 
+// int8: scale[t] = the f16 scale of key t's row of one KV head (key_scale from key_offsets),
+// widened a vector at a time; scale[t] = 1 for t in [num_keys, kChunkKeys).
+HWY_INLINE void gather_scales(DF df, const TileTask& task, int32_t kv_head, const void* kv_base,
+                              const int64_t* key_scale, int32_t num_keys,
+                              float* HWY_RESTRICT scale) {
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const auto* base =
+      static_cast<const std::byte*>(kv_base) + int64_t{kv_head} * task.kv->head_pitch();
+  uint16_t bits[kChunkKeys];  // the scales' f16 bit patterns, gathered from the blocks
+  for (int32_t t = 0; t < num_keys; ++t) std::memcpy(&bits[t], base + key_scale[t], 2);
+  std::fill(bits + num_keys, bits + kChunkKeys, uint16_t{0x3c00});  // 1.0
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
+  for (int32_t t = 0; t < kChunkKeys; t += lanes) {
+    const auto* h = reinterpret_cast<const hwy::float16_t*>(bits + t);
+    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, h)), df, scale + t);
+  }
+}
+
+// s[r][t] *= scale[t] for rows [row_begin, row_end), all kChunkKeys columns: an int8 row's
+// scale, applied once per (query row, key) after its dot product rather than per element.
+HWY_INLINE void scale_columns(DF df, float* s, const float* HWY_RESTRICT scale, int32_t row_begin,
+                              int32_t row_end) {
+  const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
+  for (int32_t r = row_begin; r < row_end; ++r) {
+    float* s_row = s + int64_t{r} * kChunkKeys;  // [kChunkKeys], aligned
+    for (int32_t t = 0; t < kChunkKeys; t += lanes) {
+      hn::Store(hn::Mul(hn::Load(df, s_row + t), hn::LoadU(df, scale + t)), df, s_row + t);
+    }
+  }
+}
+
 // kPaired: T is bf16, task.q and task.o are in paired order, the tile is one pass of rows
 // (num_rows <= kRowGroup) and head_dim a multiple of kValueVectors * lanes.
 template <typename T, bool kPaired>
@@ -395,6 +439,9 @@ void attend_tile_typed(const TileTask& task) {
   const T* v_rows[kChunkKeys];        // [num_keys] -> V row [head_dim] in the pool
   int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
   int64_t next_key_elem[kChunkKeys];  // the same for the next chunk (prefetch)
+  constexpr bool kScaled = std::is_same_v<T, int8_t>;
+  int64_t key_scale[kChunkKeys];          // int8: byte offset of each key's scale in KV head 0
+  HWY_ALIGN float row_scale[kChunkKeys];  // int8: one head's K (then V) row scales of the chunk
   const PagedKv& kv = *task.kv;
 
   for (int32_t j0 = task.kv_begin; j0 < task.kv_end; j0 += kChunkKeys) {
@@ -414,7 +461,7 @@ void attend_tile_typed(const TileTask& task) {
     const int32_t row_end = tok_end * group;
     const bool widen_once = !std::is_same_v<T, float> && row_end - row_begin > kRowGroup;
 
-    key_offsets(task, j0, num_keys, key_elem);
+    key_offsets(task, j0, num_keys, key_elem, kScaled ? key_scale : nullptr);
     const int32_t next_j0 = j0 + kChunkKeys;
     const int32_t next_num_keys = std::min(kChunkKeys, task.kv_end - next_j0);
     // K of every head first, then V of every head: a block stores [K, V][head][key], so each is
@@ -443,6 +490,10 @@ void attend_tile_typed(const TileTask& task) {
         logits_for_rows<float, false>(df, q, k_rows_f32, row_begin, row_end, num_keys, head_dim, s);
       } else {
         logits_for_rows<T, kPaired>(df, q, k_rows, row_begin, row_end, num_keys, head_dim, s);
+      }
+      if constexpr (kScaled) {
+        gather_scales(df, task, kv_head, kv.k, key_scale, num_keys, row_scale);
+        scale_columns(df, s, row_scale, row_begin, row_end);
       }
 
       // 2. cap, mask, online softmax
@@ -504,12 +555,16 @@ void attend_tile_typed(const TileTask& task) {
         if (hh + 1 < task.num_heads) {
           prefetch_unit(task, kv.v, kv_head + 1, key_elem, num_keys);
         } else if (next_num_keys > 0) {
-          key_offsets(task, next_j0, next_num_keys, next_key_elem);
+          key_offsets(task, next_j0, next_num_keys, next_key_elem, nullptr);
           prefetch_unit(task, kv.k, task.kv_head, next_key_elem, next_num_keys);
         }
       }
-      // 3. values
+      // 3. values (int8: each probability times its V row's scale first)
       gather_rows(task, kv_head, kv.v, key_elem, num_keys, v_rows);
+      if constexpr (kScaled) {
+        gather_scales(df, task, kv_head, kv.v, key_scale, num_keys, row_scale);
+        scale_columns(df, s, row_scale, row_begin, row_end);
+      }
       if (widen_once) {
         widen_rows(df, v_rows, num_keys, head_dim, v_buf, v_rows_f32);
         values_for_rows<float, false>(df, o, s, v_rows_f32, row_begin, row_end, num_keys, head_dim);
@@ -558,6 +613,8 @@ void attend_tile(const TileTask& task) {
       return attend_tile_typed<hwy::bfloat16_t, false>(task);
     case DType::F16:
       return attend_tile_typed<hwy::float16_t, false>(task);
+    case DType::I8:
+      return attend_tile_typed<int8_t, false>(task);
   }
 }
 
@@ -588,9 +645,7 @@ HWY_INLINE void prefetch_rows(const TileTask& task, int32_t j0, int32_t num_keys
     const int32_t run = std::min(num_keys - t, kv.block_size - in_block);
     const int64_t block = task.block_table[j / kv.block_size];
     for (int32_t h = task.kv_head; h < task.kv_head + task.num_heads; ++h) {
-      const size_t byte =
-          size_t(block * kv.block_pitch + (int64_t{h} * kv.block_size + in_block) * task.head_dim) *
-          elem_bytes;
+      const size_t byte = size_t(kv.row_offset(block, h, in_block)) * elem_bytes;
       for (size_t line = 0; line < size_t(run) * row_bytes; line += 64) {
         hwy::Prefetch(k_base + byte + line);
         hwy::Prefetch(v_base + byte + line);

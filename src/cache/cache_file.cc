@@ -14,6 +14,7 @@
 #include <fstream>
 #include <limits>
 
+#include "cache/kv_quant.h"
 #include "common/checked_math.h"
 #include "common/limits.h"
 
@@ -295,7 +296,7 @@ Result<CacheFile> CacheFile::read(const std::filesystem::path& path,
   if (h.head_dim == 0 || h.head_dim > kMaxHeadDim) {
     return corrupt(fmt::format("head_dim {} (1..{})", h.head_dim, kMaxHeadDim));
   }
-  if (h.dtype_code > static_cast<uint32_t>(DType::BF16)) {
+  if (h.dtype_code > static_cast<uint32_t>(DType::I8)) {
     return corrupt(fmt::format("unknown dtype code {}", h.dtype_code));
   }
   for (uint32_t l = 0; l < h.num_layers; ++l) {
@@ -319,7 +320,7 @@ Result<CacheFile> CacheFile::read(const std::filesystem::path& path,
   // 2. The size the header promises, exactly. Each term is bounded by the limits above, but
   // their sum is not: 4096 layers of 2^31 tokens of 4096 x 8192 values pass 2^64.
   const DType dtype = static_cast<DType>(h.dtype_code);
-  const uint64_t row_bytes = uint64_t{h.num_kv_heads} * h.head_dim * dtype_size_bytes(dtype);
+  const uint64_t row_bytes = uint64_t{h.num_kv_heads} * kv_vector_bytes(dtype, h.head_dim);
   std::vector<size_t> layer_offsets;
   std::optional<uint64_t> size = checked_add<uint64_t>(h.header_bytes, 4 * h.num_tokens);
   for (const LayerAttention& a : h.layer_attention) {
@@ -369,8 +370,8 @@ Result<CacheFile> CacheFile::read(const std::filesystem::path& path,
                         static_cast<int32_t>(h.num_kv_heads), static_cast<int32_t>(h.head_dim),
                         dtype, running_spec.block_size(), h.layer_attention);
   if (!file_spec.is_ok()) return corrupt(file_spec.status().message());
-  std::string why;
-  if (!file_spec->same_geometry(running_spec, &why)) {
+  std::string why;  // the KV dtype may differ: scatter_into converts
+  if (!file_spec->with_dtype(running_spec.dtype()).same_geometry(running_spec, &why)) {
     return Status::mismatch(
         "cache file '{}': geometry differs from the running model: {} (file "
         "vs running)",
@@ -392,7 +393,7 @@ int64_t CacheFile::group_token_begin(int32_t group) const {
 Status CacheFile::check_tables(const HostKvStorage& storage,
                                std::span<const std::vector<BlockId>> block_tables) const {
   std::string why;
-  if (!storage.spec().same_geometry(spec_, &why)) {
+  if (!storage.spec().same_geometry(spec_.with_dtype(storage.spec().dtype()), &why)) {
     return Status::invalid_argument("storage geometry differs from the cache file's: {}", why);
   }
   return check_coverage(storage, num_tokens(), block_tables);
@@ -403,13 +404,34 @@ void CacheFile::scatter_into(HostKvStorage& storage,
   const Status s = check_tables(storage, block_tables);
   KVP_CHECK(s.is_ok(), "scatter_into: {}", s.message());
   const CacheSpec& spec = storage.spec();
+  const DType from = spec_.dtype();
+  const DType to = spec.dtype();
+  const int32_t head_dim = spec.head_dim();
+  const size_t from_vector = kv_vector_bytes(from, head_dim);
+  const size_t to_vector = kv_vector_bytes(to, head_dim);
   const int64_t n = num_tokens();
+  std::vector<std::byte> converted[2];  // [K, V] dense in the storage's dtype
+  std::vector<float> vector_f32(static_cast<size_t>(head_dim));
   for (int32_t layer = 0; layer < spec.num_layers(); ++layer) {
     const int64_t kept = spec.kept_tokens(layer, n);
-    const size_t bytes = storage.dense_bytes(kept);
-    const std::span<const std::byte> k(data_.data() + layer_offsets_[layer], bytes);
-    const std::span<const std::byte> v(data_.data() + layer_offsets_[layer] + bytes, bytes);
-    storage.scatter_layer(layer, block_tables[spec.group_of_layer(layer)], n - kept, n, k, v);
+    const int64_t num_vectors = kept * spec.num_kv_heads();
+    const size_t file_bytes = static_cast<size_t>(num_vectors) * from_vector;
+    std::span<const std::byte> kv[2] = {
+        {data_.data() + layer_offsets_[layer], file_bytes},
+        {data_.data() + layer_offsets_[layer] + file_bytes, file_bytes}};
+    if (from != to) {  // converted on load through f32, one head vector at a time
+      for (int which = 0; which < 2; ++which) {
+        converted[which].resize(static_cast<size_t>(num_vectors) * to_vector);
+        for (int64_t i = 0; i < num_vectors; ++i) {
+          kv_vector_to_f32(kv[which].data() + i * from_vector, from, head_dim, vector_f32.data());
+          kv_vector_from_f32(vector_f32.data(), head_dim, to,
+                             converted[which].data() + i * to_vector);
+        }
+        kv[which] = converted[which];
+      }
+    }
+    storage.scatter_layer(layer, block_tables[spec.group_of_layer(layer)], n - kept, n, kv[0],
+                          kv[1]);
   }
 }
 

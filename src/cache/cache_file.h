@@ -3,7 +3,11 @@
 //
 //   magic · version · model fingerprint (architecture, weight hash) · cache spec (layers, KV
 //   heads, head_dim, dtype, per-layer attention) · token ids · per layer K then V of every kept
-//   token, contiguous [tokens][kv_heads][head_dim] · xxh3-64 of everything before it
+//   token, contiguous [tokens][kv_heads] head vectors (int8: [head_dim] values, then the f16
+//   scale; cache/kv_quant.h) · xxh3-64 of everything before it
+//
+// The file's KV dtype need not be the pool's: scatter_into converts each head vector through f32
+// (f32, bf16, f16, int8 in any direction); a file of the pool's dtype is copied exactly.
 //
 // No block size is stored: a file written from a pool of block size 16 loads into a pool of
 // block size 256 (or 1) through HostKvStorage::scatter_layer. A windowed layer stores only the
@@ -54,7 +58,7 @@ class CacheFile {
   //   NotFound (no such file), IoError (unreadable), Corruption (wrong magic, truncated, trailing
   //   bytes, checksum mismatch, impossible header values), Unsupported (a newer format version),
   //   Mismatch (another model: architecture, weight hash or geometry differ from `expected` /
-  //   `running_spec`; block size is not compared).
+  //   `running_spec`; neither block size nor KV dtype is compared).
   static Result<CacheFile> read(const std::filesystem::path& path, const ModelFingerprint& expected,
                                 const CacheSpec& running_spec);
 
@@ -68,12 +72,13 @@ class CacheFile {
   int64_t group_token_begin(int32_t group) const;
 
   // Checks that block_tables (one per group of storage) cover what each group keeps with ids
-  // of that group's pool, and that storage has this file's geometry. InvalidArgument otherwise.
+  // of that group's pool, and that storage has this file's geometry (any KV dtype).
+  // InvalidArgument otherwise.
   // Does not modify anything.
   Status check_tables(const HostKvStorage& storage,
                       std::span<const std::vector<BlockId>> block_tables) const;
   // Writes every layer's K and V into the blocks of the tables (re-blocking to storage's block
-  // size). requires: check_tables(storage, block_tables).is_ok().
+  // size, converting to storage's KV dtype). requires: check_tables(storage, block_tables).is_ok().
   void scatter_into(HostKvStorage& storage,
                     std::span<const std::vector<BlockId>> block_tables) const;
 

@@ -1,6 +1,8 @@
 // CacheSpec: geometry, cache groups and pool sizing; parsing of Hugging Face config.json files.
 #include "cache/cache_spec.h"
 
+#include "cache/kv_quant.h"
+
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -432,7 +434,7 @@ KvLayout CacheSpec::group_layout(int32_t group, int32_t num_blocks) const {
 }
 
 uint64_t CacheSpec::layer_token_bytes() const {
-  return uint64_t{2} * num_kv_heads_ * head_dim_ * dtype_size_bytes(dtype_);
+  return uint64_t{2} * num_kv_heads_ * kv_vector_bytes(dtype_, head_dim_);
 }
 
 uint64_t CacheSpec::block_bytes(int32_t group) const {

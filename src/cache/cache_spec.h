@@ -153,6 +153,12 @@ class CacheSpec {
   // Same geometry (layers, heads, head_dim, dtype, per-layer attention); ignores block size and
   // architecture. On a difference, `why` (if not null) says which field differs and how.
   bool same_geometry(const CacheSpec& other, std::string* why = nullptr) const;
+  // This spec holding another KV dtype (cache files convert between dtypes on load).
+  CacheSpec with_dtype(DType dtype) const {
+    CacheSpec copy = *this;
+    copy.dtype_ = dtype;
+    return copy;
+  }
 
   friend bool operator==(const CacheSpec&, const CacheSpec&) = default;
 

@@ -1,6 +1,8 @@
 // HostKvStorage: slabs, typed views, block copy, gather and scatter (see host_kv_storage.h).
 #include "cache/host_kv_storage.h"
 
+#include "cache/kv_quant.h"
+
 #include <sys/mman.h>
 
 #include <cstdlib>
@@ -116,8 +118,8 @@ void HostKvStorage::copy_blocks(int32_t group, std::span<const BlockCopy> ops) {
 }
 
 size_t HostKvStorage::dense_bytes(int64_t num_tokens) const {
-  return static_cast<size_t>(num_tokens) * spec_.num_kv_heads() * spec_.head_dim() *
-         dtype_size_bytes(spec_.dtype());
+  return static_cast<size_t>(num_tokens) * spec_.num_kv_heads() *
+         kv_vector_bytes(spec_.dtype(), spec_.head_dim());
 }
 
 void HostKvStorage::check_table(int32_t group, std::span<const BlockId> block_table,
@@ -135,8 +137,9 @@ void HostKvStorage::check_table(int32_t group, std::span<const BlockId> block_ta
   }
 }
 
-// One token's head vectors are head_dim elements at (block, head, slot); a dense row is
-// [num_kv_heads][head_dim]. Gather and scatter move one head vector at a time.
+// One token's head vectors are head_dim elements at (block, head, slot) (int8: and the scale at
+// scale_offset); a dense row is [num_kv_heads] dense head vectors (cache/kv_quant.h). Gather and
+// scatter move one head vector at a time.
 void HostKvStorage::gather_layer(int32_t layer, std::span<const BlockId> block_table,
                                  int64_t token_begin, int64_t token_end, std::span<std::byte> k_out,
                                  std::span<std::byte> v_out) const {
@@ -148,7 +151,9 @@ void HostKvStorage::gather_layer(int32_t layer, std::span<const BlockId> block_t
             k_out.size(), v_out.size(), bytes);
   const KvLayout& l = layouts_[group];
   const size_t elem_bytes = dtype_size_bytes(l.dtype);
-  const size_t vec_bytes = static_cast<size_t>(l.head_dim) * elem_bytes;
+  const size_t row_bytes = static_cast<size_t>(l.head_dim) * elem_bytes;
+  const size_t vec_bytes = kv_vector_bytes(l.dtype, l.head_dim);
+  const bool scaled = l.dtype == DType::I8;
   const std::byte* base = slabs_[group].get();
   std::span<std::byte> outs[2] = {k_out, v_out};
   size_t row = 0;
@@ -158,8 +163,12 @@ void HostKvStorage::gather_layer(int32_t layer, std::span<const BlockId> block_t
     for (int32_t kv = 0; kv < 2; ++kv) {
       for (int32_t h = 0; h < l.num_kv_heads; ++h) {
         const size_t src = static_cast<size_t>(l.elem_offset(layer_in_group, block, kv, h, slot));
-        std::memcpy(outs[kv].data() + (row * l.num_kv_heads + h) * vec_bytes,
-                    base + src * elem_bytes, vec_bytes);
+        std::byte* out = outs[kv].data() + (row * l.num_kv_heads + h) * vec_bytes;
+        std::memcpy(out, base + src * elem_bytes, row_bytes);
+        if (scaled) {
+          std::memcpy(out + row_bytes, base + l.scale_offset(layer_in_group, block, kv, h, slot),
+                      sizeof(F16));
+        }
       }
     }
   }
@@ -177,7 +186,9 @@ void HostKvStorage::scatter_layer(int32_t layer, std::span<const BlockId> block_
             k_in.size(), v_in.size(), bytes);
   const KvLayout& l = layouts_[group];
   const size_t elem_bytes = dtype_size_bytes(l.dtype);
-  const size_t vec_bytes = static_cast<size_t>(l.head_dim) * elem_bytes;
+  const size_t row_bytes = static_cast<size_t>(l.head_dim) * elem_bytes;
+  const size_t vec_bytes = kv_vector_bytes(l.dtype, l.head_dim);
+  const bool scaled = l.dtype == DType::I8;
   std::byte* base = slabs_[group].get();
   std::span<const std::byte> ins[2] = {k_in, v_in};
   size_t row = 0;
@@ -187,8 +198,12 @@ void HostKvStorage::scatter_layer(int32_t layer, std::span<const BlockId> block_
     for (int32_t kv = 0; kv < 2; ++kv) {
       for (int32_t h = 0; h < l.num_kv_heads; ++h) {
         const size_t dst = static_cast<size_t>(l.elem_offset(layer_in_group, block, kv, h, slot));
-        std::memcpy(base + dst * elem_bytes,
-                    ins[kv].data() + (row * l.num_kv_heads + h) * vec_bytes, vec_bytes);
+        const std::byte* in = ins[kv].data() + (row * l.num_kv_heads + h) * vec_bytes;
+        std::memcpy(base + dst * elem_bytes, in, row_bytes);
+        if (scaled) {
+          std::memcpy(base + l.scale_offset(layer_in_group, block, kv, h, slot), in + row_bytes,
+                      sizeof(F16));
+        }
       }
     }
   }

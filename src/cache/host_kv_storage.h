@@ -6,15 +6,16 @@
 //   group g slab (4096-byte aligned, KvLayout::size_bytes() of spec.group_layout(g, n_g)):
 //   ┌──── layer 0 of the group ─────┬──── layer 1 ──── …
 //   │ b0.K b0.V b1.K b1.V …          │ b0.K b0.V …
-//   b.K = [num_kv_heads][block_size][head_dim]
+//   b.K = [num_kv_heads][block_size][head_dim] (int8: each head's rows followed by their scales)
 //
 // A block table here is logical: entry i holds the block of tokens [i * block_size,
 // (i + 1) * block_size) of the sequence. Gather and scatter read only the entries that cover
 // the requested token range, so a windowed group's table may hold anything (e.g. BlockId{-1})
 // in entries for tokens that fell behind the window.
 //
-// Dense tensors are one layer's K (or V) of a token range: [num_tokens][num_kv_heads][head_dim]
-// elements of the spec's dtype, tokens in order.
+// Dense tensors are one layer's K (or V) of a token range: [num_tokens][num_kv_heads] head
+// vectors of the spec's dtype, tokens in order; a head vector is [head_dim] elements, for int8
+// followed by its f16 scale (cache/kv_quant.h kv_vector_bytes).
 //
 // Block ids and table shapes come from bookkeeping, so violations are programming errors
 // (KVP_CHECK), never Status. Not thread-safe; the engine loop owns it.
@@ -93,7 +94,7 @@ class HostKvStorage {
   // Dense K and V of tokens [token_begin, token_end) of one layer (model layer index) of a
   // sequence with the given block table of that layer's group. Does not modify the storage.
   // requires: the table covers the range with valid ids; k_out and v_out hold exactly
-  //   (token_end - token_begin) * num_kv_heads * head_dim elements of the spec's dtype.
+  //   dense_bytes(token_end - token_begin) bytes.
   void gather_layer(int32_t layer, std::span<const BlockId> block_table, int64_t token_begin,
                     int64_t token_end, std::span<std::byte> k_out,
                     std::span<std::byte> v_out) const;

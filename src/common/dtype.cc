@@ -9,6 +9,11 @@ std::optional<DType> parse_dtype(std::string_view name) {
   return std::nullopt;
 }
 
+std::optional<DType> parse_kv_cache_dtype(std::string_view name) {
+  if (name == "int8" || name == "i8") return DType::I8;
+  return parse_dtype(name);
+}
+
 float f16_to_f32(F16 x) {
   const uint32_t sign = uint32_t{x.bits & 0x8000u} << 16;
   const uint32_t exponent = (x.bits >> 10) & 0x1fu;

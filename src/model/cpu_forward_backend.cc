@@ -42,10 +42,12 @@ Status CpuForwardBackend::check_kv_dtype(DType dtype) const {
     case DType::F32:
     case DType::BF16:
     case DType::F16:
+    case DType::I8:
       return Status::ok();
   }
-  return Status::invalid_argument("KV dtype {} is not one the cpu backend holds (f32, bf16, f16)",
-                                  static_cast<int>(dtype));
+  return Status::invalid_argument(
+      "KV dtype {} is not one the cpu backend holds (f32, bf16, f16, int8)",
+      static_cast<int>(dtype));
 }
 
 Status CpuForwardBackend::allocate_kv(std::span<const KvLayout> layouts) {

@@ -57,6 +57,8 @@ Result<StoredMatrix> SafetensorsWeights::read_matrix(const std::string& name, in
     case DType::BF16:
       type = GgmlType::BF16;
       break;
+    case DType::I8:  // a KV-cache-only dtype; safetensors_file never yields it
+      return WeightSource::read_matrix(name, rows, cols);
   }
   StoredMatrix m;
   m.matrix = quant::make_matrix(type, t->data.data(), rows, cols);

@@ -3,6 +3,11 @@
 // sizes, head dims, GQA ratios, query lengths, KV lengths, windows, soft caps, dtypes and
 // forced KV splits; plus 32K contexts and bad arguments. Outputs are poisoned with NaN before
 // every call, so an element left unwritten shows as non-finite.
+//
+// int8 KV: random f32 rows (of varied magnitude) are quantised into the pool; the reference reads
+// the dequantised cache (value times its row's scale), so the kernels meet the f32 tolerance; and
+// against attention over the original f32 rows they stay within a bound derived from the
+// quantisation steps (Int8WithinQuantisationBoundOfUnquantisedAttention).
 #include "backend/cpu_attention.h"
 
 #include <fmt/format.h>
@@ -16,10 +21,12 @@
 #include <iostream>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cache/kv_quant.h"
 #include "support/tensor_check.h"
 
 namespace kvp {
@@ -68,8 +75,12 @@ class PagedProblem {
     layout_ = KvLayout{
         2, blocks_needed + 5, spec.num_kv_heads, spec.block_size, spec.head_dim, spec.kv_dtype};
     slab_.resize(layout_.size_bytes());
-    testing::fill_random(slab_.data(), spec.kv_dtype, static_cast<size_t>(layout_.size_elems()),
-                         rng);
+    if (spec.kv_dtype == DType::I8) {
+      fill_quantised(rng);
+    } else {
+      testing::fill_random(slab_.data(), spec.kv_dtype, static_cast<size_t>(layout_.size_elems()),
+                           rng);
+    }
     kv_ = paged_kv_for_layer(layout_, slab_.data(), 1);
 
     std::vector<int32_t> ids(static_cast<size_t>(layout_.num_blocks));
@@ -127,6 +138,73 @@ class PagedProblem {
     return out;
   }
 
+  // int8 only: the oracle's answer on the f32 rows before quantisation.
+  std::vector<float> reference_unquantised() const {
+    std::vector<float> ref(out_elems(), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> q32(out_elems());
+    for (size_t i = 0; i < q32.size(); ++i) q32[i] = load_as_f32(q_.data(), spec_.q_dtype, i);
+    const PagedKv original =
+        paged_kv_for_layer(original_layout_, const_cast<float*>(original_.data()), 1);
+    reference_paged_attention(params_, batch_, original, q32.data(), DType::F32, ref.data());
+    return ref;
+  }
+  // int8 only: per output row (token, query head), the bound on |out - out_unquantised| that
+  // the quantisation steps of the keys and values the row sees allow (see
+  // Int8MixedBatchMatchesReference). [num_tokens * num_q_heads]
+  std::vector<double> int8_row_bounds() const {
+    const KvLayout& l = layout_;
+    // Per pool row (block, head, token) of layer 1: K scale, V scale, max |v| of the original.
+    const size_t num_rows = size_t(l.num_blocks) * l.num_kv_heads * l.block_size;
+    std::vector<double> k_scale(num_rows), v_scale(num_rows), v_max(num_rows);
+    for (int32_t block = 0; block < l.num_blocks; ++block) {
+      for (int32_t head = 0; head < l.num_kv_heads; ++head) {
+        for (int32_t token = 0; token < l.block_size; ++token) {
+          const size_t i = (size_t(block) * l.num_kv_heads + head) * l.block_size + token;
+          F16 k, v;
+          std::memcpy(&k, slab_.data() + l.scale_offset(1, block, 0, head, token), sizeof k);
+          std::memcpy(&v, slab_.data() + l.scale_offset(1, block, 1, head, token), sizeof v);
+          k_scale[i] = f16_to_f32(k);
+          v_scale[i] = f16_to_f32(v);
+          const float* row =
+              original_.data() + original_layout_.elem_offset(1, block, 1, head, token);
+          for (int32_t d = 0; d < l.head_dim; ++d)
+            v_max[i] = std::max(v_max[i], double(std::fabs(row[d])));
+        }
+      }
+    }
+    const int32_t num_q_heads = params_.num_q_heads;
+    const int32_t group = num_q_heads / l.num_kv_heads;
+    std::vector<double> bounds(size_t(batch_.num_tokens) * num_q_heads, 0.0);
+    for (int32_t seq = 0; seq < batch_.num_seqs; ++seq) {
+      const int32_t q_begin = query_start_[size_t(seq)];
+      const int32_t q_len = query_start_[size_t(seq) + 1] - q_begin;
+      const int32_t kv_len = kv_lens_[size_t(seq)];
+      const int32_t* table = tables_.data() + size_t(seq) * batch_.max_blocks_per_seq;
+      for (int32_t t = 0; t < q_len; ++t) {
+        const int32_t pos = kv_len - q_len + t;
+        const int32_t first = params_.window > 0 ? std::max(0, pos - params_.window + 1) : 0;
+        for (int32_t h = 0; h < num_q_heads; ++h) {
+          const size_t row = size_t(q_begin + t) * num_q_heads + h;
+          double q_l1 = 0;
+          for (int32_t d = 0; d < l.head_dim; ++d)
+            q_l1 += std::fabs(load_as_f32(q_.data(), spec_.q_dtype, row * l.head_dim + d));
+          double max_k_scale = 0, max_v_scale = 0, max_v = 0;
+          for (int32_t j = first; j <= pos; ++j) {
+            const size_t i =
+                (size_t(table[j / l.block_size]) * l.num_kv_heads + h / group) * l.block_size +
+                j % l.block_size;
+            max_k_scale = std::max(max_k_scale, k_scale[i]);
+            max_v_scale = std::max(max_v_scale, v_scale[i]);
+            max_v = std::max(max_v, v_max[i]);
+          }
+          const double logit_error = double(params_.scale) * q_l1 * max_k_scale / 2;
+          bounds[row] = std::expm1(2 * logit_error) * max_v + max_v_scale / 2;
+        }
+      }
+    }
+    return bounds;
+  }
+
   const AttentionParams& params() const { return params_; }
   const AttentionBatch& batch() const { return batch_; }
   AttentionBatch& mutable_batch() { return batch_; }
@@ -146,6 +224,41 @@ class PagedProblem {
   std::vector<int32_t> kv_lens_;      // [num_seqs]
   std::vector<std::byte> q_;          // [num_tokens][num_q_heads][head_dim] of q_dtype
   AttentionBatch batch_;
+  // int8: the f32 rows the pool was quantised from, in an f32 layout of the same geometry.
+  KvLayout original_layout_;
+  std::vector<float> original_;
+
+  // Random f32 rows, each scaled by a random magnitude in [0.05, 4] (keys and values vary per
+  // token), quantised row by row into the int8 pool.
+  void fill_quantised(std::mt19937_64& rng) {
+    original_layout_ = layout_;
+    original_layout_.dtype = DType::F32;
+    original_.resize(size_t(original_layout_.size_elems()));
+    testing::fill_random(original_.data(), DType::F32, original_.size(), rng);
+    std::uniform_real_distribution<float> magnitude(0.05f, 4.0f);
+    const KvLayout& l = layout_;
+    for (int32_t layer = 0; layer < l.num_layers; ++layer) {
+      for (int32_t block = 0; block < l.num_blocks; ++block) {
+        for (int32_t kv = 0; kv < 2; ++kv) {
+          for (int32_t head = 0; head < l.num_kv_heads; ++head) {
+            for (int32_t token = 0; token < l.block_size; ++token) {
+              float* row =
+                  original_.data() + original_layout_.elem_offset(layer, block, kv, head, token);
+              const float m = magnitude(rng);
+              for (int32_t d = 0; d < l.head_dim; ++d) row[d] *= m;
+              F16 scale;
+              quantize_kv_int8(row, l.head_dim,
+                               reinterpret_cast<int8_t*>(
+                                   slab_.data() + l.elem_offset(layer, block, kv, head, token)),
+                               &scale);
+              std::memcpy(slab_.data() + l.scale_offset(layer, block, kv, head, token), &scale,
+                          sizeof scale);
+            }
+          }
+        }
+      }
+    }
+  }
 };
 
 // Output of q's dtype: f32 keeps the f32-accumulation bound whatever the KV dtype (the reference
@@ -158,6 +271,8 @@ double tolerance(DType out_dtype) {
       return 2e-3;
     case DType::BF16:
       return 1e-2;
+    case DType::I8:
+      break;
   }
   return 0.0;
 }
@@ -216,11 +331,10 @@ void expect_matches_reference(const CaseSpec& spec, std::mt19937_64& rng, bool a
 using MatrixParam = std::tuple<int32_t, int32_t, int32_t>;  // block size, head dim, group
 class CpuAttentionMatrix : public ::testing::TestWithParam<MatrixParam> {};
 
-TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
-  const auto [block_size, head_dim, group] = GetParam();
+// One mixed batch of the matrix; kv_dtype: forced, else rotated over f32, bf16, f16.
+CaseSpec matrix_case(int32_t block_size, int32_t head_dim, int32_t group,
+                     std::optional<DType> kv_dtype) {
   // A seed per combination: every combination sees its own inputs, reproducibly.
-  const uint64_t seed = uint64_t(block_size) * 1000003u + uint64_t(head_dim) * 101u + group;
-  std::mt19937_64 rng(seed);
   const int32_t combo = block_size + head_dim / 64 + group;  // rotates the options below
   auto round_up = [&](int32_t x) { return (x + block_size - 1) / block_size * block_size; };
   CaseSpec spec;
@@ -229,7 +343,7 @@ TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
   spec.group = group;
   spec.num_kv_heads = group == 8 ? 1 : 2;
   const DType kv_types[] = {DType::F32, DType::BF16, DType::F16};
-  spec.kv_dtype = kv_types[combo % 3];
+  spec.kv_dtype = kv_dtype.value_or(kv_types[combo % 3]);
   spec.q_dtype = combo % 7 == 0 ? DType::BF16 : combo % 11 == 0 ? DType::F16 : DType::F32;
   // Logit spread: from near-uniform attention to sharp.
   spec.params.scale = (combo % 2 == 0 ? 1.0f : 3.0f) / std::sqrt(float(head_dim));
@@ -247,8 +361,57 @@ TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
       {0, 5},                   // in the batch, but nothing to compute
       {1, 1},                   // first token
   };
+  return spec;
+}
+
+// A seed per combination: every combination sees its own inputs, reproducibly.
+uint64_t matrix_seed(int32_t block_size, int32_t head_dim, int32_t group) {
+  return uint64_t(block_size) * 1000003u + uint64_t(head_dim) * 101u + group;
+}
+
+TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
+  const auto [block_size, head_dim, group] = GetParam();
+  std::mt19937_64 rng(matrix_seed(block_size, head_dim, group));
+  const CaseSpec spec = matrix_case(block_size, head_dim, group, std::nullopt);
   std::cout << "[ sampled  ] " << describe(spec) << "\n";
+  const int32_t combo = block_size + head_dim / 64 + group;
   expect_matches_reference(spec, rng, /*also_scalar=*/combo % 6 == 0);
+}
+
+// The same matrix with an int8 pool: against the reference on the dequantised cache (f32
+// tolerance), and against the reference on the unquantised rows within the bound the
+// quantisation steps allow, per output row over the keys it sees. With s_k the largest of their
+// K scales, a key element is off by at most s_k / 2, so a logit by D = scale * |q|_1 * s_k / 2
+// (the soft cap only shrinks it); each probability then moves by a factor within e^(+-2D), and a
+// value element is off by at most s_v / 2 (s_v the largest V scale):
+//   |out - out_unquantised| <= (e^(2D) - 1) * max|v| + s_v / 2.
+TEST_P(CpuAttentionMatrix, Int8MixedBatchMatchesReference) {
+  const auto [block_size, head_dim, group] = GetParam();
+  std::mt19937_64 rng(matrix_seed(block_size, head_dim, group) + 7);
+  const CaseSpec spec = matrix_case(block_size, head_dim, group, DType::I8);
+  std::cout << "[ sampled  ] " << describe(spec) << "\n";
+  expect_matches_reference(spec, rng, /*also_scalar=*/(block_size + group) % 3 == 0);
+
+  PagedProblem problem(spec, rng);
+  const std::vector<float> unquantised = problem.reference_unquantised();
+  const std::vector<double> bounds = problem.int8_row_bounds();
+  std::vector<std::byte> out = problem.poisoned_out();
+  ASSERT_TRUE(cpu::paged_attention(problem.params(), problem.batch(), problem.kv(), problem.q(),
+                                   problem.q_dtype(), out.data(), nullptr)
+                  .is_ok());
+  double worst_ratio = 0;  // largest |difference| / its row's bound
+  for (size_t i = 0; i < unquantised.size(); ++i) {
+    const double got = load_as_f32(out.data(), problem.q_dtype(), i);
+    const double bound = bounds[i / size_t(head_dim)];
+    // f32 accumulation; a 16-bit output adds its own rounding
+    const double slack =
+        1e-5 + (problem.q_dtype() == DType::F32 ? 0.0 : std::fabs(unquantised[i]) / 128);
+    const double difference = std::fabs(got - unquantised[i]);
+    worst_ratio = std::max(worst_ratio, difference / (bound + slack));
+    ASSERT_LE(difference, bound + slack) << "element " << i << " of row " << i / size_t(head_dim);
+  }
+  std::cout << "[ int8     ] largest difference from unquantised attention: " << worst_ratio
+            << " of its row's quantisation bound\n";
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockHeadGroup, CpuAttentionMatrix,
@@ -340,10 +503,11 @@ TEST(CpuAttention, EveryCompiledTargetMatchesReference) {
     std::cout << "[ target   ] " << hwy::TargetName(target) << " -> kernel " << cpu::kernel_target()
               << "\n";
     EXPECT_STREQ(cpu::kernel_target(), hwy::TargetName(target));
-    for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16}) {
+    for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16, DType::I8}) {
       CaseSpec spec;
       spec.block_size = 8;
-      spec.head_dim = kv_dtype == DType::F16 ? 72 : 128;  // 72: tails past the last vector
+      // 72: tails past the last vector
+      spec.head_dim = kv_dtype == DType::F16 || kv_dtype == DType::I8 ? 72 : 128;
       spec.group = kv_dtype == DType::BF16 ? 3 : 4;
       spec.kv_dtype = kv_dtype;
       spec.params.scale = 0.3f;

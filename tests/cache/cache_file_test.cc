@@ -1,7 +1,10 @@
 // Cache files: the bytes on disk against docs/cache-files.md (checksum computed here with xxhash
 // itself), round trips that re-block between pools of block size 16, 256 and 1 with a windowed
 // group, and every refusal (truncated, flipped byte, wrong magic, future version, other model,
-// trailing bytes, tables too short) leaving the pool byte-for-byte as it was.
+// trailing bytes, tables too short) leaving the pool byte-for-byte as it was. KV dtypes: an int8
+// file round trips exactly; loading converts between dtypes within each direction's rounding
+// (bf16 <-> int8 within the quantisation step, f32 -> bf16 -> f32 within bf16 rounding); a
+// corrupted scale is refused by the checksum, with or without a conversion.
 #include "cache/cache_file.h"
 
 #define XXH_INLINE_ALL
@@ -10,10 +13,16 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <limits>
 #include <random>
+
+#include "cache/kv_quant.h"
 
 namespace kvp {
 namespace {
@@ -57,9 +66,9 @@ void fill_random(std::span<std::byte> bytes, uint64_t seed) {
   for (std::byte& b : bytes) b = static_cast<std::byte>(rng() & 0xff);
 }
 
-// 4 layers: 0, 2 global; 1, 3 window 40. 2 KV heads, head_dim 8, bf16.
-CacheSpec test_spec(int32_t block_size) {
-  return CacheSpec::create("testarch", 4, 2, 8, DType::BF16, block_size,
+// 4 layers: 0, 2 global; 1, 3 window 40. 2 KV heads, head_dim 8, bf16 unless told.
+CacheSpec test_spec(int32_t block_size, DType dtype = DType::BF16) {
+  return CacheSpec::create("testarch", 4, 2, 8, dtype, block_size,
                            {LayerAttention::global(), LayerAttention::sliding(40),
                             LayerAttention::global(), LayerAttention::sliding(40)})
       .value();
@@ -79,7 +88,7 @@ struct Sequence {
     for (int64_t i = 0; i < n; ++i) token_ids.push_back(static_cast<int32_t>(rng() % 200000));
     for (int32_t layer = 0; layer < spec.num_layers(); ++layer) {
       const size_t bytes = static_cast<size_t>(spec.kept_tokens(layer, n)) * spec.num_kv_heads() *
-                           spec.head_dim() * dtype_size_bytes(spec.dtype());
+                           kv_vector_bytes(spec.dtype(), spec.head_dim());
       k.emplace_back(bytes);
       v.emplace_back(bytes);
       fill_random(k.back(), seed * 100 + 2 * layer);
@@ -451,6 +460,243 @@ TEST_F(CacheFileRefusal, MissingFileAndShortTables) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("block table of group 1"), std::string::npos) << s.message();
   EXPECT_EQ(pool.snapshot(), before);
+}
+
+// ---- KV dtypes: int8 files, conversion on load ----
+
+// Dense K and V per layer as f32 values (the truth of the conversion tests): random in [-2, 2],
+// each head vector scaled by its own magnitude in [0.1, 8] (scales stay normal f16 numbers).
+struct Values {
+  std::vector<std::vector<float>> k, v;  // [layer] [kept][heads][head_dim]
+  Values(const CacheSpec& spec, int64_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<float> value(-2.0f, 2.0f), magnitude(0.1f, 8.0f);
+    for (int32_t layer = 0; layer < spec.num_layers(); ++layer) {
+      const size_t count =
+          static_cast<size_t>(spec.kept_tokens(layer, n)) * spec.num_kv_heads() * spec.head_dim();
+      for (auto* out : {&k, &v}) {
+        out->emplace_back(count);
+        for (size_t i = 0; i < count; i += spec.head_dim()) {
+          const float m = magnitude(rng);
+          for (int32_t d = 0; d < spec.head_dim(); ++d) out->back()[i + d] = value(rng) * m;
+        }
+      }
+    }
+  }
+};
+
+// A Sequence of the spec's dtype holding `values`, each head vector stored from f32 (bf16/f16
+// rounded, int8 quantised).
+Sequence sequence_of(const CacheSpec& spec, int64_t n, const Values& values) {
+  Sequence seq(spec, n, 5);
+  const int32_t head_dim = spec.head_dim();
+  const size_t vector_bytes = kv_vector_bytes(spec.dtype(), head_dim);
+  for (int32_t layer = 0; layer < spec.num_layers(); ++layer) {
+    for (int32_t which = 0; which < 2; ++which) {
+      const std::vector<float>& in = which == 0 ? values.k[layer] : values.v[layer];
+      std::vector<std::byte>& out = which == 0 ? seq.k[layer] : seq.v[layer];
+      for (size_t i = 0; i * head_dim < in.size(); ++i) {
+        kv_vector_from_f32(in.data() + i * head_dim, head_dim, spec.dtype(),
+                           out.data() + i * vector_bytes);
+      }
+    }
+  }
+  return seq;
+}
+
+// The pool's sequence, read back: per layer K then V head vectors as stored (int8: the raw value
+// and the scale, read here byte by byte rather than through kv_quant.h).
+struct StoredVector {
+  std::vector<float> values;  // int8: the integers
+  float scale = 1.0f;         // int8 only
+};
+std::vector<std::vector<StoredVector>> read_back(const Pool& pool, int64_t n) {
+  const CacheSpec& spec = pool.storage.spec();
+  const int32_t head_dim = spec.head_dim();
+  const size_t vector_bytes = kv_vector_bytes(spec.dtype(), head_dim);
+  std::vector<std::vector<StoredVector>> out;  // [layer * 2 + which][vector]
+  for (int32_t layer = 0; layer < spec.num_layers(); ++layer) {
+    const int64_t kept = spec.kept_tokens(layer, n);
+    std::vector<std::byte> kv[2] = {std::vector<std::byte>(pool.storage.dense_bytes(kept)),
+                                    std::vector<std::byte>(pool.storage.dense_bytes(kept))};
+    pool.storage.gather_layer(layer, pool.tables[spec.group_of_layer(layer)], n - kept, n, kv[0],
+                              kv[1]);
+    for (const std::vector<std::byte>& dense : kv) {
+      std::vector<StoredVector>& vectors = out.emplace_back();
+      for (size_t at = 0; at < dense.size(); at += vector_bytes) {
+        StoredVector sv;
+        for (int32_t d = 0; d < head_dim; ++d) {
+          if (spec.dtype() == DType::I8) {
+            sv.values.push_back(static_cast<float>(static_cast<int8_t>(dense[at + d])));
+          } else {
+            sv.values.push_back(load_as_f32(dense.data() + at, spec.dtype(), size_t(d)));
+          }
+        }
+        if (spec.dtype() == DType::I8) {
+          const uint16_t bits = static_cast<uint16_t>(uint16_t(dense[at + head_dim]) |
+                                                      uint16_t(dense[at + head_dim + 1]) << 8);
+          sv.scale = f16_to_f32(F16{bits});
+        }
+        vectors.push_back(std::move(sv));
+      }
+    }
+  }
+  return out;
+}
+
+// Writes `seq` from a pool of `from` and loads it into a fresh pool of `to` (block size 4).
+Pool convert(const TempDir& dir, const Sequence& seq, DType from, DType to, int64_t n) {
+  Pool src = Pool::make(test_spec(16, from), n);
+  src.put(seq);
+  const fs::path path = dir.path() / fmt::format("{}.kvc", dtype_name(from));
+  KVP_CHECK(write_cache_file(path, kModel, src.storage, seq.token_ids, src.tables).is_ok(),
+            "write");
+  Pool dst = Pool::make(test_spec(4, to), n);
+  std::vector<int32_t> tokens;
+  const Status s = load_cache_file(path, kModel, dst.storage, dst.tables, &tokens);
+  KVP_CHECK(s.is_ok(), "{}", s.to_string());
+  KVP_CHECK(tokens == seq.token_ids, "tokens");
+  return dst;
+}
+
+TEST(CacheFileDtypes, Int8FileRoundTripsExactlyWithItsScales) {
+  TempDir dir;
+  const int64_t n = 300;
+  const Sequence seq(test_spec(16, DType::I8), n, 21);  // random bytes: scales included
+  Pool p16 = Pool::make(test_spec(16, DType::I8), n);
+  p16.put(seq);
+  const fs::path path = dir.path() / "int8.kvc";
+  ASSERT_TRUE(write_cache_file(path, kModel, p16.storage, seq.token_ids, p16.tables).is_ok());
+  const std::vector<std::byte> b = read_bytes(path);
+  EXPECT_EQ(load_le<uint32_t>(b, 44), 3u);  // int8
+  // per layer K and V of the kept tokens, a head vector of 8 values and a 2-byte scale
+  EXPECT_EQ(b.size(), 88 + 4 * 300 + (300 + 40 + 300 + 40) * 2 * 2 * (8 + 2) + 8);
+  Pool p256 = Pool::make(test_spec(256, DType::I8), n);
+  ASSERT_TRUE(load_cache_file(path, kModel, p256.storage, p256.tables).is_ok());
+  p256.expect_holds(seq);
+  Pool p1 = Pool::make(test_spec(1, DType::I8), n);
+  ASSERT_TRUE(load_cache_file(path, kModel, p1.storage, p1.tables).is_ok());
+  p1.expect_holds(seq);
+}
+
+// bf16 -> int8: each vector's scale is its largest |x| / 127 (rounded up to f16), and every value
+// is within half a step of the bf16 value. int8 -> bf16: q * scale within bf16 rounding.
+TEST(CacheFileDtypes, Bf16AndInt8ConvertWithinTheQuantisationStep) {
+  TempDir dir;
+  const int64_t n = 45;
+  const Values values(test_spec(16), n, 31);
+  const Sequence bf16_seq = sequence_of(test_spec(16, DType::BF16), n, values);
+  const auto bf16 = read_back(
+      [&] {
+        Pool p = Pool::make(test_spec(16, DType::BF16), n);
+        p.put(bf16_seq);
+        return p;
+      }(),
+      n);
+
+  const Pool as_int8 = convert(dir, bf16_seq, DType::BF16, DType::I8, n);
+  const auto int8 = read_back(as_int8, n);
+  ASSERT_EQ(int8.size(), bf16.size());
+  double worst_steps = 0;
+  for (size_t i = 0; i < int8.size(); ++i) {
+    ASSERT_EQ(int8[i].size(), bf16[i].size());
+    for (size_t j = 0; j < int8[i].size(); ++j) {
+      const StoredVector& q = int8[i][j];
+      float max_abs = 0;
+      for (float x : bf16[i][j].values) max_abs = std::max(max_abs, std::fabs(x));
+      EXPECT_GE(q.scale * 127.0f, max_abs) << "vector " << j << " clips";
+      EXPECT_LE(q.scale, max_abs / 127.0f * (1.0f + 1.0f / 512)) << "vector " << j;
+      for (size_t d = 0; d < q.values.size(); ++d) {
+        const double error = std::fabs(double(q.values[d]) * q.scale - bf16[i][j].values[d]);
+        worst_steps = std::max(worst_steps, error / q.scale);
+        ASSERT_LE(error, q.scale / 2 * (1 + 1e-5)) << "stream " << i << " vector " << j;
+      }
+    }
+  }
+  std::cout << "[ int8     ] largest error " << worst_steps << " quantisation steps\n";
+
+  // int8 -> bf16: the written int8 sequence, loaded into bf16
+  const Sequence int8_seq = sequence_of(test_spec(16, DType::I8), n, values);
+  const auto int8_src = read_back(
+      [&] {
+        Pool p = Pool::make(test_spec(16, DType::I8), n);
+        p.put(int8_seq);
+        return p;
+      }(),
+      n);
+  const auto back = read_back(convert(dir, int8_seq, DType::I8, DType::BF16, n), n);
+  for (size_t i = 0; i < back.size(); ++i) {
+    for (size_t j = 0; j < back[i].size(); ++j) {
+      for (size_t d = 0; d < back[i][j].values.size(); ++d) {
+        const double exact = double(int8_src[i][j].values[d]) * int8_src[i][j].scale;
+        ASSERT_LE(std::fabs(back[i][j].values[d] - exact), std::fabs(exact) / 256)
+            << "stream " << i << " vector " << j;
+      }
+    }
+  }
+}
+
+TEST(CacheFileDtypes, F32ToBf16AndBackWithinBf16Rounding) {
+  TempDir dir;
+  const int64_t n = 45;
+  const Values values(test_spec(16), n, 41);
+  const Sequence f32_seq = sequence_of(test_spec(16, DType::F32), n, values);
+  const Pool as_bf16 = convert(dir, f32_seq, DType::F32, DType::BF16, n);
+  const auto bf16 = read_back(as_bf16, n);
+  for (int32_t layer = 0; layer < 4; ++layer) {
+    for (int32_t which = 0; which < 2; ++which) {
+      const std::vector<float>& truth = which == 0 ? values.k[layer] : values.v[layer];
+      const std::vector<StoredVector>& got = bf16[size_t(layer) * 2 + which];
+      for (size_t i = 0; i < truth.size(); ++i) {
+        const float y = got[i / 8].values[i % 8];
+        ASSERT_LE(std::fabs(y - truth[i]), std::fabs(truth[i]) / 256) << layer << " " << i;
+      }
+    }
+  }
+  // and back to f32: exactly the bf16 values
+  Sequence bf16_seq(test_spec(16, DType::BF16), n, 5);
+  for (int32_t layer = 0; layer < 4; ++layer) {
+    const int64_t kept = test_spec(16).kept_tokens(layer, n);
+    std::vector<std::byte> k(as_bf16.storage.dense_bytes(kept)), v(k.size());
+    as_bf16.storage.gather_layer(layer, as_bf16.tables[test_spec(16).group_of_layer(layer)],
+                                 n - kept, n, k, v);
+    bf16_seq.k[layer] = k;
+    bf16_seq.v[layer] = v;
+  }
+  bf16_seq.token_ids = f32_seq.token_ids;
+  const auto f32 = read_back(convert(dir, bf16_seq, DType::BF16, DType::F32, n), n);
+  ASSERT_EQ(f32.size(), bf16.size());
+  for (size_t i = 0; i < f32.size(); ++i) {
+    for (size_t j = 0; j < f32[i].size(); ++j) EXPECT_EQ(f32[i][j].values, bf16[i][j].values);
+  }
+}
+
+TEST(CacheFileDtypes, CorruptedScaleIsRefusedWithThePoolUntouched) {
+  TempDir dir;
+  const int64_t n = 45;
+  const Values values(test_spec(16), n, 51);
+  const Sequence seq = sequence_of(test_spec(16, DType::I8), n, values);
+  Pool src = Pool::make(test_spec(16, DType::I8), n);
+  src.put(seq);
+  const fs::path good = dir.path() / "good.kvc";
+  ASSERT_TRUE(write_cache_file(good, kModel, src.storage, seq.token_ids, src.tables).is_ok());
+  const std::vector<std::byte> bytes = read_bytes(good);
+  // The scale of layer 0's first K vector: after the header, the token ids and its 8 values.
+  const size_t scale_at = 88 + 4 * n + 8;
+  for (size_t at : {scale_at, scale_at + 1}) {
+    std::vector<std::byte> bad = bytes;
+    bad[at] ^= std::byte{0x04};
+    const fs::path path = dir.path() / "bad.kvc";
+    write_bytes(path, bad);
+    for (DType running : {DType::I8, DType::BF16}) {  // with and without a conversion
+      Pool pool = Pool::make(test_spec(4, running), n);
+      const auto before = pool.snapshot();
+      const Status s = load_cache_file(path, kModel, pool.storage, pool.tables);
+      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.to_string();
+      EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s.message();
+      EXPECT_EQ(pool.snapshot(), before) << dtype_name(running);
+    }
+  }
 }
 
 }  // namespace

@@ -67,5 +67,14 @@ TEST(DType, ParsesNames) {
   EXPECT_FALSE(parse_dtype("int8").has_value());
 }
 
+TEST(DType, KvCacheNamesAddInt8) {
+  EXPECT_EQ(parse_kv_cache_dtype("int8"), DType::I8);
+  EXPECT_EQ(parse_kv_cache_dtype("i8"), DType::I8);
+  EXPECT_EQ(parse_kv_cache_dtype("bf16"), DType::BF16);
+  EXPECT_FALSE(parse_kv_cache_dtype("fp8").has_value());
+  EXPECT_EQ(dtype_name(DType::I8), "int8");
+  EXPECT_EQ(dtype_size_bytes(DType::I8), 1u);
+}
+
 }  // namespace
 }  // namespace kvp

@@ -53,6 +53,12 @@ KvLayout CudaForwardBackend::group_layout(int32_t group, int32_t num_blocks, int
 
 Status CudaForwardBackend::check_kv_dtype(DType dtype) const {
   if (dtype == DType::BF16 || dtype == DType::F16) return Status::ok();
+  if (dtype == DType::I8) {
+    return Status::unsupported(
+        "KV dtype int8 is not supported by the cuda backend yet: the CUDA int8 KV path (quantising "
+        "KV write, int8 attention kernels) is not built; use bf16 or f16, or int8 on the cpu "
+        "backend");
+  }
   return Status::invalid_argument("KV dtype {} is not supported by the cuda backend (bf16, f16)",
                                   dtype_name(dtype));
 }
