@@ -5,6 +5,7 @@
 // logical layout (the tiny models' head dims 16, 8 and 32 are padded to 64 on the device), and
 // refusals of bad batches and KV dtypes. Skips without a CUDA device.
 #include "model/cuda/cuda_forward_backend.h"
+#include "support/gpu_skip.h"
 #include "support/tensor_check.h"
 
 #include <cuda_runtime_api.h>
@@ -176,18 +177,6 @@ struct Pair {
     return logits;
   }
 };
-
-bool have_gpu() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
 
 // Cache groups of a spec (as the runners assign them).
 int32_t groups_of(const ModelSpec& spec) {

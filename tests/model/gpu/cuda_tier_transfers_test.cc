@@ -11,18 +11,10 @@
 #include "cache/cache_spec.h"
 #include "model/cuda/cuda_forward_backend.h"
 #include "model/random_model.h"
+#include "support/gpu_skip.h"
 
 namespace kvp::cuda {
 namespace {
-
-bool have_gpu() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  return true;
-}
 
 std::vector<std::byte> read_all(const ForwardBackend& backend, int32_t num_blocks) {
   std::vector<BlockId> all;
@@ -33,7 +25,7 @@ std::vector<std::byte> read_all(const ForwardBackend& backend, int32_t num_block
 }
 
 TEST(CudaTierTransfers, BlocksMoveThroughPinnedSlabsInOrderAfterQueuedWork) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  SKIP_WITHOUT_GPU();
   auto spec = random_model_spec("smollm2-135m");  // head_dim 64: the pool is not padded
   ASSERT_TRUE(spec.is_ok());
   auto made = make_random_cuda_backend(*spec, 1);
