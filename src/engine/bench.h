@@ -46,6 +46,7 @@ struct RequestTiming {
   int32_t agent = -1, turn = -1;
   double arrival_s = 0, first_token_s = 0, finish_s = 0;
   int32_t prompt_tokens = 0, prefilled_tokens = 0, cached_tokens = 0, output_tokens = 0;
+  int32_t restored_tokens = 0;  // Usage::restored_tokens: its session came back from host or disk
   std::vector<double> token_times_s;
 };
 
@@ -60,6 +61,9 @@ struct BenchReport {
   int64_t output_tokens = 0, prompt_tokens = 0, prefilled_tokens = 0;
   double output_tokens_per_s = 0;
   Percentiles ttft_s, tpot_s, itl_s;
+  // TTFT of requests whose session KV was restored from the host or disk tier, and of the rest
+  int64_t num_restored_requests = 0;
+  Percentiles ttft_restored_s, ttft_other_s;
   double kv_utilisation_mean = 0, kv_utilisation_peak = 0;  // of group 0's blocks
   double prefix_hit_rate = 0;  // prompt tokens served from the prefix cache or a session
   int64_t num_preemptions = 0, num_session_evictions = 0;

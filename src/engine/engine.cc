@@ -390,6 +390,7 @@ bool Engine::admit_prefix(Sequence& s) {
         case Restore::kDone:
           if (s.num_generated == 0) {
             r.usage.cached_tokens = std::max(r.usage.cached_tokens, s.num_computed);
+            r.usage.restored_tokens = std::max(r.usage.restored_tokens, s.num_computed);
           }
           return true;
         case Restore::kNoRoom:

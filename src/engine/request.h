@@ -43,6 +43,7 @@ struct Usage {
                                   // before its first output (prompt minus cache hits and
                                   // session history, plus recomputation after preemption)
   int32_t cached_tokens = 0;      // prompt tokens served from the prefix cache or session
+  int32_t restored_tokens = 0;    // of them, those whose session KV came back from host or disk
   int32_t completion_tokens = 0;  // over all samples
   int32_t num_preemptions = 0;
 };
