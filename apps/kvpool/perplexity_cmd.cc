@@ -11,7 +11,6 @@
 // vocabulary (exact when top_k is the vocabulary, a slight underestimate otherwise).
 #include "perplexity_cmd.h"
 
-#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,7 +20,6 @@
 #include <fstream>
 #include <iterator>
 #include <numeric>
-#include <optional>
 #include <span>
 #include <vector>
 
@@ -157,6 +155,10 @@ Status run(const PerplexityOptions& o, const Tokenizer& tokenizer, ForwardBacken
   }
   KVP_RETURN_IF_ERROR(backend.allocate_kv(layouts));
 
+  if (!o.logits_out.empty() && o.logits_out == o.kl_base) {
+    return Status::invalid_argument("--logits-out {} is also --kl-base: it would be overwritten",
+                                    o.logits_out);
+  }
   RowIo io;
   std::ofstream out;
   if (!o.logits_out.empty()) {
