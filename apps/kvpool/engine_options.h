@@ -1,6 +1,6 @@
-// The options that generate, bench, serve and chat share, declared and validated here once:
-// which model on which device, the KV pool (dtype, block size, size), the engine's scheduling
-// and session tiers, and the threads.
+// The options that generate, bench, serve, chat and perplexity share, declared and validated
+// here once: which model on which device, the KV pool (dtype, block size, size), the engine's
+// scheduling and session tiers, and the threads.
 //
 //   add_engine_options(cmd, &o)      CLI11 declarations (per-option range checks, finite numbers)
 //   check_engine_options(o)          what CLI11 cannot check: devices, dtypes, sizes, folders

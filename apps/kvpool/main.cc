@@ -1,6 +1,6 @@
-// The kvpool command: one subcommand per job (generate, chat, serve, inspect, bench, plan). Exit
-// codes: 0 success, 2 bad usage or bad input (unknown option, unreadable file), anything else a
-// failure of the run.
+// The kvpool command: one subcommand per job (generate, chat, serve, inspect, bench, plan,
+// perplexity). Exit codes: 0 success, 2 bad usage or bad input (unknown option, unreadable file),
+// anything else a failure of the run.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
@@ -9,6 +9,7 @@
 #include "bench_cmd.h"
 #include "chat.h"
 #include "generate.h"
+#include "perplexity_cmd.h"
 #include "plan.h"
 #include "serve.h"
 
@@ -27,15 +28,16 @@ int main(int argc, char** argv) {
   CLI::App* serve = kvp::app::add_serve_command(app, &serve_options);
   kvp::app::PlanOptions plan_options;
   CLI::App* plan = kvp::app::add_plan_command(app, &plan_options);
+  kvp::app::PerplexityOptions perplexity_options;
+  CLI::App* perplexity = kvp::app::add_perplexity_command(app, &perplexity_options);
   auto is_command = [&](const char* name) {
     return !app.get_subcommands([&](CLI::App* sub) { return sub->check_name(name); }).empty();
   };
   if (argc > 1 && argv[1][0] != '-' && !is_command(argv[1])) {
-    std::fprintf(
-        stderr,
-        "kvpool: unknown command '%s' (commands: generate, chat, serve, inspect, bench, plan; see "
-        "kvpool --help)\n",
-        argv[1]);
+    std::fprintf(stderr,
+                 "kvpool: unknown command '%s' (commands: generate, chat, serve, inspect, bench, "
+                 "plan, perplexity; see kvpool --help)\n",
+                 argv[1]);
     return 2;
   }
   try {
@@ -50,5 +52,6 @@ int main(int argc, char** argv) {
   if (plan->parsed()) return kvp::app::run_plan(plan_options);
   if (serve->parsed()) return kvp::app::run_serve(serve_options);
   if (chat->parsed()) return kvp::app::run_chat(chat_options);
+  if (perplexity->parsed()) return kvp::app::run_perplexity(perplexity_options);
   return 2;
 }
