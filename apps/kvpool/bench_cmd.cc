@@ -153,6 +153,8 @@ void print_side_by_side(const std::vector<Run>& runs) {
       {"prefix/session hit rate",
        [](const BenchReport& r) { return fmt::format("{:.1f}%", r.prefix_hit_rate * 100); }},
       {"preemptions", [](const BenchReport& r) { return fmt::format("{}", r.num_preemptions); }},
+      {"preemption swaps",
+       [](const BenchReport& r) { return fmt::format("{}", r.num_preemption_swaps); }},
       {"session evictions",
        [](const BenchReport& r) { return fmt::format("{}", r.num_session_evictions); }},
   };

@@ -92,6 +92,12 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
                   "copied out ahead of need, overlapping the next steps (0: only on demand)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  cmd->add_option("--preemption", o->preemption,
+                  "with a host tier, a running sequence preempted for room is swapped there or "
+                  "recomputed: auto (the cheaper by measured copy and prefill rates), swap, "
+                  "recompute")
+      ->check(CLI::IsMember({"auto", "swap", "recompute"}))
+      ->capture_default_str();
   cmd->add_option("--disk-dir", o->disk_dir,
                   "folder for idle sessions' cache files (empty: no disk tier)");
   cmd->add_option("--disk-tier-bytes", o->disk_tier,
@@ -261,6 +267,9 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
                        parse_size(o.host_tier, "--host-tier-bytes", true));
   config.host_tier_bytes = static_cast<uint64_t>(host_bytes);
   config.tier_watermark = o.tier_watermark;
+  config.preemption = o.preemption == "swap"        ? Preemption::kSwap
+                      : o.preemption == "recompute" ? Preemption::kRecompute
+                                                    : Preemption::kAuto;
   config.disk_dir = o.disk_dir;
   if (!o.disk_dir.empty()) {
     KVP_ASSIGN_OR_RETURN(const int64_t disk_bytes,

@@ -43,6 +43,7 @@ struct EngineOptions {
   bool prefix_caching = true;
   std::string host_tier = "0";  // bytes of host memory for idle sessions' KV (0: none)
   double tier_watermark = 0.1;  // EngineConfig::tier_watermark
+  std::string preemption = "auto";  // EngineConfig::preemption: auto, swap, recompute
   std::string disk_dir;         // folder for idle sessions' cache files (empty: none)
   std::string disk_tier = "0";  // bytes of cache files (> 0 with disk_dir; default 16GiB)
   int32_t threads = 0;          // CPU threads (0: all cores)

@@ -79,9 +79,9 @@ std::string BenchReport::to_text() const {
                    itl_s.p95 * 1e3, itl_s.p99 * 1e3);
   s += fmt::format(
       "  kv utilisation mean {:.1f}% peak {:.1f}%; prefix/session hit rate {:.1f}%; "
-      "preemptions {}; session evictions {}\n",
+      "preemptions {} ({} swapped to host, {} tokens swapped back in); session evictions {}\n",
       kv_utilisation_mean * 100, kv_utilisation_peak * 100, prefix_hit_rate * 100, num_preemptions,
-      num_session_evictions);
+      num_preemption_swaps, num_swapped_in_tokens, num_session_evictions);
   s += fmt::format("  session tiers: moves to host {}, to disk {}; restores {}; tier errors {}\n",
                    num_session_moves_to_host, num_session_moves_to_disk, num_session_restores,
                    num_tier_errors);
@@ -306,6 +306,8 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
                                ? double(cached) / double(cached + report.prefilled_tokens)
                                : 0;
   report.num_preemptions = after.num_preemptions - before.num_preemptions;
+  report.num_preemption_swaps = after.num_preemption_swaps - before.num_preemption_swaps;
+  report.num_swapped_in_tokens = after.num_swapped_in_tokens - before.num_swapped_in_tokens;
   report.num_session_evictions = after.num_session_evictions - before.num_session_evictions;
   report.num_session_moves_to_host =
       after.num_session_moves_to_host - before.num_session_moves_to_host;

@@ -67,6 +67,7 @@ struct BenchReport {
   double kv_utilisation_mean = 0, kv_utilisation_peak = 0;  // of group 0's blocks
   double prefix_hit_rate = 0;  // prompt tokens served from the prefix cache or a session
   int64_t num_preemptions = 0, num_session_evictions = 0;
+  int64_t num_preemption_swaps = 0, num_swapped_in_tokens = 0;
   // session tiers (EngineConfig host / disk budgets): moves out of the pool and back
   int64_t num_session_moves_to_host = 0, num_session_moves_to_disk = 0, num_session_restores = 0;
   // spill files that could not be written or read back (damaged, deleted, disk full): the

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -201,6 +202,7 @@ Status Engine::allocate_pool() {
       return Status(tier.status().code(), fmt::format("engine: {}", tier.status().message()));
     }
     host_tier_ = std::move(tier).value();
+    probe_copy_rate();
   }
   return Status::ok();
 }
@@ -209,6 +211,7 @@ Engine::~Engine() {
   // copies still running into host tier blocks end before the blocks go
   for (const auto& wb : write_backs_) (void)backend_->wait_transfers(wb->ticket);
   write_backs_.clear();
+  swapped_.clear();  // host tier blocks, given back
   // tables release their blocks before the prefix cache and allocators go
   for (auto& [id, s] : sequences_) {
     if (s->resident) cache_->free_sequence(id);
@@ -382,6 +385,7 @@ bool Engine::admit_prefix(Sequence& s) {
     s.num_registered_blocks = 0;
     s.window_valid_from = 0;
   }
+  if (swapped_.count(s.id) > 0) return swap_in(s);
   RequestState& r = *requests_.at(s.request_id);
   if (s.num_computed == 0 && r.request.session) {
     SessionState& session = *sessions_.at(*r.request.session);
@@ -431,18 +435,6 @@ bool Engine::evict_idle_session() {
   return true;
 }
 
-void Engine::preempt(SeqId seq_id) {
-  Sequence& s = seq(seq_id);
-  cache_->free_sequence(s.id);
-  s.resident = false;
-  s.num_computed = 0;
-  s.num_registered_blocks = 0;
-  running_.erase(std::find(running_.begin(), running_.end(), seq_id));
-  waiting_.push_front(seq_id);
-  ++requests_.at(s.request_id)->usage.num_preemptions;
-  ++stats_.num_preemptions;
-}
-
 bool Engine::release_waiting(SeqId except) {
   for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
     Sequence& s = seq(*it);
@@ -457,7 +449,7 @@ bool Engine::release_waiting(SeqId except) {
       session->num_computed = s.num_computed;
       session->window_valid_from = s.window_valid_from;
       move_down(*session);
-    } else {
+    } else if (!swap_out(s)) {
       cache_->free_sequence(s.id);
     }
     s.resident = false;
@@ -545,6 +537,15 @@ void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* 
     session.busy_seq.reset();
     session.last_used = ++session_clock_;
     ++session.num_turns;
+    std::unique_ptr<HostKv> swapped = take_swapped(s.id);
+    if (swapped && !s.resident && !session.host && session.file.empty()) {
+      // cancelled while swapped out: the copy becomes the session's host tier
+      session.num_computed = swapped->num_tokens;
+      session.window_valid_from = swapped->window_valid_from;
+      session.host = std::move(swapped);
+    } else if (swapped) {
+      stats_.host_tier_bytes_used -= swapped->size_bytes;
+    }
     if (s.resident) {
       drop_kv(session);  // a host or disk copy the sequence did not restore (it recomputed)
       session.resident = s.id;
@@ -557,6 +558,8 @@ void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* 
   } else if (s.resident) {
     cache_->free_sequence(s.id);
     s.resident = false;
+  } else {
+    drop_swapped(s.id);
   }
   if (r.num_finished == static_cast<int32_t>(r.seqs.size()) &&
       (r.forked || r.request.n == 1 || r.cancelled)) {
@@ -694,11 +697,15 @@ std::vector<EngineEvent> Engine::step() {
     while (!admitted && (evict_idle_session() || release_waiting(id))) admitted = admit_prefix(s);
     if (!admitted) {
       if (!plan.empty() || !running_.empty()) break;
-      // nothing else holds blocks and the session's KV still does not fit: recompute it
-      SessionState& session = *sessions_.at(*requests_.at(s.request_id)->request.session);
-      drop_kv(session);
-      ++session.num_evictions;
-      ++stats_.num_session_evictions;
+      // nothing else holds blocks and the sequence's KV still does not fit: recompute it
+      if (swapped_.count(id) > 0) {
+        drop_swapped(id);
+      } else {
+        SessionState& session = *sessions_.at(*requests_.at(s.request_id)->request.session);
+        drop_kv(session);
+        ++session.num_evictions;
+        ++stats_.num_session_evictions;
+      }
       KVP_CHECK(admit_prefix(s), "admission without a session copy to restore");
     }
     const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
@@ -756,7 +763,9 @@ std::vector<EngineEvent> Engine::step() {
   }
   std::vector<float>& logits = step_logits_;
   std::vector<LogitRowSummary>& summaries = step_summaries_;
+  const auto forward_start = std::chrono::steady_clock::now();
   run_model(entries, &logits, &full_rows, &summaries);
+  observe_forward(entries, forward_start);
   if (summaries.empty()) {  // the backend copied every row
     for (size_t i = 0; i < compact_row.size(); ++i) compact_row[i] = static_cast<int32_t>(i);
   }
@@ -967,6 +976,11 @@ void Engine::check_integrity() const {
   KVP_CHECK(resident == cache_->num_sequences(), "{} resident sequences, cache holds {}", resident,
             cache_->num_sequences());
   for (const auto& wb : write_backs_) host_bytes += wb->kv->size_bytes;  // reserved
+  for (const auto& [id, kv] : swapped_) {
+    KVP_CHECK(sequences_.count(id) > 0 && !sequences_.at(id)->resident,
+              "swapped sequence {} is resident or unknown", id.value);
+    host_bytes += kv->size_bytes;
+  }
   KVP_CHECK(host_bytes == stats_.host_tier_bytes_used, "host tier holds {} bytes, counted {}",
             host_bytes, stats_.host_tier_bytes_used);
   KVP_CHECK(disk_bytes == stats_.disk_tier_bytes_used, "disk tier holds {} bytes, counted {}",

@@ -25,6 +25,7 @@
 // (engine_front.h) is the thread-safe wrapper.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
@@ -43,12 +44,21 @@
 #include "common/thread_pool.h"
 #include "engine/file_writer.h"
 #include "engine/host_tier.h"
+#include "engine/preemption_cost.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "model/forward_backend.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvp {
+
+// What a running sequence that must leave the pool does with its KV (Engine::preempt).
+enum class Preemption {
+  kAuto,       // swap where the cost model (engine/preemption_cost.h) prices it cheaper
+  kSwap,       // swap whenever the host tier can hold it
+  kRecompute,  // drop it; prefilled again at readmission (the prefix cache serves what it can)
+};
+const char* preemption_name(Preemption p);
 
 struct EngineConfig {
   int32_t block_size = 16;        // tokens per KV block
@@ -76,6 +86,9 @@ struct EngineConfig {
   // their copies running while the next steps compute; their blocks are freed when the copy
   // completes. 0: only when a step needs the room (synchronously).
   double tier_watermark = 0.1;
+  // With a host tier, a running sequence preempted for room is swapped there (copied out now,
+  // back in at readmission) or recomputed. Without a host tier: always recomputed.
+  Preemption preemption = Preemption::kAuto;
   std::string disk_dir;          // empty: no disk tier; created on first use
   uint64_t disk_tier_bytes = 0;  // > 0 iff disk_dir is set
   // Identifies the weights in cache files (e.g. a hash of the weight files), together with the
@@ -99,6 +112,8 @@ struct EngineStats {
   int64_t num_prefill_tokens = 0;  // tokens run with more than one pending
   int64_t num_decode_tokens = 0;
   int64_t num_preemptions = 0;
+  int64_t num_preemption_swaps = 0;   // of which copied the KV to the host tier
+  int64_t num_swapped_in_tokens = 0;  // tokens whose KV came back from such a swap
   int64_t num_session_evictions = 0;  // sessions whose KV was dropped (recompute)
   int64_t num_prefix_hit_tokens = 0;
   int64_t num_prompt_tokens = 0;  // submitted
@@ -241,7 +256,28 @@ class Engine {
   // Frees the blocks of the newest waiting sequence that holds some (a resumed session's, or
   // one preempted and re-queued), except `except`. Returns false when there is none.
   bool release_waiting(SeqId except);
+  // Takes a running sequence out of the pool: swapped to the host tier (swap_out) or dropped
+  // to be recomputed, and queued first among the waiting.
   void preempt(SeqId seq_id);
+
+  // swap-instead-of-recompute (engine_preemption.cc)
+  // Copies s's KV to the host tier and frees its blocks, if the config and the cost model say
+  // so and the tier has room. false: nothing changed.
+  bool swap_out(Sequence& s);
+  // Gives a sequence readmitted after a swap its KV back (the prefix cache first, then a copy
+  // of the rest). false (s not resident) when the pool lacks the blocks now.
+  bool swap_in(Sequence& s);
+  // The host copy of a swapped sequence, taken out of swapped_ (null if it has none); its bytes
+  // stay charged to the host tier while the caller holds it.
+  std::unique_ptr<HostKv> take_swapped(SeqId id);
+  // Forgets a swapped sequence's host copy (it is recomputed if it runs again).
+  void drop_swapped(SeqId id);
+  // Times a copy of pool blocks to the host tier and back, for the cost model's first rate.
+  void probe_copy_rate();
+  // Feeds the cost model a forward pass over `entries` that began at `start` (prefill-heavy
+  // passes only).
+  void observe_forward(std::span<const BatchEntry> entries,
+                       std::chrono::steady_clock::time_point start);
   void finish(Sequence& seq, FinishReason reason, std::vector<EngineEvent>* events);
   // Registers the sequence's full blocks in the prefix caches when a new one filled up.
   void register_full_blocks(Sequence& seq);
@@ -325,6 +361,10 @@ class Engine {
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
   std::unique_ptr<HostTier> host_tier_;  // when config_.host_tier_bytes > 0; outlives sessions_
+  // KV of preempted sequences swapped to the host tier (its blocks: declared after host_tier_
+  // so that it goes first)
+  std::unordered_map<SeqId, std::unique_ptr<HostKv>> swapped_;
+  PreemptionCostModel preemption_cost_;
   struct WriteBack;
   std::deque<std::unique_ptr<WriteBack>> write_backs_;  // in flight, oldest first
   struct PendingWrite;

@@ -31,11 +31,14 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-void count_move(EngineStats::Moves& moves, uint64_t bytes,
-                std::chrono::steady_clock::time_point start) {
+// Counts a move that began at `start`; returns its seconds.
+double count_move(EngineStats::Moves& moves, uint64_t bytes,
+                  std::chrono::steady_clock::time_point start) {
+  const double seconds = seconds_since(start);
   ++moves.count;
   moves.bytes += bytes;
-  moves.seconds += seconds_since(start);
+  moves.seconds += seconds;
+  return seconds;
 }
 
 }  // namespace
@@ -55,7 +58,8 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
   std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, tier, &ticket);
   if (kv == nullptr) return nullptr;
   if (!backend_->wait_transfers(ticket).is_ok()) return nullptr;
-  count_move(stats_.to_host, kv->size_bytes, start);
+  // copies waited for from start to end: what the preemption cost model prices
+  preemption_cost_.observe_copy(kv->size_bytes, count_move(stats_.to_host, kv->size_bytes, start));
   return kv;
 }
 
@@ -278,7 +282,7 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv,
   const Status copied = backend_->wait_transfers(ticket);
   KVP_CHECK(copied.is_ok(), "the {} backend failed to copy a session's blocks: {}",
             backend_->device_name(), copied.to_string());
-  count_move(stats_.to_pool, bytes, start);
+  preemption_cost_.observe_copy(bytes, count_move(stats_.to_pool, bytes, start));
   *num_shared = num_matched;
   return true;
 }

@@ -38,6 +38,9 @@ ServerMetrics::ServerMetrics(EngineFront* engine) : engine_(engine) {
           [](const EngineStats& s) { return s.num_prefix_hit_tokens; });
   counter("kvpool:num_preemptions", "Cumulative number of preemptions.",
           [](const EngineStats& s) { return s.num_preemptions; });
+  counter("kvpool:preemption_swaps",
+          "Preemptions that swapped the sequence's KV to host memory instead of recomputing it.",
+          [](const EngineStats& s) { return s.num_preemption_swaps; });
   counter("kvpool:prefill_tokens", "Tokens run through the model as prefill.",
           [](const EngineStats& s) { return s.num_prefill_tokens; });
   counter("kvpool:session_moves_to_host", "Idle sessions moved from the pool to host memory.",

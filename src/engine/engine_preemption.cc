@@ -1,0 +1,135 @@
+// Preemption of running sequences: swapped to the host tier or recomputed (EngineConfig::
+// preemption, engine/preemption_cost.h). A swapped sequence waits first in line with its KV in
+// swapped_; readmitted, it takes what the prefix cache holds of its tokens and copies in the
+// rest, as a restored session does (Engine::copy_in).
+//
+//   running ──preempt──▶ swap_out: copy_out to host tier, free blocks ──▶ waiting (swapped_)
+//                 └────▶ (no host tier / no room / recompute cheaper): free blocks ──▶ waiting
+//   waiting ──admit_prefix──▶ swap_in: copy_in, drop the host copy ──▶ running
+#include <algorithm>
+#include <chrono>
+
+#include "engine/engine.h"
+#include "engine/engine_internal.h"
+
+namespace kvp {
+
+const char* preemption_name(Preemption p) {
+  switch (p) {
+    case Preemption::kAuto:
+      return "auto";
+    case Preemption::kSwap:
+      return "swap";
+    case Preemption::kRecompute:
+      return "recompute";
+  }
+  return "?";
+}
+
+void Engine::preempt(SeqId seq_id) {
+  Sequence& s = seq(seq_id);
+  if (!swap_out(s)) cache_->free_sequence(s.id);
+  s.resident = false;
+  s.num_computed = 0;
+  s.num_registered_blocks = 0;
+  running_.erase(std::find(running_.begin(), running_.end(), seq_id));
+  waiting_.push_front(seq_id);
+  ++requests_.at(s.request_id)->usage.num_preemptions;
+  ++stats_.num_preemptions;
+}
+
+bool Engine::swap_out(Sequence& s) {
+  if (!host_tier_ || config_.preemption == Preemption::kRecompute || s.num_computed == 0) {
+    return false;
+  }
+  const uint64_t bytes = live_bytes(s.id);
+  if (config_.preemption == Preemption::kAuto &&
+      !preemption_cost_.prefer_swap(bytes, s.num_computed)) {
+    return false;
+  }
+  if (!make_host_room(bytes, nullptr)) return false;
+  // waited for: the blocks are handed out again within this step
+  std::unique_ptr<HostKv> kv = copy_out(s.id, s.num_computed, host_tier_.get());
+  if (!kv) return false;
+  kv->window_valid_from = s.window_valid_from;
+  stats_.host_tier_bytes_used += kv->size_bytes;
+  cache_->free_sequence(s.id);
+  swapped_[s.id] = std::move(kv);
+  ++stats_.num_preemption_swaps;
+  return true;
+}
+
+bool Engine::swap_in(Sequence& s) {
+  HostKv& kv = *swapped_.at(s.id);
+  int32_t num_shared = 0;
+  if (!copy_in(s.id, s.tokens, kv, &num_shared)) {
+    cache_->free_sequence(s.id);
+    s.resident = false;
+    return false;
+  }
+  s.num_computed = kv.num_tokens;
+  s.num_registered_blocks = 0;
+  s.window_valid_from = kv.window_valid_from;
+  register_full_blocks(s);
+  stats_.num_swapped_in_tokens += kv.num_tokens - num_shared;
+  stats_.num_prefix_hit_tokens += num_shared;
+  drop_swapped(s.id);
+  return true;
+}
+
+std::unique_ptr<Engine::HostKv> Engine::take_swapped(SeqId id) {
+  auto it = swapped_.find(id);
+  if (it == swapped_.end()) return nullptr;
+  std::unique_ptr<HostKv> kv = std::move(it->second);
+  swapped_.erase(it);
+  return kv;
+}
+
+void Engine::drop_swapped(SeqId id) {
+  std::unique_ptr<HostKv> kv = take_swapped(id);
+  if (kv) stats_.host_tier_bytes_used -= kv->size_bytes;
+}
+
+void Engine::probe_copy_rate() {
+  // about 8 MiB of group 0's blocks (fewer if the pool or tier is smaller), out and back in;
+  // the pool is empty, so what the blocks hold does not matter
+  const uint64_t block_bytes = cache_spec_.block_bytes(0);
+  const int32_t n = static_cast<int32_t>(
+      std::clamp<uint64_t>((8u << 20) / std::max<uint64_t>(block_bytes, 1), 1,
+                           std::min<uint64_t>(config_.num_blocks, host_tier_->num_free(0))));
+  std::vector<int32_t> counts(cache_->num_groups(), 0);
+  counts[0] = n;
+  auto blocks = host_tier_->allocate(counts);
+  if (!blocks) return;
+  std::vector<BlockTransfer> out, in;
+  for (int32_t i = 0; i < n; ++i) {
+    out.push_back({Pool::Device, BlockId{i}, Pool::Host, (*blocks)[0][i], 0});
+    in.push_back({Pool::Host, (*blocks)[0][i], Pool::Device, BlockId{i}, 0});
+  }
+  // twice: the first pass pays for first use (streams, page mappings), the second is timed
+  for (int pass = 0; pass < 2; ++pass) {
+    const auto start = std::chrono::steady_clock::now();
+    auto a = backend_->start_transfers(0, out, host_tier_->storage());
+    if (!a.is_ok() || !backend_->wait_transfers(*a).is_ok()) break;
+    auto b = backend_->start_transfers(0, in, host_tier_->storage());
+    if (!b.is_ok() || !backend_->wait_transfers(*b).is_ok()) break;
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (pass == 1) preemption_cost_.observe_copy(2 * uint64_t(n) * block_bytes, seconds);
+  }
+  host_tier_->release(*blocks);
+}
+
+void Engine::observe_forward(std::span<const BatchEntry> entries,
+                             std::chrono::steady_clock::time_point start) {
+  int64_t tokens = 0, prefill = 0;
+  for (const BatchEntry& e : entries) {
+    tokens += e.num_tokens;
+    if (e.num_tokens > 1) prefill += e.num_tokens;
+  }
+  if (2 * prefill < tokens) return;  // mostly decodes: their cost is the weights' read
+  preemption_cost_.observe_prefill(
+      tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+}  // namespace kvp
