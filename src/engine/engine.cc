@@ -211,6 +211,8 @@ Engine::~Engine() {
   // copies still running into host tier blocks end before the blocks go
   for (const auto& wb : write_backs_) (void)backend_->wait_transfers(wb->ticket);
   write_backs_.clear();
+  for (const auto& [id, r] : restoring_) (void)backend_->wait_transfers(r.ticket);
+  restoring_.clear();
   swapped_.clear();  // host tier blocks, given back
   // tables release their blocks before the prefix cache and allocators go
   for (auto& [id, s] : sequences_) {
@@ -390,7 +392,7 @@ bool Engine::admit_prefix(Sequence& s) {
   if (s.num_computed == 0 && r.request.session) {
     SessionState& session = *sessions_.at(*r.request.session);
     if (session.host || !session.file.empty()) {
-      switch (restore_session(session, s)) {
+      switch (restore_session(session, s, /*wait=*/false)) {
         case Restore::kDone:
           if (s.num_generated == 0) {
             r.usage.cached_tokens = std::max(r.usage.cached_tokens, s.num_computed);
@@ -517,6 +519,7 @@ void Engine::fork_samples(Sequence& parent) {
 }
 
 void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* events) {
+  settle_restore(s.id, true);  // blocks being filled are not handed on under the copy
   RequestState& r = *requests_.at(s.request_id);
   s.finished = true;
   ++r.num_finished;
@@ -678,6 +681,10 @@ std::vector<EngineEvent> Engine::step() {
   // 1. running sequences, oldest first
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const SeqId id = running_[i];
+    if (!settle_restore(id, false)) {  // its KV is still being copied in: a later step
+      ++i;
+      continue;
+    }
     Sequence& s = seq(id);
     const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
     const int32_t q = std::min(pending, budget);
@@ -690,7 +697,7 @@ std::vector<EngineEvent> Engine::step() {
   }
   // 2. waiting sequences, in order, while they fit
   while (budget > 0 && !waiting_.empty() &&
-         static_cast<int32_t>(plan.size()) < config_.max_num_seqs) {
+         static_cast<int32_t>(plan.size() + restoring_.size()) < config_.max_num_seqs) {
     const SeqId id = waiting_.front();
     Sequence& s = seq(id);
     bool admitted = admit_prefix(s);
@@ -707,6 +714,11 @@ std::vector<EngineEvent> Engine::step() {
         ++stats_.num_session_evictions;
       }
       KVP_CHECK(admit_prefix(s), "admission without a session copy to restore");
+    }
+    if (restoring_.count(id) > 0) {  // runs once its KV is in (step 1 of a later step)
+      waiting_.pop_front();
+      running_.push_back(id);
+      continue;
     }
     const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
     const int32_t q = std::min(pending, budget);
@@ -731,6 +743,8 @@ std::vector<EngineEvent> Engine::step() {
     budget -= q;
   }
   if (plan.empty()) {
+    // only copies into the pool are left to wait for: wait here, not in a spin of empty steps
+    while (!restoring_.empty()) settle_restore(restoring_.begin()->first, true);
     start_write_backs();
     return events;
   }
@@ -976,6 +990,11 @@ void Engine::check_integrity() const {
   KVP_CHECK(resident == cache_->num_sequences(), "{} resident sequences, cache holds {}", resident,
             cache_->num_sequences());
   for (const auto& wb : write_backs_) host_bytes += wb->kv->size_bytes;  // reserved
+  for (const auto& [id, r] : restoring_) {
+    KVP_CHECK(sequences_.count(id) > 0 && sequences_.at(id)->resident,
+              "sequence {} restoring but not resident", id.value);
+    if (r.charged) host_bytes += r.kv->size_bytes;
+  }
   for (const auto& [id, kv] : swapped_) {
     KVP_CHECK(sequences_.count(id) > 0 && !sequences_.at(id)->resident,
               "swapped sequence {} is resident or unknown", id.value);

@@ -214,8 +214,9 @@ class Engine {
   // recovers from that (num_tier_errors).
   void check_integrity() const;
 
-  // Waits for the tier moves in flight — copies to the host tier ahead of need, spill files
-  // being written — and takes their outcomes (as the next step would). For shutdown, tests and
+  // Waits for the tier moves in flight — copies to the host tier ahead of need, copies into the
+  // pool of restored or swapped-in sequences, spill files being written — and takes their
+  // outcomes (as the next step would). For shutdown, tests and
   // anything that looks at spill files from outside.
   void settle_tier_moves();
 
@@ -330,10 +331,19 @@ class Engine {
   // Fills an empty resident sequence with kv (the prefix cache first, so shared blocks stay
   // shared; then fresh blocks that receive the copy). false (the sequence empty again) when
   // the pool lacks blocks. Returns the tokens taken from the prefix cache in *num_shared.
-  bool copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, int32_t* num_shared);
+  // pending null: the copy is waited for; else it is started and *pending says how to wait.
+  struct PendingRestore;
+  bool copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, int32_t* num_shared,
+               PendingRestore* pending = nullptr);
   // Restores an idle or waiting session's KV from host or disk into sequence seq (resident,
   // empty). kNoRoom: pool short (seq empty again); kFailed: the file was unreadable (KV dropped).
-  Restore restore_session(SessionState& session, Sequence& seq);
+  // wait false: the copy is left running (restoring_) when its source can be kept until done.
+  Restore restore_session(SessionState& session, Sequence& seq, bool wait = true);
+  // Completes seq_id's copy into the pool if it is done (wait: waits for it): the source goes,
+  // the blocks are offered to the prefix cache. true when no copy of it is in flight any more.
+  bool settle_restore(SeqId seq_id, bool wait);
+  // Keeps a started copy into seq's blocks in restoring_ (and completes it if already done).
+  void keep_restoring(Sequence& seq, PendingRestore pending);
   // Moves an idle session's KV (on the device in sequence *resident) down: host, disk or drop.
   void move_down(SessionState& session);
   // Puts a host copy on the disk tier (or drops it when the tier cannot take it).
@@ -365,6 +375,8 @@ class Engine {
   // so that it goes first)
   std::unordered_map<SeqId, std::unique_ptr<HostKv>> swapped_;
   PreemptionCostModel preemption_cost_;
+  // copies into the pool in flight, by the sequence they fill (after host_tier_: sources in it)
+  std::unordered_map<SeqId, PendingRestore> restoring_;
   struct WriteBack;
   std::deque<std::unique_ptr<WriteBack>> write_backs_;  // in flight, oldest first
   struct PendingWrite;

@@ -97,6 +97,17 @@ struct Engine::PendingWrite {
   std::chrono::steady_clock::time_point start;
 };
 
+// A copy into the pool started at a sequence's admission (a session's restore, a swap-in) and not
+// waited for: the sequence is not planned until it completes (Engine::settle_restore); other
+// sequences' steps run meanwhile.
+struct Engine::PendingRestore {
+  uint64_t ticket = 0;
+  uint64_t bytes = 0;  // copied into the pool
+  std::chrono::steady_clock::time_point start;
+  std::unique_ptr<HostKv> kv;  // the source, kept until the copy completes
+  bool charged = false;        // kv's bytes are counted in host_tier_bytes_used until then
+};
+
 // A spill file being read ahead of its session's admission (Engine::start_prefetch).
 struct Engine::Prefetch {
   std::vector<int32_t> tokens;  // written by the read, then read by the engine after kv.get()

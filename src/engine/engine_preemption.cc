@@ -27,6 +27,7 @@ const char* preemption_name(Preemption p) {
 }
 
 void Engine::preempt(SeqId seq_id) {
+  settle_restore(seq_id, true);  // its blocks are being filled: not freed under the copy
   Sequence& s = seq(seq_id);
   if (!swap_out(s)) cache_->free_sequence(s.id);
   s.resident = false;
@@ -62,7 +63,8 @@ bool Engine::swap_out(Sequence& s) {
 bool Engine::swap_in(Sequence& s) {
   HostKv& kv = *swapped_.at(s.id);
   int32_t num_shared = 0;
-  if (!copy_in(s.id, s.tokens, kv, &num_shared)) {
+  PendingRestore pending;
+  if (!copy_in(s.id, s.tokens, kv, &num_shared, &pending)) {
     cache_->free_sequence(s.id);
     s.resident = false;
     return false;
@@ -70,10 +72,12 @@ bool Engine::swap_in(Sequence& s) {
   s.num_computed = kv.num_tokens;
   s.num_registered_blocks = 0;
   s.window_valid_from = kv.window_valid_from;
-  register_full_blocks(s);
   stats_.num_swapped_in_tokens += kv.num_tokens - num_shared;
   stats_.num_prefix_hit_tokens += num_shared;
-  drop_swapped(s.id);
+  // the copy runs while other sequences step; its source stays charged to the tier until done
+  pending.kv = take_swapped(s.id);
+  pending.charged = true;
+  keep_restoring(s, std::move(pending));
   return true;
 }
 

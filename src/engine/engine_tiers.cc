@@ -235,8 +235,8 @@ Result<std::unique_ptr<Engine::HostKv>> Engine::load_file(const std::filesystem:
   return kv;
 }
 
-bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv,
-                     int32_t* num_shared) {
+bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, int32_t* num_shared,
+                     PendingRestore* pending) {
   flush_copies();  // a block freed this step may be the source of a pending copy
   const int32_t num_tokens = kv.num_tokens;
   KVP_CHECK(static_cast<int32_t>(tokens.size()) >= num_tokens, "{} tokens for KV of {}",
@@ -279,15 +279,50 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv,
     ticket = *started;
     bytes += ops.size() * cache_spec_.block_bytes(g);
   }
+  *num_shared = num_matched;
+  if (pending != nullptr) {
+    pending->ticket = ticket;
+    pending->bytes = bytes;
+    pending->start = start;
+    return true;
+  }
   const Status copied = backend_->wait_transfers(ticket);
   KVP_CHECK(copied.is_ok(), "the {} backend failed to copy a session's blocks: {}",
             backend_->device_name(), copied.to_string());
   preemption_cost_.observe_copy(bytes, count_move(stats_.to_pool, bytes, start));
-  *num_shared = num_matched;
   return true;
 }
 
-Engine::Restore Engine::restore_session(SessionState& session, Sequence& s) {
+bool Engine::settle_restore(SeqId seq_id, bool wait) {
+  auto it = restoring_.find(seq_id);
+  if (it == restoring_.end()) return true;
+  PendingRestore& r = it->second;
+  if (wait) {
+    const Status st = backend_->wait_transfers(r.ticket);
+    KVP_CHECK(st.is_ok(), "the {} backend failed to copy a sequence's blocks: {}",
+              backend_->device_name(), st.to_string());
+  } else {
+    auto done = backend_->transfers_done(r.ticket);
+    KVP_CHECK(done.is_ok(), "the {} backend failed to copy a sequence's blocks: {}",
+              backend_->device_name(), done.status().to_string());
+    if (!*done) return false;
+  }
+  // waited for: a copy's own time (one found done later says only that it took no longer)
+  const double seconds = count_move(stats_.to_pool, r.bytes, r.start);
+  if (wait) preemption_cost_.observe_copy(r.bytes, seconds);
+  if (r.charged) stats_.host_tier_bytes_used -= r.kv->size_bytes;
+  restoring_.erase(it);
+  // its blocks hold their KV now: other sequences may share them through the prefix cache
+  register_full_blocks(seq(seq_id));
+  return true;
+}
+
+void Engine::keep_restoring(Sequence& s, PendingRestore pending) {
+  restoring_.emplace(s.id, std::move(pending));
+  settle_restore(s.id, false);  // a backend that copies synchronously (the CPU's) is done
+}
+
+Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool wait) {
   std::unique_ptr<HostKv> from_file;
   HostKv* kv = session.host      ? session.host.get()
                : session.writing ? session.writing->kv.get()  // its file is still being written
@@ -320,18 +355,30 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s) {
     from_file = std::move(read).value();
     kv = from_file.get();
   }
+  // a copy from a spill file's writer source is waited for: the writer may free it when done
+  const bool keep = !wait && (kv == session.host.get() || kv == from_file.get());
   int32_t num_shared = 0;
-  if (!copy_in(s.id, s.tokens, *kv, &num_shared)) return Restore::kNoRoom;
+  PendingRestore pending;
+  if (!copy_in(s.id, s.tokens, *kv, &num_shared, keep ? &pending : nullptr)) {
+    return Restore::kNoRoom;
+  }
   s.num_computed = kv->num_tokens;
   s.num_registered_blocks = 0;
   s.window_valid_from = kv->window_valid_from;
-  register_full_blocks(s);  // now, so sessions restored in this step share what it brought
   ++session.num_restores;
   session.num_resumed_tokens += s.num_computed;
   ++stats_.num_session_restores;
   stats_.num_restored_tokens += s.num_computed - num_shared;
   stats_.num_prefix_hit_tokens += num_shared;
-  drop_kv(session);  // the pool holds it now
+  if (keep) {
+    pending.charged = kv == session.host.get();  // its bytes stay charged until the copy is done
+    pending.kv = pending.charged ? std::move(session.host) : std::move(from_file);
+    drop_kv(session);  // the pool holds it now (once the copy completes)
+    keep_restoring(s, std::move(pending));
+    return Restore::kDone;
+  }
+  register_full_blocks(s);  // now, so sessions restored in this step share what it brought
+  drop_kv(session);         // the pool holds it now
   return Restore::kDone;
 }
 
@@ -493,6 +540,7 @@ void Engine::start_prefetch(SessionState& session) {
 
 void Engine::settle_tier_moves() {
   while (!write_backs_.empty()) finish_write_backs(true);
+  while (!restoring_.empty()) settle_restore(restoring_.begin()->first, true);
   if (!file_writer_) return;
   file_writer_->drain();
   settle_file_writes();
