@@ -2,16 +2,22 @@
 # Session tiers on the GPU (docs/perf/engine.md, "Agents under pool pressure"): the tier
 # transfer tests (and compute-sanitizer memcheck / racecheck over them), the pinned host <-> device
 # copy bandwidth and the disk's sequential read bandwidth as ceilings, then the 8B-shape agents
-# workloads with tiers none / host / disk, alternating. Run from the package of
-# scripts/gpu/package-engine.sh:  bash gpu/tier-bench.sh OUTDIR
+# workloads with tiers none / host / disk, alternating, and running sequences preempted under
+# pressure, recomputed or swapped to the host tier. Run from the package of
+# scripts/gpu/package-engine.sh:  bash gpu/tier-bench.sh OUTDIR [SECTION ...]
+# SECTIONs (default all): tests ceilings pressure long 16k preempt
 set -u -o pipefail
-out=${1:?usage: tier-bench.sh OUTDIR}
+out=${1:?usage: tier-bench.sh OUTDIR [SECTION ...]}
+shift
+sections=${*:-tests ceilings pressure long 16k preempt}
+want() { case " $sections " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 source gpu/cuda-env.sh
 status=0
 { date -u; nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv; df -h /tmp; } \
   > "$out/tier-env.txt" 2>&1
+if want tests; then
 echo "== tier transfer tests (+ memcheck, racecheck)"
 timeout 120 ./kvp_model_gpu_tests --gtest_filter='CudaTierTransfers.*:CudaForwardBackendBlocks.*' \
   > "$out/tier-tests.log" 2>&1 || status=1
@@ -21,6 +27,8 @@ for tool in memcheck racecheck; do
     --gtest_filter='CudaTierTransfers.*' > "$out/tier-$tool.log" 2>&1 || status=1
   echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/tier-$tool.log" | tr '\n' ' ')"
 done
+fi
+if want ceilings; then
 echo "== ceilings: pinned cudaMemcpyAsync (torch), disk sequential read (dd)"
 timeout 120 python3 - <<'EOF' 2>&1 | tee "$out/tier-ceilings.log"
 import torch
@@ -41,36 +49,41 @@ dd if=/dev/zero of=$tmpf bs=16M count=128 oflag=direct 2>&1 | tail -1 | sed 's/^
 dd if=$tmpf of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/^/dd read (direct): /' \
   | tee -a "$out/tier-ceilings.log"
 rm -f $tmpf
+fi
 b8="./kvpool bench --random-model llama3-8b --device cuda --block-size 16"
+# agents NAME TIMEOUT BLOCKS AGENTS TURNS TURN_TOKENS HOST_TIER_BYTES TIERS...: the 8B agents
+# workload (1K-token system prompt, 64-token replies, 8 sequences a step) once per tier
+agents() {
+  local name=$1 limit=$2 blocks=$3 agents=$4 turns=$5 turn=$6 host=$7 tier extra
+  shift 7
+  for tier in "$@"; do
+    case $tier in
+      none) extra="" ;;
+      host) extra="--host-tier-bytes $host" ;;
+      disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
+    esac
+    echo "== 8B agents $name ($agents x $turns, $turn-token turns, $blocks blocks), tier: $tier"
+    timeout "$limit" $b8 --blocks "$blocks" --workload agents --agents "$agents" --turns "$turns" \
+      --system-prompt-tokens 1024 --turn-tokens "$turn" --reply-tokens 64 --max-seqs 8 \
+      --step-tokens 4096 $extra 2>&1 | tee "$out/8b-$name-$tier.log" | tail -10 || status=1
+    rm -rf /tmp/kvp-spill
+  done
+}
 # docs/perf/engine.md's pressure workload: 32 agents, histories to ~2.3K tokens, a 32K-token pool
-for tier in none host disk; do
-  case $tier in
-    none) extra="" ;;
-    host) extra="--host-tier-bytes 17179869184" ;;
-    disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
-  esac
-  echo "== 8B agents under pool pressure (32 x 4, 2048 blocks), tier: $tier"
-  timeout 200 $b8 --blocks 2048 --workload agents --agents 32 --turns 4 \
-    --system-prompt-tokens 1024 --turn-tokens 256 --reply-tokens 64 --max-seqs 8 \
-    --step-tokens 4096 $extra 2>&1 | tee "$out/8b-pressure-$tier.log" | tail -10 || status=1
-  rm -rf /tmp/kvp-spill
-done
-# the issue's longer histories: 24 agents x 3 turns, 1K system prompt, 2K-token turns, 64K pool
-for tier in none host; do
-  extra=""
-  [ "$tier" = host ] && extra="--host-tier-bytes 34359738368"
-  echo "== 8B agents, 2K-token turns (24 x 3, 4096 blocks), tier: $tier"
-  timeout 240 $b8 --blocks 4096 --workload agents --agents 24 --turns 3 \
-    --system-prompt-tokens 1024 --turn-tokens 2048 --reply-tokens 64 --max-seqs 8 \
-    --step-tokens 4096 $extra 2>&1 | tee "$out/8b-long-$tier.log" | tail -10 || status=1
-done
+want pressure && agents pressure 200 2048 32 4 256 17179869184 none host disk
+# the issue's longer histories: 24 agents x 3 turns, 2K-token turns, 64K-token pool
+want long && agents long 240 4096 24 3 2048 34359738368 none host
 # histories growing to ~16K tokens: 16 agents x 7 turns of 2K tokens, the same 64K pool
-for tier in none host; do
-  extra=""
-  [ "$tier" = host ] && extra="--host-tier-bytes 42949672960"
-  echo "== 8B agents to 16K-token histories (16 x 7, 4096 blocks), tier: $tier"
-  timeout 300 $b8 --blocks 4096 --workload agents --agents 16 --turns 7 \
-    --system-prompt-tokens 1024 --turn-tokens 2048 --reply-tokens 64 --max-seqs 8 \
-    --step-tokens 4096 $extra 2>&1 | tee "$out/8b-16k-$tier.log" | tail -10 || status=1
+want 16k && agents 16k 300 4096 16 7 2048 42949672960 none host
+# running sequences preempted: 64 requests of 1-3K prompt tokens growing by 128-256 in a 32K-token
+# pool, 32 at a time; preempted ones recomputed, or swapped to a 16 GiB host tier, alternating
+want preempt && for round in 1 2; do
+  for mode in recompute swap auto; do
+    echo "== 8B preemption under pressure (64 requests, 2048 blocks), --preemption $mode, round $round"
+    timeout 120 $b8 --blocks 2048 --workload offline --requests 64 --prompt-tokens-min 1024 \
+      --prompt-tokens-max 3072 --output-tokens-min 128 --output-tokens-max 256 --max-seqs 32 \
+      --step-tokens 4096 --host-tier-bytes 17179869184 --preemption $mode 2>&1 \
+      | tee "$out/8b-preempt-$mode-$round.log" | tail -8 || status=1
+  done
 done
 exit $status

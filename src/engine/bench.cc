@@ -86,10 +86,17 @@ std::string BenchReport::to_text() const {
                    num_session_moves_to_host, num_session_moves_to_disk, num_session_restores,
                    num_tier_errors);
   auto moves = [](const char* what, const EngineStats::Moves& m) {
-    if (m.count == 0) return fmt::format("{} 0", what);
-    return fmt::format("{} {} x {:.1f} MB in {:.2f} ms each = {:.2f} GB/s", what, m.count,
-                       double(m.bytes) / m.count / 1e6, m.seconds / m.count * 1e3,
-                       m.seconds > 0 ? double(m.bytes) / m.seconds / 1e9 : 0.0);
+    std::string s =
+        m.count == 0
+            ? fmt::format("{} 0", what)
+            : fmt::format("{} {} x {:.1f} MB in {:.2f} ms each = {:.2f} GB/s", what, m.count,
+                          double(m.bytes) / m.count / 1e6, m.seconds / m.count * 1e3,
+                          m.seconds > 0 ? double(m.bytes) / m.seconds / 1e9 : 0.0);
+    if (m.overlapped > 0) {
+      s += fmt::format(" + {} x {:.1f} MB under compute", m.overlapped,
+                       double(m.overlapped_bytes) / m.overlapped / 1e6);
+    }
+    return s;
   };
   if (num_restored_requests > 0) {
     s += fmt::format(
@@ -98,7 +105,9 @@ std::string BenchReport::to_text() const {
         num_restored_requests, ttft_restored_s.p50 * 1e3, ttft_restored_s.p95 * 1e3,
         num_requests - num_restored_requests, ttft_other_s.p50 * 1e3, ttft_other_s.p95 * 1e3);
   }
-  if (to_host.count + to_pool.count + file_writes.count + file_reads.count > 0) {
+  if (to_host.count + to_pool.count + file_writes.count + file_reads.count + to_host.overlapped +
+          to_pool.overlapped >
+      0) {
     s += fmt::format("  tier moves: {}; {}\n", moves("pool->host", to_host),
                      moves("host->pool", to_pool));
     s += fmt::format("  file moves: {}; {}\n", moves("writes", file_writes),
@@ -316,7 +325,8 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   report.num_session_restores = after.num_session_restores - before.num_session_restores;
   report.num_tier_errors = after.num_tier_errors - before.num_tier_errors;
   auto moved = [](const EngineStats::Moves& a, const EngineStats::Moves& b) {
-    return EngineStats::Moves{a.count - b.count, a.bytes - b.bytes, a.seconds - b.seconds};
+    return EngineStats::Moves{a.count - b.count, a.bytes - b.bytes, a.seconds - b.seconds,
+                              a.overlapped - b.overlapped, a.overlapped_bytes - b.overlapped_bytes};
   };
   report.to_host = moved(after.to_host, before.to_host);
   report.to_pool = moved(after.to_pool, before.to_pool);

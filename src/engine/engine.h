@@ -129,12 +129,17 @@ struct EngineStats {
   int64_t num_tier_errors = 0;            // disk writes or reads that failed (the KV was dropped)
   uint64_t host_tier_bytes_used = 0;
   uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
-  // Byte moves of the tiers, timed on the engine thread from start to completion: pool -> host
-  // memory (host tier, or a copy on its way to a file), host -> pool, file writes and reads.
+  // Byte moves of the tiers: pool -> host memory (host tier, or a copy on its way to a file),
+  // host -> pool, file writes and reads. count / bytes / seconds: moves timed on the engine
+  // thread from start to completion (waited for, or a file's, found done by its thread);
+  // overlapped: pool <-> host copies found complete by a later step while steps ran (their
+  // duration is not known, only that compute hid it).
   struct Moves {
     int64_t count = 0;
     uint64_t bytes = 0;
     double seconds = 0;
+    int64_t overlapped = 0;
+    uint64_t overlapped_bytes = 0;
   };
   Moves to_host, to_pool, file_writes, file_reads;
 };

@@ -106,6 +106,7 @@ struct Engine::PendingRestore {
   std::chrono::steady_clock::time_point start;
   std::unique_ptr<HostKv> kv;  // the source, kept until the copy completes
   bool charged = false;        // kv's bytes are counted in host_tier_bytes_used until then
+  bool ran_under_steps = false;  // found not done once: steps ran while it copied
 };
 
 // A spill file being read ahead of its session's admission (Engine::start_prefetch).

@@ -141,6 +141,7 @@ TEST(EngineLateCopies, RestoredSessionsRunAfterTheirCopiesWithTheSameOutput) {
     EXPECT_EQ(got, expected);
     EXPECT_GT(late_stats.num_session_restores, 0);
     EXPECT_GT(late.num_late_to_pool, 0);  // some restore was still copying while steps ran
+    EXPECT_GT(late_stats.to_pool.overlapped, 0);  // and is counted as such, not timed
     // (how many tokens came back differs: write-backs that complete later change which
     // sessions are on which tier when)
     EXPECT_GT(late_stats.num_restored_tokens, 0);
