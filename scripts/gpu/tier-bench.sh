@@ -5,11 +5,11 @@
 # workloads with tiers none / host / disk, alternating, and running sequences preempted under
 # pressure, recomputed or swapped to the host tier. Run from the package of
 # scripts/gpu/package-engine.sh:  bash gpu/tier-bench.sh OUTDIR [SECTION ...]
-# SECTIONs (default all): tests ceilings pressure long 16k preempt
+# SECTIONs (default all): tests ceilings pressure long 16k preempt preempt-nocache
 set -u -o pipefail
 out=${1:?usage: tier-bench.sh OUTDIR [SECTION ...]}
 shift
-sections=${*:-tests ceilings pressure long 16k preempt}
+sections=${*:-tests ceilings pressure long 16k preempt preempt-nocache}
 want() { case " $sections " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -84,6 +84,17 @@ want preempt && for round in 1 2; do
       --prompt-tokens-max 3072 --output-tokens-min 128 --output-tokens-max 256 --max-seqs 32 \
       --step-tokens 4096 --host-tier-bytes 17179869184 --preemption $mode 2>&1 \
       | tee "$out/8b-preempt-$mode-$round.log" | tail -8 || status=1
+  done
+done
+# the same without the prefix cache: a preempted sequence's blocks are not found again, so
+# recompute runs every token again and a swap copies every block back
+want preempt-nocache && for round in 1 2; do
+  for mode in recompute auto; do
+    echo "== 8B preemption, no prefix cache (64 requests, 2048 blocks), --preemption $mode, round $round"
+    timeout 120 $b8 --blocks 2048 --workload offline --requests 64 --prompt-tokens-min 1024 \
+      --prompt-tokens-max 3072 --output-tokens-min 128 --output-tokens-max 256 --max-seqs 32 \
+      --step-tokens 4096 --host-tier-bytes 17179869184 --no-prefix-caching --preemption $mode \
+      2>&1 | tee "$out/8b-preempt-nocache-$mode-$round.log" | tail -8 || status=1
   done
 done
 exit $status

@@ -62,6 +62,18 @@ bool Engine::swap_out(Sequence& s) {
 
 bool Engine::swap_in(Sequence& s) {
   HostKv& kv = *swapped_.at(s.id);
+  // Back only when the pool holds its blocks and one more for every running sequence: a
+  // sequence let in to the last block is the next step's victim again (out, in, out, ...).
+  // (Blocks the prefix cache still holds are counted as needed: an upper bound.) With nothing
+  // running, any room will do.
+  int32_t needed = 0;
+  for (BlockId b : kv.tables[0]) needed += b != HostKv::kNoBlock ? 1 : 0;
+  if (!running_.empty() &&
+      cache_->allocator(0).num_available() < needed + static_cast<int32_t>(running_.size())) {
+    cache_->free_sequence(s.id);
+    s.resident = false;
+    return false;
+  }
   int32_t num_shared = 0;
   PendingRestore pending;
   if (!copy_in(s.id, s.tokens, kv, &num_shared, &pending)) {
