@@ -12,10 +12,17 @@
 // K/V rows reach the registers through a per-thread cp.async ring (kDecodeStages deep) in shared
 // memory, so two steps of loads are in flight while one is computed.
 //
-// int8 KV (kI8): a lane reads 8 bytes of a row (still 8 dims), and each thread also copies the
-// 4-byte word holding its token's f16 K and V scales (scales of tokens 2i, 2i+1 share a word).
-// Rows are widened int8 -> f32 in registers; the K scale multiplies the reduced q.k dot, the V
-// scale multiplies p (p * s_v * v8), so no dequantised row is ever formed.
+// int8 KV (kI8): a lane still owns 8 dims of a row (8 bytes), but the ring is filled per warp,
+// not per thread: the warp's 32 threads copy all the K and V rows its streams need for a step
+// in 16-byte pieces (4 per thread, the same bytes in flight per copy as the 16-bit path), and
+// one lane per (token, K|V) copies the 4-byte word holding that token's f16 scale (the scales of
+// tokens 2i and 2i+1 share a word). Each thread waits for its own copies, then __syncwarp makes
+// the warp's copies visible to all its lanes. Rows are widened int8 -> f32 in registers; the K
+// scale multiplies the reduced q.k dot, the V scale multiplies p (p * s_v * v8): no dequantised
+// row is ever formed.
+//
+//   int8 ring, one warp's part of one stage:  [K, V][kWarpTokens][D] bytes (2 KB for every D)
+//   then, for all warps and stages:           [stage][warp][K, V][kWarpTokens] scale words
 //
 // merge_splits_kernel: grid (num_seqs, num_q_heads), 4 x head_dim threads; combines the partial
 // (max, sum, accumulator) triples of the splits with weights exp2(max_i - max).
@@ -31,8 +38,8 @@ constexpr int kDecodeStages = 3;
 constexpr int kDecodeUnroll = 4;  // tokens per stream per step
 
 // The cp.async ring: [kDecodeStages][2][kDecodeUnroll][kDecodeThreads] x 16 bytes = 48 KB, the
-// most a CTA gets without opting in; the stream merge reuses it. int8: 8-byte row slots, then
-// [kDecodeStages][2][kDecodeUnroll][kDecodeThreads] 4-byte scale words (36 KB).
+// most a CTA gets without opting in; the stream merge reuses it. int8: [kDecodeStages][warps]
+// x 2 KB of rows and the scale words (26 KB), sized at 36 KB for the stream merge.
 template <bool kI8>
 __host__ __device__ constexpr int decode_smem_bytes() {
   return kI8 ? kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * (8 + 4)
@@ -78,6 +85,11 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   constexpr int kLanes = D / 8;  // lanes per K/V row, 8 dims (16 bytes, int8: 8 bytes) each
   constexpr int kLaneBytes = kI8 ? 8 : 16;
   constexpr int kElemBytes = kI8 ? 1 : 2;
+  // int8: tokens a warp consumes per step, 16-byte pieces per int8 row
+  constexpr int kWarpTokens = (32 / kLanes) * kDecodeUnroll;
+  constexpr int kRowChunks = D / 16;
+  constexpr int kWarpStageBytes = 2 * kWarpTokens * D;
+  static_assert(!kI8 || kWarpStageBytes == 2 * 32 * 4 * 8, "a warp copies 4 x 16 B per thread");
   constexpr int kStreams = kDecodeThreads / kLanes;  // independent token streams per CTA
   constexpr int kUnroll = kDecodeUnroll;
   constexpr int kStep = kStreams * kUnroll;
@@ -130,11 +142,23 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
   // byte offsets: this head's run in a block, this lane's 8 dims in a row
   const int64_t head_run = int64_t{kv_head} * a.block_size * (kI8 ? D + 2 : D) * kElemBytes;
-  const char* k_base = static_cast<const char*>(a.k) + head_run + lane * kLaneBytes;
-  const char* v_base = static_cast<const char*>(a.v) + head_run + lane * kLaneBytes;
+  // 16-bit: this lane's 8 dims; int8: the head run itself (the warp copies whole rows)
+  const int64_t lane_offset = kI8 ? 0 : lane * kLaneBytes;
+  const char* k_base = static_cast<const char*>(a.k) + head_run + lane_offset;
+  const char* v_base = static_cast<const char*>(a.v) + head_run + lane_offset;
   const int64_t pitch_bytes = a.block_pitch * kElemBytes;
-  const int64_t scale_run = int64_t{a.block_size} * D - lane * kLaneBytes;  // from k_base
+  const int64_t scale_run = int64_t{a.block_size} * D;  // int8: from k_base to the scales
   const int num_steps = (end - begin + kStep - 1) / kStep;
+  const int warp = threadIdx.x / 32;
+  const int warp_lane = threadIdx.x % 32;
+  // int8: the warp's tokens (0 .. kWarpTokens-1 of this step) this thread copies: rows ta and tb
+  // (K and V, 16-byte column ca and cb), and the scale word of token ts (K for lanes below
+  // kWarpTokens, V above; lanes from 2 * kWarpTokens copy none)
+  const int ta = warp_lane / kRowChunks, ca = warp_lane % kRowChunks;
+  const int tb = (warp_lane + 32) / kRowChunks, cb = (warp_lane + 32) % kRowChunks;
+  const int ts = warp_lane % kWarpTokens;
+  const bool copies_scale = warp_lane < 2 * kWarpTokens;
+  const char* scale_base = warp_lane < kWarpTokens ? k_base : v_base;
 
   // Each thread streams its own K/V chunks through a kDecodeStages-deep cp.async ring in shared
   // memory and reads back only what it copied itself, so the ring needs no barrier.
@@ -145,9 +169,19 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   uint32_t* scale_ring =
       reinterpret_cast<uint32_t*>(ring + kDecodeStages * 2 * kUnroll * kDecodeThreads * kLaneBytes);
   constexpr int kStageSlots = 2 * kUnroll * kDecodeThreads;
+  constexpr int kWarps = kDecodeThreads / 32;
   auto token_of = [&](int step, int u) { return begin + step * kStep + stream * kUnroll + u; };
+  // token of this thread's u-th copy: 16-bit, its own stream's tokens; int8, ta, tb, ts
+  auto copy_token = [&](int step, int u) {
+    if constexpr (kI8) {
+      const int idx = u == 0 ? ta : u == 1 ? tb : ts;
+      return begin + step * kStep + warp * kWarpTokens + idx;
+    } else {
+      return token_of(step, u);
+    }
+  };
   auto block_of = [&](int step, int u) -> int32_t {
-    const int j = token_of(step, u);
+    const int j = copy_token(step, u);
     return j < end ? __ldg(table + block_index(j, a)) : 0;
   };
   auto issue = [&](int step, const int32_t(&block)[kUnroll]) {
@@ -155,19 +189,30 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     char* slot = ring + int64_t{first_slot} * kLaneBytes;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = token_of(step, u);
-      const bool valid = j < end;  // also false past the last step
-      const int in_block = valid ? index_in_block(j, a) : 0;
-      const int64_t block_off = valid ? int64_t{block[u]} * pitch_bytes : 0;
-      const int64_t off = block_off + int64_t{in_block} * D * kElemBytes;
       if constexpr (kI8) {
-        cp_async_small<8>(slot + u * kDecodeThreads * 8, k_base + off, valid ? 8 : 0);
-        cp_async_small<8>(slot + (kUnroll + u) * kDecodeThreads * 8, v_base + off, valid ? 8 : 0);
-        const int64_t word = block_off + scale_run + (in_block & ~1) * 2;
-        uint32_t* s_slot = scale_ring + first_slot;
-        cp_async_small<4>(s_slot + u * kDecodeThreads, k_base + word, valid ? 4 : 0);
-        cp_async_small<4>(s_slot + (kUnroll + u) * kDecodeThreads, v_base + word, valid ? 4 : 0);
+        if (u >= 3) continue;
+        const int j = copy_token(step, u);
+        const bool valid = j < end;
+        const int in_block = valid ? index_in_block(j, a) : 0;
+        const int64_t block_off = valid ? int64_t{block[u]} * pitch_bytes : 0;
+        const int stage = step % kDecodeStages;
+        char* warp_ring = ring + (stage * kWarps + warp) * kWarpStageBytes;
+        if (u < 2) {
+          const int t = u == 0 ? ta : tb;
+          const int c = u == 0 ? ca : cb;
+          const int64_t off = block_off + int64_t{in_block} * D + c * 16;
+          cp_async16(warp_ring + t * D + c * 16, k_base + off, valid ? 16 : 0);
+          cp_async16(warp_ring + (kWarpTokens + t) * D + c * 16, v_base + off, valid ? 16 : 0);
+        } else if (copies_scale) {
+          const int64_t word = block_off + scale_run + (in_block & ~1) * 2;
+          cp_async_small<4>(scale_ring + (stage * kWarps + warp) * 2 * kWarpTokens + warp_lane,
+                            scale_base + word, valid ? 4 : 0);
+        }
       } else {
+        const int j = token_of(step, u);
+        const bool valid = j < end;  // also false past the last step
+        const int64_t off =
+            valid ? int64_t{block[u]} * pitch_bytes + int64_t{index_in_block(j, a)} * D * 2 : 0;
         cp_async16(slot + u * kDecodeThreads * 16, k_base + off, valid ? 16 : 0);
         cp_async16(slot + (kUnroll + u) * kDecodeThreads * 16, v_base + off, valid ? 16 : 0);
       }
@@ -189,20 +234,27 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   // The loop bound is uniform over the CTA so every lane reaches every shuffle.
   for (int i = 0; i < num_steps; ++i) {
     cp_async_wait<kDecodeStages - 2>();
+    // int8: the step's rows were copied by the whole warp. The barrier also keeps every lane's
+    // reads of iteration i - 1 before the copies issued below overwrite that stage.
+    if constexpr (kI8) __syncwarp();
     const int first_slot = (i % kDecodeStages) * kStageSlots + threadIdx.x;
     uint4 k_raw[kUnroll], v_raw[kUnroll];
     float k_scale[kUnroll], v_scale[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if constexpr (kI8) {
-        const uint2* slot = reinterpret_cast<const uint2*>(ring) + first_slot;
-        const uint2 k8 = slot[u * kDecodeThreads];
-        const uint2 v8 = slot[(kUnroll + u) * kDecodeThreads];
+        const int stage = i % kDecodeStages;
+        const int idx = (stream % (32 / kLanes)) * kUnroll + u;  // the warp's token
+        const char* warp_ring = ring + (stage * kWarps + warp) * kWarpStageBytes;
+        const uint2 k8 = *reinterpret_cast<const uint2*>(warp_ring + idx * D + lane * 8);
+        const uint2 v8 =
+            *reinterpret_cast<const uint2*>(warp_ring + (kWarpTokens + idx) * D + lane * 8);
         k_raw[u] = make_uint4(k8.x, k8.y, 0, 0);
         v_raw[u] = make_uint4(v8.x, v8.y, 0, 0);
+        const uint32_t* words = scale_ring + (stage * kWarps + warp) * 2 * kWarpTokens;
         const int j = token_of(i, u);
-        k_scale[u] = scale_of(scale_ring[first_slot + u * kDecodeThreads], j);
-        v_scale[u] = scale_of(scale_ring[first_slot + (kUnroll + u) * kDecodeThreads], j);
+        k_scale[u] = scale_of(words[idx], j);
+        v_scale[u] = scale_of(words[kWarpTokens + idx], j);
       } else {
         const uint4* slot = reinterpret_cast<const uint4*>(ring) + first_slot;
         k_raw[u] = slot[u * kDecodeThreads];
