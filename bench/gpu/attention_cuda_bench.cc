@@ -1,6 +1,11 @@
 // GPU benchmark of cuda::paged_attention (docs/perf/attention-cuda.md holds the numbers).
 //
-//   attention_cuda_bench OUT.csv [--quick]
+//   attention_cuda_bench OUT.csv [--quick] [--kv bf16,int8] [--kinds decode,prefill,...]
+//
+// --kv: KV dtypes to run each case with (default bf16). int8 is the 8-bit pool of
+// cache/kv_layout.h (q and out stay bf16); its bytes count the int8 rows and their f16 scales,
+// what the kernels read. --kinds: case families to run (default all: decode, decode_block,
+// prefill, decode_split).
 //
 // Cases: decode 32 q / 8 KV heads, head dim 128, bf16, block 16, batch {1,16,64,256} x context
 // {512,4096,16384}; decode against block size {16..256}; causal prefill, batch 1, length
@@ -151,12 +156,13 @@ double measure_copy_gbps(cudaStream_t stream) {
 }
 
 struct Shape {
-  const char* kind;  // "decode" or "prefill"
+  const char* kind;  // "decode", "decode_block", "prefill" or "decode_split"
   int32_t batch;
   int32_t ctx;    // kv_len of every sequence
   int32_t q_len;  // 1 (decode) or ctx (prefill)
   int32_t block_size;
   int32_t min_keys_per_split = 0;  // 0: the library's default
+  DType kv_dtype = DType::BF16;    // BF16 or I8
 };
 
 struct CaseResult {
@@ -171,15 +177,19 @@ constexpr int32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 CaseResult run_shape(const Shape& s, cudaStream_t stream, bool quick, uint64_t seed) {
   const int32_t blocks_per_seq = (s.ctx + s.block_size - 1) / s.block_size;
   const int64_t tokens = int64_t{s.batch} * s.q_len;
-  const double kv_bytes = double(s.batch) * s.ctx * kKvHeads * kHeadDim * 2 * 2;
+  // K and V of every key: D bf16 values, or D int8 values and an f16 scale
+  const double row_bytes = s.kv_dtype == DType::I8 ? kHeadDim + 2 : kHeadDim * 2;
+  const double kv_bytes = double(s.batch) * s.ctx * kKvHeads * row_bytes * 2;
   const double q_bytes = double(tokens) * kQHeads * kHeadDim * 2;
   const double set_bytes = kv_bytes + 2 * q_bytes;
   const int num_sets = std::clamp(static_cast<int>(std::ceil(200e6 / set_bytes)), 2, 64);
   const int32_t num_blocks = num_sets * s.batch * blocks_per_seq;
-  KvLayout layout{1, num_blocks, kKvHeads, s.block_size, kHeadDim, DType::BF16};
+  KvLayout layout{1, num_blocks, kKvHeads, s.block_size, kHeadDim, s.kv_dtype};
   DeviceBuffer slab = value_or_die(DeviceBuffer::allocate(layout.size_bytes()), "kv slab");
-  BENCH_CHECK_CUDA(
-      detail::launch_fill_uniform(slab.data(), true, layout.size_elems(), seed, -1, 1, stream));
+  // int8: the slab's bytes filled as f16 values in [-1, 1) (bounded int8 values and scales)
+  BENCH_CHECK_CUDA(detail::launch_fill_uniform(slab.data(), s.kv_dtype == DType::BF16,
+                                               static_cast<int64_t>(layout.size_bytes() / 2), seed,
+                                               -1, 1, stream));
   const PagedKv kv = paged_kv_for_layer(layout, slab.data(), 0);
   // shuffled block tables: set i, sequence b gets blocks order[(i*batch + b)*blocks_per_seq ...]
   std::vector<int32_t> order(num_blocks);
@@ -235,12 +245,49 @@ CaseResult run_shape(const Shape& s, cudaStream_t stream, bool quick, uint64_t s
   return r;
 }
 
+const char* kv_name(DType dtype) { return dtype == DType::I8 ? "int8" : "bf16"; }
+
+// Comma-separated list as strings.
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> items;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    if (comma > pos) items.push_back(list.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return items;
+}
+
 int bench_main(int argc, char** argv) {
+  const char* usage = "usage: %s OUT.csv [--quick] [--kv bf16,int8] [--kinds decode,prefill]\n";
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s OUT.csv [--quick]\n", argv[0]);
+    std::fprintf(stderr, usage, argv[0]);
     return 2;
   }
-  const bool quick = argc > 2 && std::strcmp(argv[2], "--quick") == 0;
+  bool quick = false;
+  std::vector<DType> kv_dtypes = {DType::BF16};
+  std::vector<std::string> kinds;  // empty: all
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--quick") {
+      quick = true;
+    } else if (arg == "--kv" && i + 1 < argc) {
+      kv_dtypes.clear();
+      for (const std::string& name : split_list(argv[++i])) {
+        if (name != "bf16" && name != "int8") {
+          std::fprintf(stderr, "--kv: %s (bf16 or int8)\n", name.c_str());
+          return 2;
+        }
+        kv_dtypes.push_back(name == "int8" ? DType::I8 : DType::BF16);
+      }
+    } else if (arg == "--kinds" && i + 1 < argc) {
+      kinds = split_list(argv[++i]);
+    } else {
+      std::fprintf(stderr, usage, argv[0]);
+      return 2;
+    }
+  }
   cudaDeviceProp prop;
   BENCH_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream;
@@ -256,22 +303,34 @@ int bench_main(int argc, char** argv) {
   }
   std::fprintf(csv,
                "kind,batch,ctx,q_len,block,min_keys,graph_us,eager_us,bytes,flops,gbps,frac_copy,"
-               "tflops,sets,copy_gbps\n");
-  std::vector<Shape> shapes;
+               "tflops,sets,copy_gbps,kv\n");
+  std::vector<Shape> all_shapes;
   for (int32_t b : {1, 16, 64, 256}) {
-    for (int32_t ctx : {512, 4096, 16384}) shapes.push_back({"decode", b, ctx, 1, 16});
+    for (int32_t ctx : {512, 4096, 16384}) all_shapes.push_back({"decode", b, ctx, 1, 16});
   }
   for (int32_t bs : {16, 32, 64, 128, 256}) {
-    shapes.push_back({"decode_block", 16, 4096, 1, bs});
-    shapes.push_back({"decode_block", 1, 16384, 1, bs});
+    all_shapes.push_back({"decode_block", 16, 4096, 1, bs});
+    all_shapes.push_back({"decode_block", 1, 16384, 1, bs});
   }
-  for (int32_t len : {2048, 8192, 32768}) shapes.push_back({"prefill", 1, len, len, 16});
+  for (int32_t len : {2048, 8192, 32768}) all_shapes.push_back({"prefill", 1, len, len, 16});
   // decode split policy (variants of the fewest keys per split; the default is 32)
   for (int32_t min_keys : {64, 128, 256}) {
     for (int32_t b : {1, 16}) {
       for (int32_t ctx : {512, 4096, 16384}) {
-        shapes.push_back({"decode_split", b, ctx, 1, 16, min_keys});
+        all_shapes.push_back({"decode_split", b, ctx, 1, 16, min_keys});
       }
+    }
+  }
+  // each selected case once per KV dtype, the dtypes side by side
+  std::vector<Shape> shapes;
+  for (const Shape& shape : all_shapes) {
+    if (!kinds.empty() && std::find(kinds.begin(), kinds.end(), shape.kind) == kinds.end()) {
+      continue;
+    }
+    for (const DType dtype : kv_dtypes) {
+      Shape s = shape;
+      s.kv_dtype = dtype;
+      shapes.push_back(s);
     }
   }
   uint64_t seed = 12345;
@@ -281,14 +340,14 @@ int bench_main(int argc, char** argv) {
     const double gbps = r.bytes / (r.timing.graph_us * 1e-6) / 1e9;
     const double tflops = r.flops / (r.timing.graph_us * 1e-6) / 1e12;
     std::printf(
-        "%-12s batch=%-3d ctx=%-5d q_len=%-5d block=%-3d graph_us=%9.2f eager_us=%9.2f "
+        "%-12s kv=%-4s batch=%-3d ctx=%-5d q_len=%-5d block=%-3d graph_us=%9.2f eager_us=%9.2f "
         "GBps=%6.0f frac_copy=%.3f TFLOPs=%6.1f sets=%d\n",
-        s.kind, s.batch, s.ctx, s.q_len, s.block_size, r.timing.graph_us, r.timing.eager_us, gbps,
-        gbps / copy_gbps, tflops, r.num_sets);
-    std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.0f,%.1f,%.4f,%.2f,%d,%.0f\n", s.kind,
+        s.kind, kv_name(s.kv_dtype), s.batch, s.ctx, s.q_len, s.block_size, r.timing.graph_us,
+        r.timing.eager_us, gbps, gbps / copy_gbps, tflops, r.num_sets);
+    std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.0f,%.1f,%.4f,%.2f,%d,%.0f,%s\n", s.kind,
                  s.batch, s.ctx, s.q_len, s.block_size, s.min_keys_per_split, r.timing.graph_us,
                  r.timing.eager_us, r.bytes, r.flops, gbps, gbps / copy_gbps, tflops, r.num_sets,
-                 copy_gbps);
+                 copy_gbps, kv_name(s.kv_dtype));
     std::fflush(stdout);
     std::fflush(csv);
   }

@@ -12,6 +12,18 @@
 // K/V rows reach the registers through a per-thread cp.async ring (kDecodeStages deep) in shared
 // memory, so two steps of loads are in flight while one is computed.
 //
+// int8 KV (kI8): a lane still owns 8 dims of a row (8 bytes), but the ring is filled per warp,
+// not per thread: the warp's 32 threads copy all the K and V rows its streams need for a step
+// in 16-byte pieces (4 per thread, the same bytes in flight per copy as the 16-bit path), and
+// one lane per (token, K|V) copies the 4-byte word holding that token's f16 scale (the scales of
+// tokens 2i and 2i+1 share a word). Each thread waits for its own copies, then __syncwarp makes
+// the warp's copies visible to all its lanes. Rows are widened int8 -> f32 in registers; the K
+// scale multiplies the reduced q.k dot, the V scale multiplies p (p * s_v * v8): no dequantised
+// row is ever formed.
+//
+//   int8 ring, one warp's part of one stage:  [K, V][kWarpTokens][D] bytes (2 KB for every D)
+//   then, for all warps and stages:           [stage][warp][K, V][kWarpTokens] scale words
+//
 // merge_splits_kernel: grid (num_seqs, num_q_heads), 4 x head_dim threads; combines the partial
 // (max, sum, accumulator) triples of the splits with weights exp2(max_i - max).
 #include <cmath>
@@ -26,9 +38,12 @@ constexpr int kDecodeStages = 3;
 constexpr int kDecodeUnroll = 4;  // tokens per stream per step
 
 // The cp.async ring: [kDecodeStages][2][kDecodeUnroll][kDecodeThreads] x 16 bytes = 48 KB, the
-// most a CTA gets without opting in; the stream merge reuses it.
+// most a CTA gets without opting in; the stream merge reuses it. int8: [kDecodeStages][warps]
+// x 2 KB of rows and the scale words (26 KB), sized at 36 KB for the stream merge.
+template <bool kI8>
 __host__ __device__ constexpr int decode_smem_bytes() {
-  return kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
+  return kI8 ? kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * (8 + 4)
+             : kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -39,17 +54,42 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_b
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(src_bytes));
 }
+// 4- or 8-byte asynchronous copy (through L1); src_bytes = 0 fills with zeros.
+template <int N>
+__device__ __forceinline__ void cp_async_small(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "n"(N), "r"(src_bytes));
+}
+// 8 int8 values to f32.
+__device__ __forceinline__ void unpack8_i8(const uint2& raw, float (&f)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[i] = static_cast<float>(static_cast<int8_t>((raw.x >> (8 * i)) & 0xffu));
+    f[4 + i] = static_cast<float>(static_cast<int8_t>((raw.y >> (8 * i)) & 0xffu));
+  }
+}
+// The f16 scale of token j from the word holding the scales of tokens j & ~1 and j | 1.
+__device__ __forceinline__ float scale_of(uint32_t word, int j) {
+  return __half2float(__ushort_as_half(static_cast<uint16_t>((j & 1) ? word >> 16 : word)));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-template <typename T, int D, int G>
+template <typename T, int D, int G, bool kI8>
 // Register budget: 4 CTAs per SM up to 4 heads per CTA (<= 128 registers), 2 with 8.
 __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     decode_attention_kernel(const AttentionKernelArgs a) {
-  constexpr int kLanes = D / 8;                      // lanes per K/V row, 16 bytes each
+  constexpr int kLanes = D / 8;  // lanes per K/V row, 8 dims (16 bytes, int8: 8 bytes) each
+  constexpr int kLaneBytes = kI8 ? 8 : 16;
+  constexpr int kElemBytes = kI8 ? 1 : 2;
+  // int8: tokens a warp consumes per step, 16-byte pieces per int8 row
+  constexpr int kWarpTokens = (32 / kLanes) * kDecodeUnroll;
+  constexpr int kRowChunks = D / 16;
+  constexpr int kWarpStageBytes = 2 * kWarpTokens * D;
+  static_assert(!kI8 || kWarpStageBytes == 2 * 32 * 4 * 8, "a warp copies 4 x 16 B per thread");
   constexpr int kStreams = kDecodeThreads / kLanes;  // independent token streams per CTA
   constexpr int kUnroll = kDecodeUnroll;
   constexpr int kStep = kStreams * kUnroll;
@@ -100,29 +140,82 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   }
 
   const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
-  const int64_t head_offset = int64_t{kv_head} * a.block_size * D + lane * 8;
-  const T* k_base = static_cast<const T*>(a.k) + head_offset;
-  const T* v_base = static_cast<const T*>(a.v) + head_offset;
+  // byte offsets: this head's run in a block, this lane's 8 dims in a row
+  const int64_t head_run = int64_t{kv_head} * a.block_size * (kI8 ? D + 2 : D) * kElemBytes;
+  // 16-bit: this lane's 8 dims; int8: the head run itself (the warp copies whole rows)
+  const int64_t lane_offset = kI8 ? 0 : lane * kLaneBytes;
+  const char* k_base = static_cast<const char*>(a.k) + head_run + lane_offset;
+  const char* v_base = static_cast<const char*>(a.v) + head_run + lane_offset;
+  const int64_t pitch_bytes = a.block_pitch * kElemBytes;
+  const int64_t scale_run = int64_t{a.block_size} * D;  // int8: from k_base to the scales
   const int num_steps = (end - begin + kStep - 1) / kStep;
+  const int warp = threadIdx.x / 32;
+  const int warp_lane = threadIdx.x % 32;
+  // int8: the warp's tokens (0 .. kWarpTokens-1 of this step) this thread copies: rows ta and tb
+  // (K and V, 16-byte column ca and cb), and the scale word of token ts (K for lanes below
+  // kWarpTokens, V above; lanes from 2 * kWarpTokens copy none)
+  const int ta = warp_lane / kRowChunks, ca = warp_lane % kRowChunks;
+  const int tb = (warp_lane + 32) / kRowChunks, cb = (warp_lane + 32) % kRowChunks;
+  const int ts = warp_lane % kWarpTokens;
+  const bool copies_scale = warp_lane < 2 * kWarpTokens;
+  const char* scale_base = warp_lane < kWarpTokens ? k_base : v_base;
 
   // Each thread streams its own K/V chunks through a kDecodeStages-deep cp.async ring in shared
   // memory and reads back only what it copied itself, so the ring needs no barrier.
-  //   ring: [kDecodeStages][2 (K, V)][kUnroll][kDecodeThreads] x 16 bytes
+  //   ring: [kDecodeStages][2 (K, V)][kUnroll][kDecodeThreads] x kLaneBytes
+  //   int8, after it: [kDecodeStages][2 (K, V)][kUnroll][kDecodeThreads] scale words
   extern __shared__ uint4 smem[];
+  char* ring = reinterpret_cast<char*>(smem);
+  uint32_t* scale_ring =
+      reinterpret_cast<uint32_t*>(ring + kDecodeStages * 2 * kUnroll * kDecodeThreads * kLaneBytes);
+  constexpr int kStageSlots = 2 * kUnroll * kDecodeThreads;
+  constexpr int kWarps = kDecodeThreads / 32;
   auto token_of = [&](int step, int u) { return begin + step * kStep + stream * kUnroll + u; };
+  // token of this thread's u-th copy: 16-bit, its own stream's tokens; int8, ta, tb, ts
+  auto copy_token = [&](int step, int u) {
+    if constexpr (kI8) {
+      const int idx = u == 0 ? ta : u == 1 ? tb : ts;
+      return begin + step * kStep + warp * kWarpTokens + idx;
+    } else {
+      return token_of(step, u);
+    }
+  };
   auto block_of = [&](int step, int u) -> int32_t {
-    const int j = token_of(step, u);
+    const int j = copy_token(step, u);
     return j < end ? __ldg(table + block_index(j, a)) : 0;
   };
   auto issue = [&](int step, const int32_t(&block)[kUnroll]) {
-    uint4* slot = smem + (step % kDecodeStages) * 2 * kUnroll * kDecodeThreads + threadIdx.x;
+    const int first_slot = (step % kDecodeStages) * kStageSlots + threadIdx.x;
+    char* slot = ring + int64_t{first_slot} * kLaneBytes;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int j = token_of(step, u);
-      const bool valid = j < end;  // also false past the last step
-      const int64_t off = valid ? int64_t{block[u]} * a.block_pitch + index_in_block(j, a) * D : 0;
-      cp_async16(slot + u * kDecodeThreads, k_base + off, valid ? 16 : 0);
-      cp_async16(slot + (kUnroll + u) * kDecodeThreads, v_base + off, valid ? 16 : 0);
+      if constexpr (kI8) {
+        if (u >= 3) continue;
+        const int j = copy_token(step, u);
+        const bool valid = j < end;
+        const int in_block = valid ? index_in_block(j, a) : 0;
+        const int64_t block_off = valid ? int64_t{block[u]} * pitch_bytes : 0;
+        const int stage = step % kDecodeStages;
+        char* warp_ring = ring + (stage * kWarps + warp) * kWarpStageBytes;
+        if (u < 2) {
+          const int t = u == 0 ? ta : tb;
+          const int c = u == 0 ? ca : cb;
+          const int64_t off = block_off + int64_t{in_block} * D + c * 16;
+          cp_async16(warp_ring + t * D + c * 16, k_base + off, valid ? 16 : 0);
+          cp_async16(warp_ring + (kWarpTokens + t) * D + c * 16, v_base + off, valid ? 16 : 0);
+        } else if (copies_scale) {
+          const int64_t word = block_off + scale_run + (in_block & ~1) * 2;
+          cp_async_small<4>(scale_ring + (stage * kWarps + warp) * 2 * kWarpTokens + warp_lane,
+                            scale_base + word, valid ? 4 : 0);
+        }
+      } else {
+        const int j = token_of(step, u);
+        const bool valid = j < end;  // also false past the last step
+        const int64_t off =
+            valid ? int64_t{block[u]} * pitch_bytes + int64_t{index_in_block(j, a)} * D * 2 : 0;
+        cp_async16(slot + u * kDecodeThreads * 16, k_base + off, valid ? 16 : 0);
+        cp_async16(slot + (kUnroll + u) * kDecodeThreads * 16, v_base + off, valid ? 16 : 0);
+      }
     }
     cp_async_commit();
   };
@@ -141,12 +234,33 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   // The loop bound is uniform over the CTA so every lane reaches every shuffle.
   for (int i = 0; i < num_steps; ++i) {
     cp_async_wait<kDecodeStages - 2>();
-    const uint4* slot = smem + (i % kDecodeStages) * 2 * kUnroll * kDecodeThreads + threadIdx.x;
+    // int8: the step's rows were copied by the whole warp. The barrier also keeps every lane's
+    // reads of iteration i - 1 before the copies issued below overwrite that stage.
+    if constexpr (kI8) __syncwarp();
+    const int first_slot = (i % kDecodeStages) * kStageSlots + threadIdx.x;
     uint4 k_raw[kUnroll], v_raw[kUnroll];
+    float k_scale[kUnroll], v_scale[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      k_raw[u] = slot[u * kDecodeThreads];
-      v_raw[u] = slot[(kUnroll + u) * kDecodeThreads];
+      if constexpr (kI8) {
+        const int stage = i % kDecodeStages;
+        const int idx = (stream % (32 / kLanes)) * kUnroll + u;  // the warp's token
+        const char* warp_ring = ring + (stage * kWarps + warp) * kWarpStageBytes;
+        const uint2 k8 = *reinterpret_cast<const uint2*>(warp_ring + idx * D + lane * 8);
+        const uint2 v8 =
+            *reinterpret_cast<const uint2*>(warp_ring + (kWarpTokens + idx) * D + lane * 8);
+        k_raw[u] = make_uint4(k8.x, k8.y, 0, 0);
+        v_raw[u] = make_uint4(v8.x, v8.y, 0, 0);
+        const uint32_t* words = scale_ring + (stage * kWarps + warp) * 2 * kWarpTokens;
+        const int j = token_of(i, u);
+        k_scale[u] = scale_of(words[idx], j);
+        v_scale[u] = scale_of(words[kWarpTokens + idx], j);
+      } else {
+        const uint4* slot = reinterpret_cast<const uint4*>(ring) + first_slot;
+        k_raw[u] = slot[u * kDecodeThreads];
+        v_raw[u] = slot[(kUnroll + u) * kDecodeThreads];
+        k_scale[u] = v_scale[u] = 1.0f;
+      }
     }
     issue(i + kDecodeStages - 1, block);  // overwrites the slot read in iteration i - 1
 #pragma unroll
@@ -156,7 +270,11 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       float kf[8];
-      unpack8<T>(k_raw[u], kf);
+      if constexpr (kI8) {
+        unpack8_i8(make_uint2(k_raw[u].x, k_raw[u].y), kf);
+      } else {
+        unpack8<T>(k_raw[u], kf);
+      }
 #pragma unroll
       for (int g = 0; g < G; ++g) {
         float dot = 0.0f;
@@ -171,6 +289,13 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
         for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], offset);
+      }
+    }
+    if constexpr (kI8) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) s[u][g] *= k_scale[u];
       }
     }
 #pragma unroll
@@ -195,9 +320,14 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
         const float p = exp2f(s[u][g] - m_new);
         l[g] += p;
         float vf[8];
-        unpack8<T>(v_raw[u], vf);
+        if constexpr (kI8) {
+          unpack8_i8(make_uint2(v_raw[u].x, v_raw[u].y), vf);
+        } else {
+          unpack8<T>(v_raw[u], vf);
+        }
+        const float pv = kI8 ? p * v_scale[u] : p;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pv, vf[e], acc[g][e]);
       }
     }
   }
@@ -205,7 +335,7 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   __syncthreads();  // the ring is reused below
 
   // Merge the streams.
-  static_assert(kStreams * G * (D + 2) * 4 <= decode_smem_bytes(), "merge area fits the ring");
+  static_assert(kStreams * G * (D + 2) * 4 <= decode_smem_bytes<kI8>(), "merge area fits the ring");
   auto& s_acc = *reinterpret_cast<float(*)[kStreams][G][D]>(smem);
   auto& s_m =
       *reinterpret_cast<float(*)[kStreams][G]>(reinterpret_cast<float*>(smem) + kStreams * G * D);
@@ -293,13 +423,13 @@ __global__ void __launch_bounds__(kMergeParts* D) merge_splits_kernel(const Atte
 }
 
 // CTAs of one decode instantiation resident per SM (queried once, for the current device).
-template <typename T, int D, int G>
+template <typename T, int D, int G, bool kI8>
 int decode_occupancy() {
   static const int ctas = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_attention_kernel<T, D, G>,
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_attention_kernel<T, D, G, kI8>,
                                                       kDecodeThreads,
-                                                      decode_smem_bytes()) != cudaSuccess) {
+                                                      decode_smem_bytes<kI8>()) != cudaSuccess) {
       cudaGetLastError();
       n = 1;
     }
@@ -308,36 +438,48 @@ int decode_occupancy() {
   return ctas;
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kI8>
 int decode_occupancy_typed(int32_t heads_per_cta) {
   switch (heads_per_cta) {
     case 1:
-      return decode_occupancy<T, D, 1>();
+      return decode_occupancy<T, D, 1, kI8>();
     case 2:
-      return decode_occupancy<T, D, 2>();
+      return decode_occupancy<T, D, 2, kI8>();
     case 4:
-      return decode_occupancy<T, D, 4>();
+      return decode_occupancy<T, D, 4, kI8>();
     default:
-      return decode_occupancy<T, D, 8>();
+      return decode_occupancy<T, D, 8, kI8>();
   }
 }
 
 template <typename T, int D>
+int decode_occupancy_kv(bool kv_int8, int32_t heads_per_cta) {
+  return kv_int8 ? decode_occupancy_typed<T, D, true>(heads_per_cta)
+                 : decode_occupancy_typed<T, D, false>(heads_per_cta);
+}
+
+template <typename T, int D, int G, bool kI8>
+void launch_decode_one(const AttentionKernelArgs& args, cudaStream_t stream) {
+  const dim3 grid(args.num_splits, args.num_kv_heads * args.head_chunks, args.num_seqs);
+  decode_attention_kernel<T, D, G, kI8>
+      <<<grid, kDecodeThreads, decode_smem_bytes<kI8>(), stream>>>(args);
+}
+
+template <typename T, int D, bool kI8>
 cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_per_cta,
                                 cudaStream_t stream) {
-  const dim3 grid(args.num_splits, args.num_kv_heads * args.head_chunks, args.num_seqs);
   switch (heads_per_cta) {
     case 1:
-      decode_attention_kernel<T, D, 1><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
+      launch_decode_one<T, D, 1, kI8>(args, stream);
       break;
     case 2:
-      decode_attention_kernel<T, D, 2><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
+      launch_decode_one<T, D, 2, kI8>(args, stream);
       break;
     case 4:
-      decode_attention_kernel<T, D, 4><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
+      launch_decode_one<T, D, 4, kI8>(args, stream);
       break;
     case 8:
-      decode_attention_kernel<T, D, 8><<<grid, kDecodeThreads, decode_smem_bytes(), stream>>>(args);
+      launch_decode_one<T, D, 8, kI8>(args, stream);
       break;
     default:
       return cudaErrorInvalidValue;
@@ -345,16 +487,16 @@ cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_p
   return cudaGetLastError();
 }
 
-template <typename T>
+template <typename T, bool kI8>
 cudaError_t launch_decode_dim(const AttentionKernelArgs& args, int32_t head_dim,
                               int32_t heads_per_cta, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return launch_decode_typed<T, 64>(args, heads_per_cta, stream);
+      return launch_decode_typed<T, 64, kI8>(args, heads_per_cta, stream);
     case 128:
-      return launch_decode_typed<T, 128>(args, heads_per_cta, stream);
+      return launch_decode_typed<T, 128, kI8>(args, heads_per_cta, stream);
     case 256:
-      return launch_decode_typed<T, 256>(args, heads_per_cta, stream);
+      return launch_decode_typed<T, 256, kI8>(args, heads_per_cta, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -382,23 +524,27 @@ cudaError_t launch_merge_dim(const AttentionKernelArgs& args, int32_t head_dim,
 
 }  // namespace
 
-cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
-                                    int32_t heads_per_cta, cudaStream_t stream) {
-  return bf16 ? launch_decode_dim<__nv_bfloat16>(args, head_dim, heads_per_cta, stream)
-              : launch_decode_dim<__half>(args, head_dim, heads_per_cta, stream);
+cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, bool kv_int8,
+                                    int32_t head_dim, int32_t heads_per_cta, cudaStream_t stream) {
+  if (kv_int8) {
+    return bf16 ? launch_decode_dim<__nv_bfloat16, true>(args, head_dim, heads_per_cta, stream)
+                : launch_decode_dim<__half, true>(args, head_dim, heads_per_cta, stream);
+  }
+  return bf16 ? launch_decode_dim<__nv_bfloat16, false>(args, head_dim, heads_per_cta, stream)
+              : launch_decode_dim<__half, false>(args, head_dim, heads_per_cta, stream);
 }
 
-int decode_ctas_per_sm(bool bf16, int32_t head_dim, int32_t heads_per_cta) {
+int decode_ctas_per_sm(bool bf16, bool kv_int8, int32_t head_dim, int32_t heads_per_cta) {
   switch (head_dim) {
     case 64:
-      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 64>(heads_per_cta)
-                  : decode_occupancy_typed<__half, 64>(heads_per_cta);
+      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 64>(kv_int8, heads_per_cta)
+                  : decode_occupancy_kv<__half, 64>(kv_int8, heads_per_cta);
     case 128:
-      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 128>(heads_per_cta)
-                  : decode_occupancy_typed<__half, 128>(heads_per_cta);
+      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 128>(kv_int8, heads_per_cta)
+                  : decode_occupancy_kv<__half, 128>(kv_int8, heads_per_cta);
     default:
-      return bf16 ? decode_occupancy_typed<__nv_bfloat16, 256>(heads_per_cta)
-                  : decode_occupancy_typed<__half, 256>(heads_per_cta);
+      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 256>(kv_int8, heads_per_cta)
+                  : decode_occupancy_kv<__half, 256>(kv_int8, heads_per_cta);
   }
 }
 

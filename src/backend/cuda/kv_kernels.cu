@@ -1,4 +1,10 @@
-// KV write and block copy kernels (launched by kv_pool.cc through kernels.h).
+// KV write (plain and int8-quantising) and block copy kernels (launched by kv_pool.cc through
+// kernels.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
 #include "backend/cuda/kernels.h"
 
 namespace kvp::cuda::detail {
@@ -31,6 +37,80 @@ __global__ void kv_write_kernel(const uint4* __restrict__ k_new,  // [num_tokens
   }
 }
 
+// The f16 scale of a row whose largest magnitude is max_abs, bit for bit kv_int8_scale
+// (cache/kv_quant.h): max_abs / 127 (IEEE division) rounded to nearest f16, then one f16 step up
+// if that fell below.
+__device__ __forceinline__ uint16_t int8_scale_bits(float max_abs) {
+  if (!(max_abs > 0.0f)) return 0;
+  const float wanted = fminf(__fdiv_rn(max_abs, 127.0f), 65504.0f);
+  uint16_t bits = __half_as_ushort(__float2half_rn(wanted));
+  if (__half2float(__ushort_as_half(bits)) < wanted && bits < 0x7bffu) ++bits;
+  return bits;
+}
+
+template <typename T>
+__device__ __forceinline__ float to_f32(T x) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(x);
+  } else {
+    return __half2float(x);
+  }
+}
+
+constexpr int kWriteWarps = 4;
+
+// grid (num_tokens), kWriteWarps warps; a warp quantises one (K|V, head) row at a time: lane
+// holds elements lane, lane + 32, ... (at most 8), the row maximum is a warp reduction. The byte
+// stores are narrow; this kernel moves one token's KV per CTA and is not on a bandwidth path.
+template <typename T>
+__global__ void __launch_bounds__(kWriteWarps * 32)
+    kv_write_int8_kernel(const T* __restrict__ k_new,               // [num_tokens][kv_heads][D]
+                         const T* __restrict__ v_new,               // same
+                         const int64_t* __restrict__ slot_mapping,  // [num_tokens]
+                         int8_t* __restrict__ k, int8_t* __restrict__ v, int32_t num_kv_heads,
+                         int32_t block_size, int32_t head_dim, int64_t block_pitch_bytes,
+                         int64_t num_slots) {
+  const int32_t token = blockIdx.x;
+  const int64_t slot = slot_mapping[token];
+  if (slot < 0 || slot >= num_slots) return;  // padding row (see kv_write_kernel)
+  const int64_t block = slot / block_size;
+  const int32_t in_block = static_cast<int32_t>(slot % block_size);
+  const int32_t warp = threadIdx.x / 32;
+  const int32_t lane = threadIdx.x % 32;
+  const int64_t head_pitch = int64_t{block_size} * (head_dim + 2);
+  for (int32_t row = warp; row < 2 * num_kv_heads; row += kWriteWarps) {
+    const int32_t head = row >> 1;
+    const T* src = ((row & 1) ? v_new : k_new) + (int64_t{token} * num_kv_heads + head) * head_dim;
+    int8_t* run = ((row & 1) ? v : k) + block * block_pitch_bytes + head * head_pitch;
+    float x[8];
+    float max_abs = 0.0f;
+#pragma unroll
+    for (int32_t i = 0; i < 8; ++i) {
+      const int32_t d = lane + 32 * i;
+      x[i] = d < head_dim ? to_f32(src[d]) : 0.0f;
+      max_abs = fmaxf(max_abs, fabsf(x[i]));  // fmaxf drops a NaN, as std::max does on the host
+    }
+#pragma unroll
+    for (int32_t offset = 16; offset > 0; offset /= 2) {
+      max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, offset));
+    }
+    const uint16_t scale_bits = int8_scale_bits(max_abs);
+    const float scale = __half2float(__ushort_as_half(scale_bits));
+    const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
+#pragma unroll
+    for (int32_t i = 0; i < 8; ++i) {
+      const int32_t d = lane + 32 * i;
+      if (d >= head_dim) break;
+      const float r = rintf(__fmul_rn(x[i], inv));  // ties to even, as std::nearbyint
+      run[int64_t{in_block} * head_dim + d] =
+          isnan(r) ? int8_t{0} : static_cast<int8_t>(fminf(fmaxf(r, -127.0f), 127.0f));
+    }
+    if (lane == 0) {
+      reinterpret_cast<uint16_t*>(run + int64_t{block_size} * head_dim)[in_block] = scale_bits;
+    }
+  }
+}
+
 // grid (num_ops, num_layers): each CTA copies one block's K and V of one layer, a contiguous run
 // of block_pitch elements.
 __global__ void block_copy_kernel(uint4* __restrict__ slab,
@@ -56,6 +136,27 @@ cudaError_t launch_kv_write(const void* k_new, const void* v_new, const int64_t*
       static_cast<const uint4*>(k_new), static_cast<const uint4*>(v_new), slot_mapping,
       static_cast<uint4*>(k), static_cast<uint4*>(v), num_kv_heads, block_size, row_vecs,
       block_pitch_bytes / 16, num_slots);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_kv_write_int8(const void* k_new, const void* v_new, bool src_bf16,
+                                 const int64_t* slot_mapping, int32_t num_tokens, void* k, void* v,
+                                 int32_t num_kv_heads, int32_t block_size, int32_t head_dim,
+                                 int64_t block_pitch_bytes, int64_t num_slots,
+                                 cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  if (head_dim % 32 != 0 || head_dim > 256) return cudaErrorInvalidValue;
+  if (src_bf16) {
+    kv_write_int8_kernel<__nv_bfloat16><<<num_tokens, kWriteWarps * 32, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(k_new), static_cast<const __nv_bfloat16*>(v_new),
+        slot_mapping, static_cast<int8_t*>(k), static_cast<int8_t*>(v), num_kv_heads, block_size,
+        head_dim, block_pitch_bytes, num_slots);
+  } else {
+    kv_write_int8_kernel<__half><<<num_tokens, kWriteWarps * 32, 0, stream>>>(
+        static_cast<const __half*>(k_new), static_cast<const __half*>(v_new), slot_mapping,
+        static_cast<int8_t*>(k), static_cast<int8_t*>(v), num_kv_heads, block_size, head_dim,
+        block_pitch_bytes, num_slots);
+  }
   return cudaGetLastError();
 }
 

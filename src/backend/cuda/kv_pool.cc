@@ -25,6 +25,15 @@ Status check_layout(const KvLayout& layout) {
   if (layout.head_dim % 8 != 0) {
     return Status::unsupported("cuda kv pool: head dim {} is not a multiple of 8", layout.head_dim);
   }
+  // int8 rows and scale runs 16-byte aligned (kernels read them with 16-byte copies), and the
+  // quantising write's warp-per-row shape
+  if (layout.dtype == DType::I8 &&
+      (layout.block_size % 8 != 0 || layout.head_dim % 32 != 0 || layout.head_dim > 256)) {
+    return Status::unsupported(
+        "cuda kv pool: int8 needs a block size that is a multiple of 8 and a head dim that is a "
+        "multiple of 32 up to 256 (block size {}, head dim {})",
+        layout.block_size, layout.head_dim);
+  }
   return Status::ok();
 }
 
@@ -160,7 +169,16 @@ Status DeviceKvPool::copy_blocks_from_host(const PinnedBuffer& host,
   return Status::ok();
 }
 
-Status launch_kv_write(const PagedKv& kv, const KvWrite& write, cudaStream_t stream) {
+Status launch_kv_write(const PagedKv& kv, const KvWrite& write, DType row_dtype,
+                       cudaStream_t stream) {
+  if (kv.dtype == DType::I8) {
+    return cuda_status(
+        detail::launch_kv_write_int8(write.k, write.v, row_dtype == DType::BF16, write.slot_mapping,
+                                     write.num_tokens, kv.k, kv.v, kv.num_kv_heads, kv.block_size,
+                                     kv.head_dim, kv.block_pitch,
+                                     int64_t{kv.num_blocks} * kv.block_size, stream),
+        "kv_write_int8_kernel");
+  }
   const int64_t elem = static_cast<int64_t>(dtype_size_bytes(kv.dtype));
   return cuda_status(detail::launch_kv_write(
                          write.k, write.v, write.slot_mapping, write.num_tokens, kv.k, kv.v,
@@ -169,11 +187,29 @@ Status launch_kv_write(const PagedKv& kv, const KvWrite& write, cudaStream_t str
                      "kv_write_kernel");
 }
 
+Status launch_kv_write(const PagedKv& kv, const KvWrite& write, cudaStream_t stream) {
+  return launch_kv_write(kv, write, kv.dtype == DType::I8 ? DType::BF16 : kv.dtype, stream);
+}
+
 Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
                 cudaStream_t stream) {
+  return kv_write(kv, write, host_slot_mapping, kv.dtype == DType::I8 ? DType::BF16 : kv.dtype,
+                  stream);
+}
+
+Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
+                DType row_dtype, cudaStream_t stream) {
   if (kv.dtype == DType::F32 || kv.head_dim % 8 != 0) {
     return Status::unsupported("cuda kv write: dtype {} with head dim {}", dtype_name(kv.dtype),
                                kv.head_dim);
+  }
+  const bool rows_ok = kv.dtype == DType::I8
+                           ? (row_dtype == DType::BF16 || row_dtype == DType::F16) &&
+                                 kv.head_dim % 32 == 0 && kv.head_dim <= 256
+                           : row_dtype == kv.dtype;
+  if (!rows_ok) {
+    return Status::unsupported("cuda kv write: {} rows into a {} pool with head dim {}",
+                               dtype_name(row_dtype), dtype_name(kv.dtype), kv.head_dim);
   }
   if (write.num_tokens > 0 && host_slot_mapping == nullptr) {
     return Status::invalid_argument("cuda kv write: no host copy of the slot mapping to validate");
@@ -181,7 +217,7 @@ Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slo
   KvWrite host_view = write;
   host_view.slot_mapping = host_slot_mapping;
   KVP_RETURN_IF_ERROR(check_kv_write_args(host_view, kv));
-  return launch_kv_write(kv, write, stream);
+  return launch_kv_write(kv, write, row_dtype, stream);
 }
 
 }  // namespace kvp::cuda

@@ -3,7 +3,8 @@
 // launch), and whole-block moves between the device and pinned host memory (session offload).
 //
 //   slab (device, one cudaMalloc):  [num_layers][num_blocks][2 (K, V)][num_kv_heads][block_size]
-//                                   [head_dim] of layout.dtype
+//                                   [head_dim] of layout.dtype (int8: each head run followed by
+//                                   its [block_size] f16 scales, cache/kv_layout.h)
 //   host block image (pinned):      [num_moved_blocks][num_layers][2][num_kv_heads][block_size]
 //                                   [head_dim]  -- one block's layers back to back
 //
@@ -67,14 +68,23 @@ class DeviceKvPool {
   cudaEvent_t ops_uploaded_ = nullptr;  // recorded after the last upload of ops_host_
 };
 
-// Writes new tokens' K and V (device pointers in `write`) into their slots of one layer.
+// Writes new tokens' K and V (device pointers in `write`, rows of row_dtype:
+// [num_tokens][num_kv_heads][head_dim]) into their slots of one layer. row_dtype is kv.dtype for
+// a bf16/f16 pool; an int8 pool takes bf16 or f16 rows and quantises each (token, head) row as
+// quantize_kv_int8 does (cache/kv_quant.h), values and f16 scale, bit for bit.
 // host_slot_mapping is a host copy of write.slot_mapping ([write.num_tokens]); it is validated
 // with check_kv_write_args before the launch. Negative slots are skipped. Mutates kv.
+Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
+                DType row_dtype, cudaStream_t stream);
+// The same with row_dtype = kv.dtype (bf16 for an int8 pool).
 Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
                 cudaStream_t stream);
 
 // The launch alone, without the host-side validation (metadata already checked).
 // requires: check_kv_write_args(write with the host slot mapping, kv).is_ok().
+Status launch_kv_write(const PagedKv& kv, const KvWrite& write, DType row_dtype,
+                       cudaStream_t stream);
+// The same with row_dtype = kv.dtype (bf16 for an int8 pool).
 Status launch_kv_write(const PagedKv& kv, const KvWrite& write, cudaStream_t stream);
 
 }  // namespace kvp::cuda

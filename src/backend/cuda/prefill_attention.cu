@@ -15,6 +15,12 @@
 //
 // Shared memory tiles are [rows][head_dim] with the 16-byte chunk index XOR-swizzled by
 // (row & 7), so the 8 row addresses of every ldmatrix fall in distinct banks.
+//
+// int8 KV (kI8): the cp.async ring holds the raw int8 rows and the 4-byte words of their f16
+// scales; after each tile lands, the CTA widens it int8 -> q's dtype (exact: |q8| <= 127) into
+// one swizzled K and one V tile, so the MMA loops are unchanged. The scales never touch the
+// operands: the K scale multiplies each score column after Q.K^T, the V scale multiplies each
+// probability column after the row sums (P.diag(s_v).V8), both in f32.
 #include <cmath>
 #include <mutex>
 
@@ -92,22 +98,51 @@ template <int D>
 __host__ __device__ constexpr int rows_per_cta() {
   return kPrefillWarps * 16 * mtiles_per_warp<D>();
 }
-template <int D>
+// bf16/f16: Q tile + [2 stages][K, V][kBN][D]. int8: Q tile + one widened K and V tile + the
+// int8 ring [2][K, V][kBN][D] (as many bytes as the 16-bit ring) + scale words and scales.
+template <int D, bool kI8>
 __host__ __device__ constexpr int prefill_smem_bytes() {
-  return (rows_per_cta<D>() * D + 4 * keys_per_tile<D>() * D) * 2;
+  return kI8 ? (rows_per_cta<D>() * D + 2 * keys_per_tile<D>() * D) * 2 +
+                   4 * keys_per_tile<D>() * D + 4 * keys_per_tile<D>() * 4
+             : (rows_per_cta<D>() * D + 4 * keys_per_tile<D>() * D) * 2;
 }
 
-template <typename T, int D>
+// 8 int8 values (8 bytes of shared memory) as 8 values of T, exactly.
+template <typename T>
+__device__ __forceinline__ uint4 widen8(const uint2 raw) {
+  float f[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[i] = static_cast<float>(static_cast<int8_t>((raw.x >> (8 * i)) & 0xffu));
+    f[4 + i] = static_cast<float>(static_cast<int8_t>((raw.y >> (8 * i)) & 0xffu));
+  }
+  return make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]),
+                    pack2<T>(f[6], f[7]));
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+
+template <typename T, int D, bool kI8>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefill_attention_kernel(const AttentionKernelArgs a) {
   constexpr int kBN = keys_per_tile<D>();
   constexpr int kMT = mtiles_per_warp<D>();
   constexpr int kRows = rows_per_cta<D>();
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr int kChunks = D / 8;        // 16-byte chunks per row
+  constexpr int kStages = kI8 ? 1 : 2;  // stages of the 16-bit K/V tiles
   extern __shared__ uint4 smem_raw[];
   T* s_q = reinterpret_cast<T*>(smem_raw);  // [kRows][D]
-  T* s_k = s_q + kRows * D;                 // [2][kBN][D]
-  T* s_v = s_k + 2 * kBN * D;               // [2][kBN][D]
+  T* s_k = s_q + kRows * D;                 // [kStages][kBN][D]
+  T* s_v = s_k + kStages * kBN * D;         // [kStages][kBN][D]
+  // int8 only:
+  int8_t* s_k8 = reinterpret_cast<int8_t*>(s_v + kStages * kBN * D);          // [2][kBN][D]
+  int8_t* s_v8 = s_k8 + 2 * kBN * D;                                          // [2][kBN][D]
+  uint32_t* s_scale_words = reinterpret_cast<uint32_t*>(s_v8 + 2 * kBN * D);  // [2][K,V][kBN/2]
+  float* s_k_scale = reinterpret_cast<float*>(s_scale_words + 2 * kBN);       // [kBN]
+  float* s_v_scale = s_k_scale + kBN;                                         // [kBN]
 
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
@@ -135,7 +170,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
   const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
-  const int64_t head_offset = int64_t{kv_head} * a.block_size * D;
+  const int64_t head_offset = int64_t{kv_head} * a.block_size * (kI8 ? D + 2 : D);
 
   // Q tile (rows past the sequence are zero-filled; they are computed but never stored).
   for (int i = tid; i < kRows * kChunks; i += kPrefillThreads) {
@@ -148,7 +183,70 @@ __global__ void __launch_bounds__(kPrefillThreads)
     const T* src = q + (int64_t{q_begin + token} * a.num_q_heads + head) * D + c * 8;
     cp_async16(s_q + swizzle<D>(r, c), src, valid ? 16 : 0);
   }
+  // int8: raw rows (16-byte chunks of 16 values) and, per key pair, the scale words.
+  auto load_kv8 = [&](int tile, int stage) {
+    const int n0 = (tile_first + tile) * kBN;
+    const auto* k8 = static_cast<const int8_t*>(a.k);
+    const auto* v8 = static_cast<const int8_t*>(a.v);
+    int8_t* dk = s_k8 + stage * kBN * D;
+    int8_t* dv = s_v8 + stage * kBN * D;
+    for (int i = tid; i < kBN * (D / 16); i += kPrefillThreads) {
+      const int r = i / (D / 16);
+      const int c = i % (D / 16);
+      const int j = n0 + r;
+      int64_t off = 0;
+      const bool valid = j >= key_begin && j < kv_len;  // as in load_kv
+      if (valid) {
+        off = int64_t{table[block_index(j, a)]} * a.block_pitch + head_offset +
+              index_in_block(j, a) * D + c * 16;
+      }
+      cp_async16(dk + r * D + c * 16, k8 + off, valid ? 16 : 0);
+      cp_async16(dv + r * D + c * 16, v8 + off, valid ? 16 : 0);
+    }
+    if (tid < kBN / 2) {
+      // keys j, j + 1 (j even) share a block (block_size is even) and a scale word
+      const int j = n0 + 2 * tid;
+      const bool valid = j + 1 >= key_begin && j < kv_len;
+      int64_t off = 0;
+      if (valid) {
+        off = int64_t{table[block_index(j, a)]} * a.block_pitch + head_offset +
+              int64_t{a.block_size} * D + index_in_block(j, a) * 2;
+      }
+      cp_async4(s_scale_words + stage * kBN + tid, k8 + off, valid ? 4 : 0);
+      cp_async4(s_scale_words + stage * kBN + kBN / 2 + tid, v8 + off, valid ? 4 : 0);
+    }
+  };
+  // int8: widens the landed stage into s_k / s_v and its scales into s_k_scale / s_v_scale
+  // (0 for keys outside [key_begin, kv_len): their p is 0 and must stay 0, never 0 * NaN).
+  auto widen_kv8 = [&](int tile, int stage) {
+    const int n0 = (tile_first + tile) * kBN;
+    const int8_t* sk = s_k8 + stage * kBN * D;
+    const int8_t* sv = s_v8 + stage * kBN * D;
+    for (int i = tid; i < kBN * kChunks; i += kPrefillThreads) {
+      const int r = i / kChunks;
+      const int c = i % kChunks;
+      *reinterpret_cast<uint4*>(s_k + swizzle<D>(r, c)) =
+          widen8<T>(*reinterpret_cast<const uint2*>(sk + r * D + c * 8));
+      *reinterpret_cast<uint4*>(s_v + swizzle<D>(r, c)) =
+          widen8<T>(*reinterpret_cast<const uint2*>(sv + r * D + c * 8));
+    }
+    if (tid < kBN) {
+      const int j = n0 + tid;
+      const bool valid = j >= key_begin && j < kv_len;
+      const uint32_t kw = s_scale_words[stage * kBN + tid / 2];
+      const uint32_t vw = s_scale_words[stage * kBN + kBN / 2 + tid / 2];
+      const int shift = (tid & 1) * 16;  // n0 is even: key parity is tid's
+      s_k_scale[tid] =
+          valid ? __half2float(__ushort_as_half(static_cast<uint16_t>(kw >> shift))) : 0.0f;
+      s_v_scale[tid] =
+          valid ? __half2float(__ushort_as_half(static_cast<uint16_t>(vw >> shift))) : 0.0f;
+    }
+  };
   auto load_kv = [&](int tile, int stage) {
+    if constexpr (kI8) {
+      load_kv8(tile, stage);
+      return;
+    }
     const int n0 = (tile_first + tile) * kBN;
     T* dk = s_k + stage * kBN * D;
     T* dv = s_v + stage * kBN * D;
@@ -204,8 +302,12 @@ __global__ void __launch_bounds__(kPrefillThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    const T* tk = s_k + (t & 1) * kBN * D;
-    const T* tv = s_v + (t & 1) * kBN * D;
+    if constexpr (kI8) {
+      widen_kv8(t, t & 1);
+      __syncthreads();
+    }
+    const T* tk = s_k + (kI8 ? 0 : (t & 1) * kBN * D);
+    const T* tv = s_v + (kI8 ? 0 : (t & 1) * kBN * D);
 
     float s[kMT][kBN / 8][4];
 #pragma unroll
@@ -234,6 +336,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
       }
     }
 
+    if constexpr (kI8) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] *= s_k_scale[n * 8 + (lane % 4) * 2 + (e & 1)];
+        }
+      }
+    }
     const int n0 = (tile_first + t) * kBN;
     const bool need_mask = n0 + kBN - 1 > pos_lo || (a.window > 0 && pos_hi - n0 >= a.window);
     // Without a soft cap the scores stay raw: the scale is folded into the exp2's FMA (mul > 0,
@@ -296,6 +408,13 @@ __global__ void __launch_bounds__(kPrefillThreads)
           l[mt][e >> 1] += s[mt][n][e];
         }
       }
+      if constexpr (kI8) {
+#pragma unroll
+        for (int n = 0; n < kBN / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] *= s_v_scale[n * 8 + (lane % 4) * 2 + (e & 1)];
+        }
+      }
     }
 
     // O += P V, P straight from the score registers (C layout == A layout pairwise).
@@ -346,10 +465,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kI8>
 cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_len,
                                  cudaStream_t stream) {
-  constexpr int kSmem = prefill_smem_bytes<D>();
+  constexpr int kSmem = prefill_smem_bytes<D, kI8>();
   // The dynamic shared-memory limit is an attribute of the kernel on each device
   // (cudaFuncSetAttribute applies to the current one): set once per device. Set once per
   // process, a model split over GPUs launched this kernel on its second GPU with the default
@@ -363,7 +482,7 @@ cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_
     std::lock_guard<std::mutex> lock(mutex);
     if (!attribute_set[device]) {
       const cudaError_t e = cudaFuncSetAttribute(
-          prefill_attention_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+          prefill_attention_kernel<T, D, kI8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       if (e != cudaSuccess) return e;
       attribute_set[device] = true;
     }
@@ -371,20 +490,20 @@ cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_
   const int64_t rows = int64_t{max_q_len} * args.group;
   const dim3 grid(static_cast<unsigned>((rows + rows_per_cta<D>() - 1) / rows_per_cta<D>()),
                   args.num_seqs, args.num_kv_heads);
-  prefill_attention_kernel<T, D><<<grid, kPrefillThreads, kSmem, stream>>>(args);
+  prefill_attention_kernel<T, D, kI8><<<grid, kPrefillThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }
 
-template <typename T>
+template <typename T, bool kI8>
 cudaError_t launch_prefill_dim(const AttentionKernelArgs& args, int32_t head_dim, int32_t max_q_len,
                                cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return launch_prefill_typed<T, 64>(args, max_q_len, stream);
+      return launch_prefill_typed<T, 64, kI8>(args, max_q_len, stream);
     case 128:
-      return launch_prefill_typed<T, 128>(args, max_q_len, stream);
+      return launch_prefill_typed<T, 128, kI8>(args, max_q_len, stream);
     case 256:
-      return launch_prefill_typed<T, 256>(args, max_q_len, stream);
+      return launch_prefill_typed<T, 256, kI8>(args, max_q_len, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -392,10 +511,14 @@ cudaError_t launch_prefill_dim(const AttentionKernelArgs& args, int32_t head_dim
 
 }  // namespace
 
-cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
-                                     int32_t max_q_len, cudaStream_t stream) {
-  return bf16 ? launch_prefill_dim<__nv_bfloat16>(args, head_dim, max_q_len, stream)
-              : launch_prefill_dim<__half>(args, head_dim, max_q_len, stream);
+cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, bool kv_int8,
+                                     int32_t head_dim, int32_t max_q_len, cudaStream_t stream) {
+  if (kv_int8) {
+    return bf16 ? launch_prefill_dim<__nv_bfloat16, true>(args, head_dim, max_q_len, stream)
+                : launch_prefill_dim<__half, true>(args, head_dim, max_q_len, stream);
+  }
+  return bf16 ? launch_prefill_dim<__nv_bfloat16, false>(args, head_dim, max_q_len, stream)
+              : launch_prefill_dim<__half, false>(args, head_dim, max_q_len, stream);
 }
 
 }  // namespace kvp::cuda::detail

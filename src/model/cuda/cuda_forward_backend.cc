@@ -52,16 +52,40 @@ KvLayout CudaForwardBackend::group_layout(int32_t group, int32_t num_blocks, int
 }
 
 Status CudaForwardBackend::check_kv_dtype(DType dtype) const {
-  if (dtype == DType::BF16 || dtype == DType::F16) return Status::ok();
-  if (dtype == DType::I8) {
-    return Status::unsupported(
-        "KV dtype int8 is not supported by the cuda backend yet: the CUDA int8 KV path (quantising "
-        "KV write, int8 attention kernels) is not built; use bf16 or f16, or int8 on the cpu "
-        "backend");
-  }
-  return Status::invalid_argument("KV dtype {} is not supported by the cuda backend (bf16, f16)",
-                                  dtype_name(dtype));
+  // int8: the runner's K/V rows stay bf16 and are quantised by the KV write; attention reads the
+  // int8 pool with bf16 queries (CudaModelRunner::forward)
+  if (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::I8) return Status::ok();
+  return Status::invalid_argument(
+      "KV dtype {} is not supported by the cuda backend (bf16, f16, int8)", dtype_name(dtype));
 }
+
+namespace {
+
+// Copies `num_runs` head runs (cache/kv_layout.h: block_size rows, then the f16 scales for int8)
+// between a pool of head dim src_dim and one of dst_dim: rows are cut to dst_dim or extended
+// with the zeros already in dst; int8 scales carry over (pad lanes are zero, so a padded row's
+// scale is its logical row's).
+void copy_head_runs(const std::byte* src, int32_t src_dim, std::byte* dst, int32_t dst_dim,
+                    size_t num_runs, int32_t block_size, DType dtype) {
+  const size_t elem = dtype_size_bytes(dtype);
+  const size_t scale_bytes = dtype == DType::I8 ? 2 * static_cast<size_t>(block_size) : 0;
+  const size_t src_run = static_cast<size_t>(block_size) * src_dim * elem + scale_bytes;
+  const size_t dst_run = static_cast<size_t>(block_size) * dst_dim * elem + scale_bytes;
+  const size_t row_bytes = static_cast<size_t>(std::min(src_dim, dst_dim)) * elem;
+  for (size_t r = 0; r < num_runs; ++r) {
+    const std::byte* s = src + r * src_run;
+    std::byte* d = dst + r * dst_run;
+    for (int32_t t = 0; t < block_size; ++t) {
+      std::memcpy(d + t * dst_dim * elem, s + t * src_dim * elem, row_bytes);
+    }
+    if (scale_bytes > 0) {
+      std::memcpy(d + static_cast<size_t>(block_size) * dst_dim, s + src_run - scale_bytes,
+                  scale_bytes);
+    }
+  }
+}
+
+}  // namespace
 
 Status CudaForwardBackend::allocate_kv(std::span<const KvLayout> layouts) {
   if (static_cast<int32_t>(layouts.size()) != num_cache_groups()) {
@@ -161,14 +185,10 @@ Status CudaForwardBackend::read_blocks(int32_t group, std::span<const BlockId> b
     parallel_memcpy(image.data(), staging_.data(), image.size());
     return Status::ok();
   }
-  // [rows of head vectors]: drop each row's pad lanes
-  const size_t elem = dtype_size_bytes(logical.dtype);
-  const size_t rows = blocks.size() * logical.block_size_bytes() / (logical.head_dim * elem);
-  const std::byte* src = staging_.as<const std::byte>();
-  for (size_t r = 0; r < rows; ++r) {
-    std::memcpy(image.data() + r * logical.head_dim * elem, src + r * device.head_dim * elem,
-                logical.head_dim * elem);
-  }
+  // [head runs]: drop each row's pad lanes
+  const size_t runs = blocks.size() * logical.num_layers * 2 * logical.num_kv_heads;
+  copy_head_runs(staging_.as<const std::byte>(), device.head_dim, image.data(), logical.head_dim,
+                 runs, logical.block_size, logical.dtype);
   return Status::ok();
 }
 
@@ -195,14 +215,10 @@ Status CudaForwardBackend::write_blocks(int32_t group, std::span<const BlockId> 
   if (device.head_dim == logical.head_dim) {
     parallel_memcpy(staging_.data(), image.data(), image.size());
   } else {
-    const size_t elem = dtype_size_bytes(logical.dtype);
-    const size_t rows = blocks.size() * logical.block_size_bytes() / (logical.head_dim * elem);
-    std::byte* dst = staging_.as<std::byte>();
-    std::memset(dst, 0, rows * device.head_dim * elem);
-    for (size_t r = 0; r < rows; ++r) {
-      std::memcpy(dst + r * device.head_dim * elem, image.data() + r * logical.head_dim * elem,
-                  logical.head_dim * elem);
-    }
+    std::memset(staging_.data(), 0, blocks.size() * device.block_size_bytes());
+    const size_t runs = blocks.size() * logical.num_layers * 2 * logical.num_kv_heads;
+    copy_head_runs(image.data(), logical.head_dim, staging_.as<std::byte>(), device.head_dim, runs,
+                   logical.block_size, logical.dtype);
   }
   KVP_RETURN_IF_ERROR(pools_[group].copy_blocks_from_host(staging_, blocks, runner_->stream()));
   return cuda_status(cudaStreamSynchronize(runner_->stream()), "cudaStreamSynchronize");
@@ -212,10 +228,12 @@ Status CudaForwardBackend::fill_kv_random(uint64_t seed) {
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
   for (size_t g = 0; g < pools_.size(); ++g) {
     const KvLayout& layout = pools_[g].layout();
-    KVP_RETURN_IF_ERROR(cuda_status(
-        detail::launch_fill_uniform(pools_[g].slab(), layout.dtype == DType::BF16,
-                                    layout.size_elems(), seed + g, -1.0f, 1.0f, runner_->stream()),
-        "fill_uniform_kernel"));
+    // int8: the slab's bytes as f16 values in [-1, 1): int8 values and f16 scales both bounded
+    const int64_t count = layout.dtype == DType::I8 ? layout.size_elems() / 2 : layout.size_elems();
+    KVP_RETURN_IF_ERROR(
+        cuda_status(detail::launch_fill_uniform(pools_[g].slab(), layout.dtype == DType::BF16,
+                                                count, seed + g, -1.0f, 1.0f, runner_->stream()),
+                    "fill_uniform_kernel"));
   }
   return cuda_status(cudaStreamSynchronize(runner_->stream()), "cudaStreamSynchronize");
 }

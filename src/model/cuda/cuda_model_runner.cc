@@ -390,7 +390,7 @@ Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceK
     const KvLayout& layout = pools[g].layout();
     if (layout.num_layers != static_cast<int32_t>(group_layers_[g].size()) ||
         layout.num_kv_heads != spec_.num_kv_heads || layout.head_dim != padded_head_dim_ ||
-        (layout.dtype != DType::BF16 && layout.dtype != DType::F16)) {
+        (layout.dtype != DType::BF16 && layout.dtype != DType::F16 && layout.dtype != DType::I8)) {
       return Status::invalid_argument(
           "cuda forward: KV pool of cache group {} does not fit the "
           "model (allocate_kv first)",
@@ -747,6 +747,8 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
   const int64_t qkv_dim = int64_t{spec_.num_q_heads + 2 * spec_.num_kv_heads} * spec_.head_dim;
   const float eps = spec_.rms_norm_eps;
   const DType kv_dtype = shape.kv_dtype;
+  // q, the new K/V rows and the attention output: bf16, or f16 with an f16 pool
+  const DType act_dtype = kv_dtype == DType::F16 ? DType::F16 : DType::BF16;
   const auto T = static_cast<int32_t>(num_tokens);
 
   KVP_RETURN_IF_ERROR(
@@ -778,7 +780,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     qa.head_dim = spec_.head_dim;
     qa.padded_head_dim = padded_head_dim_;
     qa.eps = eps;
-    qa.out_bf16 = kv_dtype == DType::BF16;
+    qa.out_bf16 = act_dtype == DType::BF16;
     qa.q = q_.data();
     qa.k = k_.data();
     qa.v = v_.data();
@@ -791,7 +793,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     write.slot_mapping =
         reinterpret_cast<const int64_t*>(meta_device_.as<const std::byte>() + slot_offset[g]);
     write.num_tokens = T;
-    KVP_RETURN_IF_ERROR(launch_kv_write(kv, write, stream_));
+    KVP_RETURN_IF_ERROR(launch_kv_write(kv, write, act_dtype, stream_));  // int8: quantises
     AttentionParams params;
     params.num_q_heads = spec_.num_q_heads;
     params.scale = spec_.attention_scale;
@@ -806,7 +808,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     ab.max_blocks_per_seq = shape.max_blocks[g];
     ab.max_q_len = max_q_len;
     ab.max_kv_len = max_kv_len;
-    KVP_RETURN_IF_ERROR(paged_attention(params, ab, kv, q_.data(), kv_dtype, attn_.data(),
+    KVP_RETURN_IF_ERROR(paged_attention(params, ab, kv, q_.data(), act_dtype, attn_.data(),
                                         attention_workspace_, stream_));
     const void* attn_bf16 = attn_.data();
     if (kv_dtype == DType::F16) {

@@ -2,16 +2,21 @@
 // block copies in one launch, block moves to and from pinned host memory, each against the
 // expected slab computed on the host from the layout formulas (cache/kv_layout.h).
 #include <cuda_runtime_api.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/kv_pool.h"
 #include "backend/gpu/gpu_test_support.h"
+#include "cache/kv_quant.h"
 #include "support/tensor_check.h"
 
 namespace kvp::cuda {
@@ -87,6 +92,101 @@ TEST_F(CudaKvPool, KvWritePlacesRowsInTheirSlotsAndSkipsNegativeSlots) {
     const Status bad = kv_write(pool.layer(layer), write, slots.data(), nullptr);
     EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument) << bad.to_string();
   }
+}
+
+// The quantising write's bytes (int8 values and f16 scales) equal quantize_kv_int8 on the host
+// for the same rows widened to f32, bit for bit: random rows of random magnitude, an all-zero
+// row, rows holding a NaN, an infinity, values near the f16 and bf16 limits and tiny ones (f16
+// subnormal scales), bf16 and f16 rows, two head dims and block sizes.
+TEST_F(CudaKvPool, Int8KvWriteMatchesHostQuantisationBitForBit) {
+  for (const auto& [row_dtype, head_dim, block_size] :
+       std::vector<std::tuple<DType, int32_t, int32_t>>{
+           {DType::BF16, 128, 16}, {DType::F16, 64, 32}, {DType::BF16, 256, 8}}) {
+    SCOPED_TRACE(fmt::format("{} rows, head dim {}, block size {}", dtype_name(row_dtype), head_dim,
+                             block_size));
+    const int32_t num_blocks = 7, num_heads = 3, layer = 1;
+    const KvLayout layout{2, num_blocks, num_heads, block_size, head_dim, DType::I8};
+    Result<DeviceKvPool> pool = DeviceKvPool::create(layout);
+    ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+    KVP_ASSERT_CUDA(cudaMemset(pool->slab(), 0, layout.size_bytes()));
+    std::vector<uint8_t> expected(layout.size_bytes(), 0);
+
+    const int32_t num_tokens = num_blocks * block_size - 3;
+    const size_t row_elems = size_t{num_heads} * head_dim;
+    const size_t elem = dtype_size_bytes(row_dtype);
+    std::vector<uint8_t> k(num_tokens * row_elems * elem), v(k.size());
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f), exponent(-20.0f, 14.0f);
+    const float big = row_dtype == DType::F16 ? 65504.0f : 3.0e38f;
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    for (std::vector<uint8_t>* rows : {&k, &v}) {
+      for (size_t r = 0; r < num_tokens * size_t{num_heads}; ++r) {
+        const float magnitude = std::exp2(exponent(rng_));
+        for (int32_t d = 0; d < head_dim; ++d) {
+          float x = magnitude * unit(rng_);
+          if (r == 5) x = 0.0f;                 // all-zero row
+          if (r == 7 && d == 3) x = nan;        // NaN element
+          if (r == 8 && d == 0) x = -inf;       // infinite element
+          if (r == 9) x = big * unit(rng_);     // near the format's limit
+          if (r == 10) x = 1e-7f * unit(rng_);  // subnormal f16 scale
+          store_from_f32(rows->data(), row_dtype, r * head_dim + d, x);
+        }
+      }
+    }
+    std::vector<int64_t> slots(size_t{num_blocks} * block_size);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(slots.begin(), slots.end(), rng_);
+    slots.resize(num_tokens);
+    slots[2] = -1;
+    std::vector<float> x(head_dim);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      if (slots[t] < 0) continue;
+      const auto block = static_cast<int32_t>(slots[t] / block_size);
+      const auto in_block = static_cast<int32_t>(slots[t] % block_size);
+      for (int32_t h = 0; h < num_heads; ++h) {
+        for (int32_t kv = 0; kv < 2; ++kv) {
+          const auto& src = kv == 0 ? k : v;
+          for (int32_t d = 0; d < head_dim; ++d) {
+            x[d] = load_as_f32(src.data(), row_dtype, (t * row_elems) + h * head_dim + d);
+          }
+          F16 scale;
+          quantize_kv_int8(x.data(), head_dim,
+                           reinterpret_cast<int8_t*>(
+                               expected.data() + layout.elem_offset(layer, block, kv, h, in_block)),
+                           &scale);
+          std::memcpy(expected.data() + layout.scale_offset(layer, block, kv, h, in_block), &scale,
+                      sizeof scale);
+        }
+      }
+    }
+    DeviceBuffer d_k = to_device(k), d_v = to_device(v), d_slots = to_device(slots);
+    KvWrite write{d_k.data(), d_v.data(), d_slots.as<int64_t>(), num_tokens};
+    const Status s = kv_write(pool->layer(layer), write, slots.data(), row_dtype, nullptr);
+    ASSERT_TRUE(s.is_ok()) << s.to_string();
+    KVP_ASSERT_CUDA(cudaDeviceSynchronize());
+    const std::vector<uint8_t> got = to_host<uint8_t>(pool->slab(), expected.size());
+    size_t mismatches = 0, first = got.size();
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] != expected[i]) {
+        ++mismatches;
+        first = std::min(first, i);
+      }
+    }
+    EXPECT_EQ(mismatches, 0u) << "first differing byte " << first << " of " << got.size()
+                              << (first < got.size()
+                                      ? fmt::format(": got {} want {}", int{got[first]},
+                                                    int{expected[first]})
+                                      : std::string());
+  }
+}
+
+TEST_F(CudaKvPool, Int8KvWriteRefusesRowsOfAnotherDtype) {
+  const KvLayout layout{1, 2, 1, 16, 64, DType::I8};
+  Result<DeviceKvPool> pool = DeviceKvPool::create(layout);
+  ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
+  KvWrite write;
+  const Status s = kv_write(pool->layer(0), write, nullptr, DType::F32, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
 }
 
 TEST_F(CudaKvPool, CopyBlocksCopiesEveryLayerInOneBatch) {

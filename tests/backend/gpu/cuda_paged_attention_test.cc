@@ -2,6 +2,8 @@
 // on fresh random inputs: block sizes, head dims, GQA ratios, query lengths, kv_len at block
 // multiples +-1, windows, soft cap, mixed batches, long contexts (split-KV), shuffled block
 // tables. The output is poisoned with NaN first, so an unwritten element fails the check.
+// int8 KV: the pool is written on the device by the quantising KV write (rows of random
+// magnitude, so scales differ row to row), copied back, and the reference runs on those bytes.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "backend/attention.h"
+#include "backend/cuda/kv_pool.h"
 #include "backend/cuda/paged_attention.h"
 #include "backend/gpu/gpu_test_support.h"
 #include "support/tensor_check.h"
@@ -37,7 +40,8 @@ struct Case {
   int32_t num_kv_heads = 2;
   int32_t head_dim = 128;
   int32_t block_size = 16;
-  DType dtype = DType::BF16;
+  DType dtype = DType::BF16;    // KV
+  DType q_dtype = DType::BF16;  // q and out when dtype is int8 (else dtype)
   float soft_cap = 0.0f;
   int32_t window = 0;
   std::vector<SeqSpec> seqs;
@@ -47,11 +51,46 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-  std::string s = fmt::format("q_heads {} kv_heads {} D {} block {} {} cap {} window {} seqs",
-                              c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size,
-                              dtype_name(c.dtype), c.soft_cap, c.window);
+  std::string s = fmt::format(
+      "q_heads {} kv_heads {} D {} block {} {}{} cap {} window {} seqs", c.num_q_heads,
+      c.num_kv_heads, c.head_dim, c.block_size, dtype_name(c.dtype),
+      c.dtype == DType::I8 ? fmt::format(" (q {})", dtype_name(c.q_dtype)) : std::string(),
+      c.soft_cap, c.window);
   for (const SeqSpec& q : c.seqs) s += fmt::format(" ({},{})", q.q_len, q.kv_len);
   return s;
+}
+
+// An int8 pool of `layout` (one layer) written by cuda::kv_write from random rows of row_dtype,
+// every slot of every block: row r of K (V) is uniform in [-m_r, m_r) with m_r = 2^u, u uniform
+// in [-3, 3).
+DeviceBuffer write_int8_pool(const KvLayout& layout, DType row_dtype, std::mt19937_64& rng) {
+  const int64_t num_slots = int64_t{layout.num_blocks} * layout.block_size;
+  const int64_t row_elems = int64_t{layout.num_kv_heads} * layout.head_dim;
+  const size_t elem = dtype_size_bytes(row_dtype);
+  std::vector<uint8_t> k(num_slots * row_elems * elem), v(k.size());
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f), exponent(-3.0f, 3.0f);
+  for (std::vector<uint8_t>* rows : {&k, &v}) {
+    for (int64_t r = 0; r < num_slots * layout.num_kv_heads; ++r) {
+      const float magnitude = std::exp2(exponent(rng));
+      for (int32_t d = 0; d < layout.head_dim; ++d) {
+        store_from_f32(rows->data(), row_dtype, r * layout.head_dim + d, magnitude * unit(rng));
+      }
+    }
+  }
+  std::vector<int64_t> slots(num_slots);
+  std::iota(slots.begin(), slots.end(), int64_t{0});
+  DeviceBuffer d_slab = DeviceBuffer::allocate(layout.size_bytes()).value();
+  DeviceBuffer d_k = to_device(k), d_v = to_device(v), d_slots = to_device(slots);
+  KvWrite write;
+  write.k = d_k.data();
+  write.v = d_v.data();
+  write.slot_mapping = d_slots.as<int64_t>();
+  write.num_tokens = static_cast<int32_t>(num_slots);
+  const Status status = kv_write(paged_kv_for_layer(layout, d_slab.data(), 0), write, slots.data(),
+                                 row_dtype, nullptr);
+  EXPECT_TRUE(status.is_ok()) << status.to_string();
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return d_slab;
 }
 
 // Builds random inputs, runs the reference and the GPU, and checks the GPU output.
@@ -95,12 +134,20 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   }
 
   KvLayout layout{1, num_blocks, c.num_kv_heads, c.block_size, c.head_dim, c.dtype};
-  const size_t elem = dtype_size_bytes(c.dtype);
+  const DType q_dtype = c.dtype == DType::I8 ? c.q_dtype : c.dtype;
+  const size_t elem = dtype_size_bytes(q_dtype);
   std::vector<uint8_t> slab(layout.size_bytes());
-  kvp::testing::fill_random(slab.data(), c.dtype, static_cast<size_t>(layout.size_elems()), rng);
+  DeviceBuffer d_slab;
+  if (c.dtype == DType::I8) {
+    d_slab = write_int8_pool(layout, q_dtype, rng);
+    slab = to_host<uint8_t>(d_slab.data(), layout.size_bytes());
+  } else {
+    kvp::testing::fill_random(slab.data(), c.dtype, static_cast<size_t>(layout.size_elems()), rng);
+    d_slab = to_device(slab);
+  }
   const size_t q_elems = static_cast<size_t>(num_tokens) * c.num_q_heads * c.head_dim;
   std::vector<uint8_t> q(q_elems * elem), ref(q_elems * elem);
-  kvp::testing::fill_random(q.data(), c.dtype, q_elems, rng, -2.0f, 2.0f);
+  kvp::testing::fill_random(q.data(), q_dtype, q_elems, rng, -2.0f, 2.0f);
 
   AttentionBatch host_batch;
   host_batch.num_seqs = num_seqs;
@@ -113,9 +160,8 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   host_batch.max_kv_len = max_kv;
   const PagedKv host_kv = paged_kv_for_layer(layout, slab.data(), 0);
   ASSERT_TRUE(check_attention_args(params, host_batch, host_kv).is_ok());
-  reference_paged_attention(params, host_batch, host_kv, q.data(), c.dtype, ref.data());
+  reference_paged_attention(params, host_batch, host_kv, q.data(), q_dtype, ref.data());
 
-  DeviceBuffer d_slab = to_device(slab);
   DeviceBuffer d_q = to_device(q);
   DeviceBuffer d_out = DeviceBuffer::allocate(q_elems * elem + 16).value();
   DeviceBuffer d_start = to_device(query_start);
@@ -132,14 +178,14 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   for (int call = 0; call < 2; ++call) {
     KVP_ASSERT_CUDA(cudaMemset(d_out.data(), 0xff, q_elems * elem));  // NaN in bf16 and f16
     const Status status = paged_attention_checked(params, batch, host_batch, kv, d_q.data(),
-                                                  c.dtype, d_out.data(), workspace, nullptr);
+                                                  q_dtype, d_out.data(), workspace, nullptr);
     ASSERT_TRUE(status.is_ok()) << status.to_string();
     KVP_ASSERT_CUDA(cudaDeviceSynchronize());
     const std::vector<uint8_t> out = to_host<uint8_t>(d_out.data(), q_elems * elem);
     const kvp::testing::TensorDiff diff =
-        kvp::testing::compare(out.data(), c.dtype, ref.data(), c.dtype, q_elems);
+        kvp::testing::compare(out.data(), q_dtype, ref.data(), q_dtype, q_elems);
     std::printf("%s call %d: %s\n", describe(c).c_str(), call, diff.describe().c_str());
-    const double tolerance = c.dtype == DType::BF16 ? 1e-2 : 5e-3;
+    const double tolerance = q_dtype == DType::BF16 ? 1e-2 : 5e-3;
     EXPECT_EQ(diff.non_finite, 0u) << "call " << call << ": " << diff.describe();
     EXPECT_LE(diff.relative_error, tolerance) << "call " << call << ": " << diff.describe();
   }
@@ -178,6 +224,39 @@ INSTANTIATE_TEST_SUITE_P(
       return fmt::format("block{}_d{}_gqa{}_q{}", std::get<0>(info.param), std::get<1>(info.param),
                          std::get<2>(info.param), std::get<3>(info.param));
     });
+
+// ---- int8 KV: block sizes 16 and 32 x head dim x GQA 1 and 4 x query length ----
+
+class PagedAttentionInt8Matrix : public GpuTest,
+                                 public ::testing::WithParamInterface<MatrixParam> {};
+
+TEST_P(PagedAttentionInt8Matrix, MatchesReferenceOnTheWrittenPool) {
+  const auto [block_size, head_dim, group, q_len] = GetParam();
+  std::mt19937_64 rng(
+      std::hash<std::string>{}(::testing::UnitTest::GetInstance()->current_test_info()->name()) ^
+      std::random_device{}());
+  Case c;
+  c.dtype = DType::I8;
+  c.num_kv_heads = 2;
+  c.num_q_heads = 2 * group;
+  c.head_dim = head_dim;
+  c.block_size = block_size;
+  for (int32_t kv : {block_size - 1, block_size, block_size + 1, 2 * block_size + 1, 300}) {
+    c.seqs.push_back({q_len, std::max(q_len, kv)});
+  }
+  c.seqs.push_back({q_len, q_len});
+  run_case(c, rng);
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, PagedAttentionInt8Matrix,
+                         ::testing::Combine(::testing::Values(16, 32),
+                                            ::testing::Values(64, 128, 256),
+                                            ::testing::Values(1, 4), ::testing::Values(1, 3, 64)),
+                         [](const ::testing::TestParamInfo<MatrixParam>& info) {
+                           return fmt::format("block{}_d{}_gqa{}_q{}", std::get<0>(info.param),
+                                              std::get<1>(info.param), std::get<2>(info.param),
+                                              std::get<3>(info.param));
+                         });
 
 // ---- targeted cases ----
 
@@ -321,6 +400,72 @@ TEST_F(PagedAttentionArgs, RejectsBadArgumentsBeforeLaunching) {
   s = paged_attention_checked(params, dev, other, kv, q.data(), DType::BF16, out.data(), ws,
                               nullptr);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+}
+
+TEST_F(PagedAttention, Int8MixedBatchOfDecodePrefillAndEmptyQueries) {
+  Case c;
+  c.dtype = DType::I8;
+  c.num_q_heads = 32;
+  c.num_kv_heads = 8;
+  c.seqs = {{1, 700}, {64, 64}, {0, 5}, {3, 129}, {1, 1}, {37, 300}, {1, 4097}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, Int8WindowWithReleasedBlocks) {
+  for (int32_t window : {5, 40}) {
+    for (int32_t q_len : {1, 3, 64}) {
+      Case c;
+      c.dtype = DType::I8;
+      c.window = window;
+      c.block_size = 16;
+      c.release_blocks_behind_window = true;
+      c.seqs = {{q_len, 200}, {q_len, std::max(q_len, 17)}, {q_len, q_len}};
+      run_case(c, rng_);
+    }
+  }
+}
+
+TEST_F(PagedAttention, Int8SoftCapWithWindowAndGqa) {
+  Case c;
+  c.dtype = DType::I8;
+  c.num_q_heads = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = 256;
+  c.soft_cap = 5.0f;
+  c.window = 33;
+  c.block_size = 32;
+  c.seqs = {{1, 300}, {64, 400}, {3, 3}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, Int8KvWithF16Queries) {
+  Case c;
+  c.dtype = DType::I8;
+  c.q_dtype = DType::F16;
+  c.seqs = {{1, 1000}, {64, 200}, {3, 40}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, Int8LongContextDecodeSplitsKvAndPrefillChunk) {
+  Case c;
+  c.dtype = DType::I8;
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.seqs = {{1, 32768}, {1, 16385}, {1, 31}, {64, 20000}};
+  run_case(c, rng_);
+}
+
+TEST_F(PagedAttention, Int8RefusesBlockSizesNotAMultipleOf8) {
+  const KvLayout layout{1, 4, 2, 12, 128, DType::I8};
+  DeviceBuffer slab = DeviceBuffer::allocate(layout.size_bytes()).value();
+  AttentionParams params;
+  params.num_q_heads = 8;
+  AttentionBatch batch;
+  const Status s = paged_attention(params, batch, paged_kv_for_layer(layout, slab.data(), 0),
+                                   nullptr, DType::BF16, nullptr, nullptr);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
+  EXPECT_EQ(DeviceKvPool::create(KvLayout{1, 4, 2, 12, 128, DType::I8}).status().code(),
+            StatusCode::kUnsupported);
 }
 
 }  // namespace

@@ -334,6 +334,72 @@ TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyModel,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
 
+// int8 KV on both sides: the CUDA backend (bf16 K/V rows quantised by the KV write, int8
+// attention kernels) against the CPU runner's int8 pool (f32 rows quantised), all prompts in one
+// batch, prefill then 31 decode steps fed with transformers' greedy tokens. Every step's GPU
+// argmax must equal the CPU int8 runner's unless the CPU's top-2 margin marks a near-tie, and
+// the logits must agree within the bf16 tolerance.
+class CudaInt8Kv : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaInt8Kv, TeacherForcedMatchesTheCpuInt8Runner) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny(GetParam());
+  const int32_t n = static_cast<int32_t>(probe.prompts.size());
+  const int32_t new_tokens = static_cast<int32_t>(probe.greedy[0].size());
+  int32_t max_len = 0;
+  for (const auto& p : probe.prompts) max_len = std::max<int32_t>(max_len, p.size() + new_tokens);
+  Tables t(groups_of(probe.spec), n, max_len, 16, 23);
+  Pair pair(GetParam(), t, DType::I8, DType::I8);
+  const int32_t vocab = pair.vocab();
+  std::vector<int32_t> seqs(n), cached(n, 0);
+  std::iota(seqs.begin(), seqs.end(), 0);
+  Step prefill(t, seqs, probe.prompts, cached);
+  auto gpu = pair.run_gpu(prefill);
+  auto cpu = pair.run_cpu(prefill);
+  double worst_err = relative_error(gpu, cpu);
+  std::vector<size_t> last_row(n);
+  for (int32_t i = 0; i < n; ++i) {
+    last_row[i] = prefill.query_start[i + 1] - 1;
+    cached[i] = static_cast<int32_t>(probe.prompts[i].size());
+  }
+  int32_t agree = 0, agree_hf = 0, total = 0;
+  for (int32_t step = 0; step < new_tokens; ++step) {
+    for (int32_t i = 0; i < n; ++i) {
+      const auto g = masked(std::span(gpu).subspan(last_row[i] * vocab, vocab), probe.spec);
+      const auto c = masked(std::span(cpu).subspan(last_row[i] * vocab, vocab), probe.spec);
+      ++total;
+      agree_hf += argmax(g) == probe.greedy[i][step];
+      if (argmax(g) == argmax(c)) {
+        ++agree;
+      } else {
+        const float margin = top2_margin(c);
+        EXPECT_LT(margin, kNearTieMargin)
+            << GetParam() << " prompt " << i << " step " << step << ": gpu picks " << argmax(g)
+            << ", cpu int8 " << argmax(c) << ", cpu margin " << margin;
+      }
+    }
+    if (step + 1 == new_tokens) break;
+    std::vector<std::vector<int32_t>> next(n);
+    for (int32_t i = 0; i < n; ++i) next[i] = {probe.greedy[i][step]};
+    Step s(t, seqs, next, cached);
+    gpu = pair.run_gpu(s);
+    cpu = pair.run_cpu(s);
+    worst_err = std::max(worst_err, relative_error(gpu, cpu));
+    for (int32_t i = 0; i < n; ++i) {
+      last_row[i] = i;
+      cached[i] += 1;
+    }
+  }
+  std::printf(
+      "[ int8 kv ] %s: %d/%d greedy steps agree with the cpu int8 runner, %d/%d with "
+      "transformers (f32 KV); worst step rel err vs cpu int8 %.3e\n",
+      GetParam(), agree, total, agree_hf, total, worst_err);
+  EXPECT_LT(worst_err, kBf16LogitTolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaInt8Kv,
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
+
 // A prefill and a decode in one batch give each sequence's logits as when it runs alone.
 class CudaMixedBatch : public ::testing::TestWithParam<const char*> {};
 
@@ -625,6 +691,7 @@ TEST(CudaForwardBackendErrors, KvDtypeF32IsRefusedAndF16Runs) {
   ForwardBackend& gpu = **backend;
   EXPECT_TRUE(gpu.check_kv_dtype(DType::BF16).is_ok());
   EXPECT_TRUE(gpu.check_kv_dtype(DType::F16).is_ok());
+  EXPECT_TRUE(gpu.check_kv_dtype(DType::I8).is_ok());
   const Status st = gpu.check_kv_dtype(DType::F32);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("f32"), std::string::npos) << st.message();
