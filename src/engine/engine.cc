@@ -900,46 +900,6 @@ bool Engine::completes_stop_string(RequestState& r, SeqId sid, int32_t token_id)
   return false;
 }
 
-EngineStats Engine::stats() const {
-  EngineStats s = stats_;
-  s.num_running = static_cast<int32_t>(running_.size());
-  s.num_waiting = static_cast<int32_t>(waiting_.size());
-  const BlockAllocator& a = cache_->allocator(0);
-  s.num_blocks_total = a.num_blocks();
-  s.num_blocks_used = a.num_blocks() - a.num_available();
-  return s;
-}
-
-std::vector<EngineSessionInfo> Engine::sessions() const {
-  std::vector<EngineSessionInfo> out;
-  for (const auto& [name, session] : sessions_) {
-    EngineSessionInfo info;
-    info.name = name;
-    info.num_tokens = static_cast<int32_t>(session->tokens.size());
-    info.tier = session->tier();
-    info.num_kv_tokens = session->num_computed;
-    if (session->busy_seq && sequences_.contains(*session->busy_seq)) {
-      const Sequence& s = *sequences_.at(*session->busy_seq);
-      if (s.resident) {
-        info.tier = SessionTier::kDevice;
-        info.num_kv_tokens = s.num_computed;
-      }
-    }
-    info.num_resident_tokens = info.tier == SessionTier::kDevice ? info.num_kv_tokens : 0;
-    info.busy = session->busy;
-    info.num_turns = session->num_turns;
-    info.num_resumed_tokens = session->num_resumed_tokens;
-    info.num_evictions = session->num_evictions;
-    info.num_moves_to_host = session->num_moves_to_host;
-    info.num_moves_to_disk = session->num_moves_to_disk;
-    info.num_restores = session->num_restores;
-    info.host_bytes = session->host ? session->host->size_bytes : 0;
-    info.disk_bytes = session->disk_bytes;
-    out.push_back(info);
-  }
-  return out;
-}
-
 Status Engine::delete_session(const std::string& name) {
   auto it = sessions_.find(name);
   if (it == sessions_.end()) return Status::not_found("session '{}' does not exist", name);
@@ -949,65 +909,6 @@ Status Engine::delete_session(const std::string& name) {
   drop_kv(*it->second);
   sessions_.erase(it);
   return Status::ok();
-}
-
-void Engine::check_integrity() const {
-  cache_->check_integrity();
-  int32_t resident = 0;
-  for (const auto& [id, s] : sequences_) {
-    if (!s->resident) continue;
-    ++resident;
-    KVP_CHECK(cache_->has_sequence(id), "sequence {} resident but unknown to the cache", id.value);
-    KVP_CHECK(cache_->num_tokens(id) == s->num_computed, "sequence {}: table {} vs computed {}",
-              id.value, cache_->num_tokens(id), s->num_computed);
-  }
-  uint64_t host_bytes = 0, disk_bytes = 0;
-  for (const auto& [name, session] : sessions_) {
-    const int held = int{session->resident.has_value()} + int{session->host != nullptr} +
-                     int{!session->file.empty()};
-    KVP_CHECK(held <= 1, "session '{}' holds its KV in {} tiers", name, held);
-    KVP_CHECK(held == 1 || session->num_computed == 0, "session '{}': {} KV tokens in no tier",
-              name, session->num_computed);
-    KVP_CHECK(session->num_computed <= static_cast<int32_t>(session->tokens.size()),
-              "session '{}': KV of {} tokens, history of {}", name, session->num_computed,
-              session->tokens.size());
-    if (session->host) {
-      KVP_CHECK(session->host->num_tokens == session->num_computed,
-                "session '{}': host copy of {} tokens, {} computed", name,
-                session->host->num_tokens, session->num_computed);
-      host_bytes += session->host->size_bytes;
-    }
-    // A spill file may be deleted, truncated or replaced by another process at any time: that
-    // is no broken invariant (restore_session finds out and recomputes), so only the engine's
-    // own accounting is checked here, never the file.
-    if (session->owns_file) disk_bytes += session->disk_bytes;
-    if (!session->resident) continue;
-    ++resident;
-    KVP_CHECK(cache_->num_tokens(*session->resident) == session->num_computed,
-              "session '{}': table {} vs computed {}", name, cache_->num_tokens(*session->resident),
-              session->num_computed);
-  }
-  KVP_CHECK(resident == cache_->num_sequences(), "{} resident sequences, cache holds {}", resident,
-            cache_->num_sequences());
-  for (const auto& wb : write_backs_) host_bytes += wb->kv->size_bytes;  // reserved
-  for (const auto& [id, r] : restoring_) {
-    KVP_CHECK(sequences_.count(id) > 0 && sequences_.at(id)->resident,
-              "sequence {} restoring but not resident", id.value);
-    if (r.charged) host_bytes += r.kv->size_bytes;
-  }
-  for (const auto& [id, kv] : swapped_) {
-    KVP_CHECK(sequences_.count(id) > 0 && !sequences_.at(id)->resident,
-              "swapped sequence {} is resident or unknown", id.value);
-    host_bytes += kv->size_bytes;
-  }
-  KVP_CHECK(host_bytes == stats_.host_tier_bytes_used, "host tier holds {} bytes, counted {}",
-            host_bytes, stats_.host_tier_bytes_used);
-  KVP_CHECK(disk_bytes == stats_.disk_tier_bytes_used, "disk tier holds {} bytes, counted {}",
-            disk_bytes, stats_.disk_tier_bytes_used);
-  KVP_CHECK(host_bytes <= config_.host_tier_bytes, "host tier holds {} bytes, budget {}",
-            host_bytes, config_.host_tier_bytes);
-  KVP_CHECK(disk_bytes <= config_.disk_tier_bytes, "disk tier holds {} bytes, budget {}",
-            disk_bytes, config_.disk_tier_bytes);
 }
 
 }  // namespace kvp
