@@ -74,6 +74,7 @@ struct Shared {
   double d[kWarps];
   uint32_t count[256];
   double mass[256];
+  float warp_bins[kWarps][256];  // each warp's mass histogram (no atomics across warps)
   double warp_mass[kWarps];
   int32_t eq_base[kWarps];
   uint32_t sel_prefix, sel_want, sel_neq;
@@ -138,9 +139,9 @@ __device__ Boundary radix_select(const float* s, int vocab, float m, double targ
   uint32_t neq = 0;
   for (int level = 0; level < 4; ++level) {
     const int shift = 24 - 8 * level;
-    for (int b = tid; b < 256; b += kThreads) {
-      sh.count[b] = 0;
-      if (kByMass) sh.mass[b] = 0.0;
+    for (int b = tid; b < 256; b += kThreads) sh.count[b] = 0;
+    if (kByMass) {
+      for (int b = lane; b < 256; b += 32) sh.warp_bins[warp][b] = 0.0f;
     }
     __syncthreads();
     // Counts matter at every level by count, and at the last by mass (the boundary's equals).
@@ -167,17 +168,26 @@ __device__ Boundary radix_select(const float* s, int vocab, float m, double targ
         const unsigned group = __ballot_sync(0xffffffffu, in);
         if (kByMass) {
           const float sum = warp_sum_f(in ? p : 0.0f);
-          if (lane == src && sum > 0.0f) atomicAdd(&sh.mass[b], static_cast<double>(sum));
+          if (lane == src) sh.warp_bins[warp][b] += sum;  // one writer: this round's bin
         }
         if (counting && lane == src) atomicAdd(&sh.count[b], static_cast<uint32_t>(__popc(group)));
         todo &= ~group;
       }
       if ((todo >> lane) & 1u) {
-        if (kByMass && p > 0.0f) atomicAdd(&sh.mass[bin], static_cast<double>(p));
+        if (kByMass && p > 0.0f) atomicAdd(&sh.warp_bins[warp][bin], p);
         if (counting) atomicAdd(&sh.count[bin], 1u);
       }
+      __syncwarp();
     }
     __syncthreads();
+    if (kByMass) {  // the warps' histograms, added in double
+      for (int b = tid; b < 256; b += kThreads) {
+        double sum = 0.0;
+        for (int w = 0; w < kWarps; ++w) sum += static_cast<double>(sh.warp_bins[w][b]);
+        sh.mass[b] = sum;
+      }
+      __syncthreads();
+    }
     if (warp == 0) {
       // lane l holds bins 255 - 8l down to 248 - 8l: lanes in most-likely-first order
       double w[8];
@@ -279,14 +289,15 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(Args a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const DeviceSampleRequest req = a.requests[blockIdx.x];
   const int vocab = a.vocab;
-  const float* raw = a.logits + size_t(req.logit_row) * vocab;
-  float* s = a.scratch + size_t(blockIdx.x) * vocab;
+  const float* __restrict__ raw = a.logits + size_t(req.logit_row) * vocab;
+  float* __restrict__ s = a.scratch + size_t(blockIdx.x) * vocab;
   const bool greedy = req.temperature == 0.0f;
   const float inv_t = greedy ? 1.0f : 1.0f / req.temperature;
   const bool edits = req.penalty_count > 0 || req.mask_count > 0;
 
   // A: log_z of the raw row; scratch
   float rm = neg_inf(), rs = 0.0f;
+#pragma unroll 4
   for (int i = tid; i < vocab; i += kThreads) {
     const float x = raw[i];
     if (x == x && x != neg_inf()) {
@@ -327,6 +338,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(Args a) {
   // C: max and argmax of the processed row
   float best = neg_inf();
   int best_i = INT_MAX;
+#pragma unroll 4
   for (int i = tid; i < vocab; i += kThreads) {
     const float x = s[i];
     if (x > best || (best_i == INT_MAX)) best = x, best_i = i;
@@ -353,6 +365,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(Args a) {
     // E: top-p over the top-k set (its most likely tokens come first in both orders)
     if (req.top_p < 1.0f) {
       double part = 0.0;
+#pragma unroll 4
       for (int i = tid; i < vocab; i += kThreads) {
         const float x = s[i];
         if (!kp.bounded || order_key(x) > bound.key) part += static_cast<double>(expf(x - m));
@@ -488,6 +501,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(Args a) {
   for (; n < want; ++n) {
     float bv = neg_inf();
     int bi = INT_MAX;
+#pragma unroll 4
     for (int i = tid; i < vocab; i += kThreads) {
       const float x = raw[i];
       if (x != x) continue;

@@ -89,9 +89,15 @@ std::vector<float> fixed_logits(int32_t vocab, uint64_t seed, float scale) {
   return l;
 }
 
-TokenHistory fixed_history() {
-  TokenHistory h(std::vector<int32_t>{3, 9, 17, 40, 41, 99});
-  for (int32_t t : {9, 9, 12, 200, 17}) h.add_output(t);
+// Prompt and output tokens among the row's most likely (so that penalties move a large share of
+// the mass) and a few others.
+TokenHistory fixed_history(const std::vector<float>& logits) {
+  std::vector<int32_t> ids(logits.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + 6, ids.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  TokenHistory h(std::vector<int32_t>{ids[0], ids[3], 17, 40, 41, 99});
+  for (int32_t t : {ids[1], ids[1], ids[2], ids[4], 17}) h.add_output(t);
   return h;
 }
 
@@ -221,7 +227,7 @@ TEST(CudaSampler, DistributionMatchesTheDefinitionAndTheCpuSampler) {
     const std::vector<float>& logits = rows[r];
     for (const Case& c : cases()) {
       SCOPED_TRACE(c.name + " row " + std::to_string(r));
-      const TokenHistory h = c.with_history ? fixed_history() : TokenHistory();
+      const TokenHistory h = c.with_history ? fixed_history(logits) : TokenHistory();
       const std::vector<double> want = expected_probs(logits, c.params, h);
       SamplerRng rng(1234 + r);
       std::vector<double> us(kDraws);
@@ -261,7 +267,7 @@ bool near_step(const std::vector<double>& probs, double u, double eps) {
 void expect_same_u_same_token(const std::vector<float>& logits, int draws, double eps) {
   for (const Case& c : cases()) {
     SCOPED_TRACE(c.name + " vocab " + std::to_string(logits.size()));
-    const TokenHistory h = c.with_history ? fixed_history() : TokenHistory();
+    const TokenHistory h = c.with_history ? fixed_history(logits) : TokenHistory();
     const std::vector<double> want = expected_probs(logits, c.params, h);
     SamplerRng rng(99);
     std::vector<double> us;
@@ -419,7 +425,7 @@ TEST(CudaSamplerTiming, PrintsMicrosecondsPerStep) {
   settings[3].name = "greedy, 20 logprobs";
   settings[3].p.temperature = 0.0f;
   settings[3].p.num_logprobs = 20;
-  const TokenHistory h = fixed_history();
+  const TokenHistory h = fixed_history(std::vector<float>(logits.begin(), logits.begin() + kVocab));
   cudaEvent_t start, stop;
   ASSERT_EQ(cudaEventCreate(&start), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&stop), cudaSuccess);
