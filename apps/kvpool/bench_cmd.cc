@@ -255,6 +255,12 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
                   "whole history every turn; default: sessions)");
   bench->add_option("--seed", b.seed, "seed of the synthetic prompts and lengths")
       ->capture_default_str();
+  bench->add_option("--temperature", b.temperature, "every request's temperature (0: greedy)")
+      ->check(CLI::Range(0.0f, 100.0f))
+      ->capture_default_str();
+  bench->add_option("--top-p", b.top_p, "every request's nucleus mass in (0, 1]")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
   bench
       ->add_option("--warmup", o->warmup,
                    "run the workload once unmeasured first: auto (on for cuda, off for cpu), on, "
@@ -308,12 +314,14 @@ int run_bench_command(BenchOptions o) {
   fmt::print(
       "kvpool bench: {} ({}, {} layers, vocab {}) on {}; engine: block size {}, {} blocks per "
       "group x {} group(s), KV {}, max {} seqs, {} tokens per step, prefix caching {}; {} "
-      "thread(s)\n",
+      "thread(s); sampling: temperature {}, top-p {} on the {}\n",
       random ? o.model.random_model + " with random weights" : o.model.model,
       architecture_name(spec.architecture), spec.num_layers, spec.vocab_size,
       (*backend)->device_name(), o.engine.block_size, o.engine.num_blocks,
       (*backend)->num_cache_groups(), dtype_name(o.engine.kv_dtype), o.engine.max_num_seqs,
-      o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off", num_threads);
+      o.engine.max_step_tokens, o.engine.prefix_caching ? "on" : "off", num_threads,
+      o.bench.temperature, o.bench.top_p,
+      o.engine.device_sampling && (*backend)->samples_on_device() ? "device" : "CPU");
   if (const std::string w = describe_weights(**backend); !w.empty()) fmt::print("{}\n", w);
 
   const bool warmup = o.warmup == "on" || (o.warmup == "auto" && o.model.device != "cpu");

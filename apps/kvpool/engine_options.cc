@@ -84,6 +84,9 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
       ->capture_default_str();
   cmd->add_flag("--prefix-caching,!--no-prefix-caching", o->prefix_caching,
                 "engine: prefix cache (default: on)");
+  cmd->add_flag("--device-sampling,!--cpu-sampling", o->device_sampling,
+                "engine: sample on the GPU where the backend can (--cpu-sampling: every sampled "
+                "row comes back to the CPU sampler; default: device)");
   cmd->add_option("--host-tier-bytes", o->host_tier,
                   "host memory for idle sessions' KV, e.g. 4GiB (0: no host tier)")
       ->capture_default_str();
@@ -251,6 +254,7 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
   config.max_num_seqs = o.max_seqs;
   config.max_step_tokens = o.step_tokens;
   config.prefix_caching = o.prefix_caching;
+  config.device_sampling = o.device_sampling;
   if (o.blocks > 0) {
     config.num_blocks = o.blocks;
   } else {

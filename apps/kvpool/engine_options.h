@@ -41,6 +41,7 @@ struct EngineOptions {
   int32_t max_seqs = 64;           // sequences in one step
   int32_t step_tokens = 512;       // tokens in one step
   bool prefix_caching = true;
+  bool device_sampling = true;  // EngineConfig::device_sampling
   std::string host_tier = "0";  // bytes of host memory for idle sessions' KV (0: none)
   double tier_watermark = 0.1;  // EngineConfig::tier_watermark
   std::string preemption = "auto";  // EngineConfig::preemption: auto, swap, recompute

@@ -149,7 +149,8 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   auto make_request = [&](std::vector<int32_t> prompt, int32_t max_tokens) {
     Request r;
     r.prompt_tokens = std::move(prompt);
-    r.sampling.temperature = 0.0f;
+    r.sampling.temperature = config.temperature;
+    r.sampling.top_p = config.top_p;
     r.max_tokens = max_tokens;
     r.ignore_eos = true;
     return r;

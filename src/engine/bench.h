@@ -35,6 +35,8 @@ struct BenchConfig {
   double think_time_s = 0.0;              // agents: pause between a reply and the next turn
   bool sessions = true;                   // agents: keep each agent's history in a session
   uint64_t seed = 1;
+  float temperature = 0.0f;  // every request's sampling (0: greedy)
+  float top_p = 1.0f;
 };
 
 // Parses "offline", "poisson", "closed", "agents".

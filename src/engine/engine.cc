@@ -10,6 +10,8 @@
 #include <span>
 #include <thread>
 
+#include "engine/device_sampling.h"
+
 namespace kvp {
 
 const char* finish_reason_name(FinishReason reason) {
@@ -611,7 +613,8 @@ void Engine::flush_copies() {
 
 void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* logits,
                        const std::vector<int32_t>* full_rows,
-                       std::vector<LogitRowSummary>* summaries) {
+                       std::vector<LogitRowSummary>* summaries, const DeviceSampleBatch* samples,
+                       std::vector<DeviceSample>* sampled) {
   flush_copies();
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> token_ids, query_start = {0}, kv_lens, logit_rows;
@@ -653,7 +656,12 @@ void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* 
   // every row is written by the backend: no zero fill (a decode step of 64 sequences on a 128K
   // vocabulary is 33 MB); a reused buffer keeps its pages
   Status st;
-  if (full_rows != nullptr && summaries != nullptr && backend_->summarizes_logits()) {
+  if (samples != nullptr && !samples->requests.empty()) {  // step() checked samples_on_device
+    summaries->resize(logit_rows.size());
+    logits->resize(full_rows->size() * vocab);
+    sampled->resize(samples->requests.size());
+    st = backend_->forward_sampled(batch, *full_rows, *logits, *summaries, *samples, *sampled);
+  } else if (full_rows != nullptr && summaries != nullptr && backend_->summarizes_logits()) {
     summaries->resize(logit_rows.size());
     logits->resize(full_rows->size() * vocab);
     st = backend_->forward_summarized(batch, *full_rows, *logits, *summaries);
@@ -758,18 +766,34 @@ std::vector<EngineEvent> Engine::step() {
   // Rows whose requests take the greedy choice with no penalty, logprobs list or EOS masking
   // need only the row's summary where the backend can reduce rows itself (CUDA): their logits
   // never leave the device.
+  // Where the backend samples on the device, the other rows are sampled there (a request's
+  // first row that its n samples share comes back whole): u drawn here from the sequence's rng.
   std::vector<int32_t> full_rows;
-  std::vector<int32_t> compact_row;  // [logit row] -> row in `logits`, -1: summary only
+  std::vector<int32_t> compact_row;  // [logit row] -> row in `logits`, -1: summary only,
+                                     // -2 - i: sampled on the device as request i
+  const bool on_device =
+      config_.device_sampling && backend_->samples_on_device() && backend_->summarizes_logits();
+  DeviceSampleBatch& samples = step_samples_;
+  samples.clear();
   for (const Planned& p : plan) {
     if (!p.wants_logits) continue;
-    const Sequence& s = seq(p.id);
-    const Request& request = requests_.at(s.request_id)->request;
+    Sequence& s = seq(p.id);
+    const RequestState& r = *requests_.at(s.request_id);
+    const Request& request = r.request;
     const SamplingParams& sp = request.sampling;
     const bool greedy_only = sp.temperature == 0.0f && sp.repetition_penalty == 1.0f &&
                              sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f &&
                              sp.num_logprobs == 0 && s.num_generated >= request.min_tokens;
+    const bool shared_row =
+        request.n > 1 && (!r.forked || (s.sample_index == 0 && s.num_generated == 0));
     if (greedy_only) {
       compact_row.push_back(-1);
+    } else if (on_device && !shared_row) {
+      compact_row.push_back(-2 - static_cast<int32_t>(samples.requests.size()));
+      add_device_sample(sp, s.history,
+                        min_tokens_mask(backend_->spec().eos_token_ids, request.stop_token_ids,
+                                        s.num_generated, request.min_tokens),
+                        static_cast<int32_t>(compact_row.size()) - 1, s.rng, &samples);
     } else {
       compact_row.push_back(static_cast<int32_t>(full_rows.size()));
       full_rows.push_back(static_cast<int32_t>(compact_row.size()) - 1);
@@ -778,7 +802,8 @@ std::vector<EngineEvent> Engine::step() {
   std::vector<float>& logits = step_logits_;
   std::vector<LogitRowSummary>& summaries = step_summaries_;
   const auto forward_start = std::chrono::steady_clock::now();
-  run_model(entries, &logits, &full_rows, &summaries);
+  run_model(entries, &logits, &full_rows, &summaries, on_device ? &samples : nullptr,
+            &step_sampled_);
   observe_forward(entries, forward_start);
   if (summaries.empty()) {  // the backend copied every row
     for (size_t i = 0; i < compact_row.size(); ++i) compact_row[i] = static_cast<int32_t>(i);
@@ -791,8 +816,9 @@ std::vector<EngineEvent> Engine::step() {
   struct SampleJob {
     Sequence* seq;
     RequestState* request;
-    std::span<const float> row;  // empty: greedy from the summary
+    std::span<const float> row;  // empty: greedy from the summary, or sampled on the device
     const LogitRowSummary* summary;
+    const DeviceSample* sampled;
     SampledToken token;
   };
   std::vector<SampleJob> jobs;
@@ -811,7 +837,8 @@ std::vector<EngineEvent> Engine::step() {
     register_full_blocks(s);
     if (!p.wants_logits) continue;
     const int32_t compact = compact_row[logit_index];
-    const LogitRowSummary* summary = compact < 0 ? &summaries[logit_index] : nullptr;
+    const LogitRowSummary* summary = compact == -1 ? &summaries[logit_index] : nullptr;
+    const DeviceSample* sampled = compact <= -2 ? &step_sampled_[size_t(-2 - compact)] : nullptr;
     const std::span<const float> row =
         compact < 0 ? std::span<const float>()
                     : std::span<const float>(logits.data() + size_t(compact) * vocab, vocab);
@@ -822,28 +849,35 @@ std::vector<EngineEvent> Engine::step() {
     if (r.forked && s.sample_index == 0 && s.num_generated == 0) {
       samplers.assign(r.seqs.begin(), r.seqs.end());
     }
-    for (SeqId sid : samplers) jobs.push_back({&seq(sid), &r, row, summary, {}});
+    for (SeqId sid : samplers) jobs.push_back({&seq(sid), &r, row, summary, sampled, {}});
   }
-  parallel_for(jobs.size() > 1 ? sampler_pool_.get() : nullptr, static_cast<int64_t>(jobs.size()),
-               [&](int64_t i, int) {
-                 SampleJob& job = jobs[i];
-                 if (job.summary != nullptr) {  // what sample_token's greedy path returns
-                   job.token.token_id = job.summary->argmax;
-                   job.token.logprob = job.summary->max_logit - job.summary->log_z;
-                   return;
-                 }
-                 Sequence& x = *job.seq;
-                 const Request& request = job.request->request;
-                 std::span<const float> sample_row = job.row;
-                 std::vector<float> masked;
-                 if (x.num_generated < request.min_tokens) {
-                   masked.assign(job.row.begin(), job.row.end());
-                   for (int32_t t : backend_->spec().eos_token_ids) masked[t] = -INFINITY;
-                   for (int32_t t : request.stop_token_ids) masked[t] = -INFINITY;
-                   sample_row = masked;
-                 }
-                 job.token = sample_token(sample_row, request.sampling, x.history, x.rng);
-               });
+  parallel_for(
+      jobs.size() > 1 ? sampler_pool_.get() : nullptr, static_cast<int64_t>(jobs.size()),
+      [&](int64_t i, int) {
+        SampleJob& job = jobs[i];
+        if (job.summary != nullptr) {  // what sample_token's greedy path returns
+          job.token.token_id = job.summary->argmax;
+          job.token.logprob = job.summary->max_logit - job.summary->log_z;
+          return;
+        }
+        if (job.sampled != nullptr) {  // drawn on the device with this sequence's u
+          job.token = to_sampled_token(*job.sampled);
+          return;
+        }
+        Sequence& x = *job.seq;
+        const Request& request = job.request->request;
+        std::span<const float> sample_row = job.row;
+        std::vector<float> masked;
+        if (x.num_generated < request.min_tokens) {
+          masked.assign(job.row.begin(), job.row.end());
+          for (int32_t t : min_tokens_mask(backend_->spec().eos_token_ids, request.stop_token_ids,
+                                           x.num_generated, request.min_tokens)) {
+            masked[t] = -INFINITY;
+          }
+          sample_row = masked;
+        }
+        job.token = sample_token(sample_row, request.sampling, x.history, x.rng);
+      });
 
   std::vector<std::pair<SeqId, FinishReason>> to_finish;
   for (SampleJob& job : jobs) {

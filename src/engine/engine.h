@@ -72,6 +72,11 @@ struct EngineConfig {
   // copy the blocks of sessions moving between tiers; 0: min(8, hardware threads). Each sequence
   // has its own generator, so the output does not depend on this.
   int32_t sampler_threads = 0;
+  // Sample on the backend's device where it can (ForwardBackend::samples_on_device: CUDA), so
+  // sampled rows never come to the host; false: every sampled row goes to the CPU sampler. Same
+  // seed, same tokens on one backend and setting, whatever the batch; the two samplers agree up
+  // to rounding at the kept set's edges (docs/sampling.md).
+  bool device_sampling = true;
   // Detokenizes samples for stop strings; not owned, outlives the engine. null: requests with
   // stop strings are refused.
   const Tokenizer* tokenizer = nullptr;
@@ -301,7 +306,9 @@ class Engine {
   // summaries left empty.
   void run_model(std::span<const BatchEntry> entries, std::vector<float>* logits,
                  const std::vector<int32_t>* full_rows = nullptr,
-                 std::vector<LogitRowSummary>* summaries = nullptr);
+                 std::vector<LogitRowSummary>* summaries = nullptr,
+                 const DeviceSampleBatch* samples = nullptr,
+                 std::vector<DeviceSample>* sampled = nullptr);
 
   // session tiers (engine_tiers.cc)
   // The bytes of sequence seq_id's live blocks (what a host copy of it holds).
@@ -403,6 +410,8 @@ class Engine {
   std::unique_ptr<ThreadPool> sampler_pool_;
   std::vector<float> step_logits_;  // step()'s logits rows, reused across steps
   std::vector<LogitRowSummary> step_summaries_;
+  DeviceSampleBatch step_samples_;          // step()'s rows sampled on the device
+  std::vector<DeviceSample> step_sampled_;  // and what came back
 };
 
 }  // namespace kvp

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -87,8 +88,8 @@ struct Candidate {
 };
 
 // The kept candidates with unnormalised probabilities (relative to the most likely token's 1),
-// in an order that depends only on the logits (id order, or top-k's selection order, then under
-// top-p the boundary tokens most likely first). Sampling walks them in that order.
+// in id order. Sampling walks them in that order, as the CUDA sampler does
+// (model/cuda/sampler_kernels.cu), so one uniform draw picks the same token on both.
 std::vector<Candidate> truncated_candidates(std::span<const float> logits, const SamplingParams& p,
                                             const TokenHistory& history) {
   std::vector<float> scaled = penalized_logits(logits, p, history);
@@ -99,6 +100,7 @@ std::vector<Candidate> truncated_candidates(std::span<const float> logits, const
   auto more_likely = [&](int32_t a, int32_t b) {
     return scaled[a] > scaled[b] || (scaled[a] == scaled[b] && a < b);
   };
+  auto by_id = [](const Candidate& a, const Candidate& b) { return a.token_id < b.token_id; };
   std::vector<int32_t> ids;  // top-k's survivors (first num_kept); empty without top-k
   int32_t num_kept = vocab_size;
   if (p.top_k > 0 && p.top_k < vocab_size) {
@@ -142,6 +144,7 @@ std::vector<Candidate> truncated_candidates(std::span<const float> logits, const
     int32_t last = 0;  // the bucket where the mass reaches target
     while (last < kBuckets - 1 && mass + bucket_mass[last] < target) mass += bucket_mass[last++];
     std::vector<int32_t> boundary;
+    kept.reserve(vocab_size);
     for (int32_t i = 0; i < vocab_size; ++i) {
       if (bucket_of[i] < last) {
         kept.push_back({i, probs[i]});
@@ -150,11 +153,15 @@ std::vector<Candidate> truncated_candidates(std::span<const float> logits, const
       }
     }
     std::sort(boundary.begin(), boundary.end(), more_likely);
+    const auto split = static_cast<std::ptrdiff_t>(kept.size());
     for (int32_t id : boundary) {
       kept.push_back({id, probs[id]});
       mass += probs[id];
       if (mass >= target) break;
     }
+    // the boundary's kept tokens back into id order (the rest already is)
+    std::sort(kept.begin() + split, kept.end(), by_id);
+    std::inplace_merge(kept.begin(), kept.begin() + split, kept.end(), by_id);
   } else if (p.top_p < 1.0f) {
     // top-k survivors, most likely first, until their mass reaches top_p
     std::sort(ids.begin(), ids.begin() + num_kept, more_likely);
@@ -167,6 +174,7 @@ std::vector<Candidate> truncated_candidates(std::span<const float> logits, const
       mass += prob;
       if (mass >= target) break;
     }
+    std::sort(kept.begin(), kept.end(), by_id);
   } else if (num_kept == vocab_size) {
     // No truncation by mass: every token, in id order (no sort), probabilities in one pass.
     std::vector<float> probs(scaled.size());
@@ -178,6 +186,7 @@ std::vector<Candidate> truncated_candidates(std::span<const float> logits, const
     for (int32_t i = 0; i < num_kept; ++i) {
       kept.push_back({ids[i], static_cast<float>(std::exp(double(scaled[ids[i]]) - max_logit))});
     }
+    std::sort(kept.begin(), kept.end(), by_id);
   }
   if (p.min_p > 0.0f) {
     // relative to the most likely token, whose unnormalised probability is exp(0) = 1
@@ -187,10 +196,9 @@ std::vector<Candidate> truncated_candidates(std::span<const float> logits, const
   return kept;
 }
 
-// A uniform double in [0, 1) from exactly one 64-bit draw (portable across standard libraries).
-double uniform01(SamplerRng& rng) { return double(rng() >> 11) * 0x1.0p-53; }
-
 }  // namespace
+
+double sampler_uniform(SamplerRng& rng) { return double(rng() >> 11) * 0x1.0p-53; }
 
 std::vector<float> sampling_distribution(std::span<const float> logits, const SamplingParams& p,
                                          const TokenHistory& history) {
@@ -217,7 +225,7 @@ SampledToken sample_token(std::span<const float> logits, const SamplingParams& p
     std::vector<Candidate> kept = truncated_candidates(logits, p, history);
     double total = 0.0;
     for (const Candidate& c : kept) total += c.prob;
-    const double target = uniform01(rng) * total;
+    const double target = sampler_uniform(rng) * total;
     double mass = 0.0;
     result.token_id = kept.back().token_id;
     for (const Candidate& c : kept) {

@@ -70,9 +70,14 @@ struct SampledToken {
   std::vector<TokenLogprob> top_logprobs;  // num_logprobs entries, most likely first
 };
 
-// Samples one token. Does not modify `logits` or `history`; advances `rng` by one draw unless
-// the choice is greedy.
-// requires: validate_sampling_params(params).is_ok(); logits not empty; every id in history
+// A uniform double in [0, 1) from exactly one 64-bit draw (portable across standard libraries):
+// the draw sample_token makes per sampled token, and the u the engine hands a device sampler.
+double sampler_uniform(SamplerRng& rng);
+
+// Samples one token: the first kept token, in id order, whose running kept mass exceeds
+// sampler_uniform(rng) times the kept mass. Does not modify `logits` or `history`; advances `rng`
+// by one draw unless the choice is greedy. requires: validate_sampling_params(params).is_ok();
+// logits not empty; every id in history
 //           is < logits.size().
 SampledToken sample_token(std::span<const float> logits,  // [vocab_size]
                           const SamplingParams& params, const TokenHistory& history,

@@ -33,6 +33,7 @@
 #include "common/dtype.h"
 #include "common/ids.h"
 #include "common/status.h"
+#include "model/device_sample.h"
 #include "model/model_runner.h"
 #include "model/model_spec.h"
 
@@ -45,6 +46,15 @@ struct LogitRowSummary {
   int32_t argmax = 0;      // first index of the largest logit (NaN never wins)
   float max_logit = 0.0f;  // logits[argmax]
   float log_z = 0.0f;      // log(sum_i exp(logits[i])) = max_logit + log(sum exp(l - max_logit))
+};
+
+// The tokens to sample on the device in one step (ForwardBackend::forward_sampled); each
+// request's penalty and mask ranges index into the lists here. Records: model/device_sample.h.
+struct DeviceSampleBatch {
+  std::vector<DeviceSampleRequest> requests;
+  std::vector<PenaltyToken> penalties;
+  std::vector<int32_t> masked;
+  void clear() { requests.clear(), penalties.clear(), masked.clear(); }
 };
 
 // The model's matrices as a backend holds them (0 where a backend does not say).
@@ -93,6 +103,23 @@ class ForwardBackend {
                                     std::span<float> logits, std::span<LogitRowSummary> summaries) {
     (void)batch, (void)full_rows, (void)logits, (void)summaries;
     return Status::unsupported("{}: logits summaries on the device", device_name());
+  }
+
+  // Whether forward_sampled is available: the backend samples tokens where it computed the
+  // logits (CUDA), so sampled rows never come to the host. The CPU backend says no: the engine
+  // samples its rows with engine/sampler.h.
+  virtual bool samples_on_device() const { return false; }
+  // As forward_summarized, and draws samples.requests on the device: results[i] for
+  // requests[i] (same size). Rows a request reads need not be in full_rows. invalid_argument for
+  // a request outside the batch's logit rows, a token id outside the vocabulary, a penalty or
+  // mask range outside its list, or more than kMaxDeviceLogprobs logprobs. unsupported unless
+  // samples_on_device().
+  virtual Status forward_sampled(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                                 std::span<float> logits, std::span<LogitRowSummary> summaries,
+                                 const DeviceSampleBatch& samples,
+                                 std::span<DeviceSample> results) {
+    (void)batch, (void)full_rows, (void)logits, (void)summaries, (void)samples, (void)results;
+    return Status::unsupported("{}: sampling on the device", device_name());
   }
 
   // Copy-on-write copies within one group (every op's group == group). Ops must not overlap.

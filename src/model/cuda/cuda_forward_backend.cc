@@ -145,6 +145,18 @@ Status CudaForwardBackend::forward_summarized(const ForwardBatch& batch,
   return runner_->forward_summarized(batch, pools_, full_rows, logits, summaries);
 }
 
+Status CudaForwardBackend::forward_sampled(const ForwardBatch& batch,
+                                           std::span<const int32_t> full_rows,
+                                           std::span<float> logits,
+                                           std::span<LogitRowSummary> summaries,
+                                           const DeviceSampleBatch& samples,
+                                           std::span<DeviceSample> results) {
+  if (static_cast<int32_t>(pools_.size()) != num_cache_groups()) {
+    return Status::invalid_argument("cuda forward: no KV pools (call allocate_kv first)");
+  }
+  return runner_->forward_sampled(batch, pools_, full_rows, logits, summaries, samples, results);
+}
+
 Status CudaForwardBackend::copy_blocks(int32_t group, std::span<const BlockCopy> ops) {
   KVP_RETURN_IF_ERROR(check_group(group, "copy_blocks"));
   for (size_t i = 0; i < ops.size(); ++i) {

@@ -49,6 +49,11 @@ class CudaForwardBackend final : public ForwardBackend {
   bool summarizes_logits() const override { return true; }
   Status forward_summarized(const ForwardBatch& batch, std::span<const int32_t> full_rows,
                             std::span<float> logits, std::span<LogitRowSummary> summaries) override;
+  bool samples_on_device() const override { return true; }
+  Status forward_sampled(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                         std::span<float> logits, std::span<LogitRowSummary> summaries,
+                         const DeviceSampleBatch& samples,
+                         std::span<DeviceSample> results) override;
   Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) override;
   Status read_blocks(int32_t group, std::span<const BlockId> blocks,
                      std::span<std::byte> image) const override;

@@ -495,10 +495,24 @@ Status CudaModelRunner::forward_summarized(const ForwardBatch& batch, std::span<
   return run(batch, pools, &full_rows, logits, summaries);
 }
 
+Status CudaModelRunner::forward_sampled(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+                                        std::span<const int32_t> full_rows, std::span<float> logits,
+                                        std::span<LogitRowSummary> summaries,
+                                        const DeviceSampleBatch& samples,
+                                        std::span<DeviceSample> results) {
+  return run(batch, pools, &full_rows, logits, summaries, &samples, results);
+}
+
 Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                             const std::span<const int32_t>* full_rows, std::span<float> logits,
-                            std::span<LogitRowSummary> summaries) {
+                            std::span<LogitRowSummary> summaries, const DeviceSampleBatch* samples,
+                            std::span<DeviceSample> results) {
   KVP_RETURN_IF_ERROR(check_batch(batch, pools, full_rows, logits, summaries.size()));
+  const bool sampling = samples != nullptr && !samples->requests.empty();
+  if (sampling) {
+    KVP_RETURN_IF_ERROR(DeviceSampler::check(
+        *samples, static_cast<int32_t>(batch.logit_rows.size()), spec_.vocab_size, results.size()));
+  }
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   const auto num_tokens = static_cast<int32_t>(batch.token_ids.size());
   const auto num_seqs = static_cast<int32_t>(batch.kv_lens.size());
@@ -539,6 +553,8 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
   }
   Status prepared = reserve(shape.num_tokens, shape.num_rows, shape.bytes);
   if (prepared.is_ok()) prepared = reserve_attention_workspace(shape, pools);
+  if (prepared.is_ok() && sampling)
+    prepared = sampler_.reserve(*samples, spec_.vocab_size, stream_);
   // an earlier call that failed midway may still be reading the staging buffer
   if (prepared.is_ok()) {
     prepared = cuda_status(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
@@ -618,6 +634,12 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
       }
     }
   }
+  // Sampled rows: drawn from the step's logits where they are (the stream was synchronized
+  // before the step, so the sampler's staging is free).
+  if (sampling) {
+    KVP_RETURN_IF_ERROR(
+        sampler_.enqueue(logits_.as<const float>(), spec_.vocab_size, *samples, stream_));
+  }
   // The logits rows the caller wants, packed into the pinned staging buffer (the step left the
   // rows' summaries there already).
   const size_t row_bytes = size_t(spec_.vocab_size) * 4;
@@ -642,6 +664,7 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
     std::memcpy(summaries.data(), summaries_host_.data(),
                 summaries.size() * sizeof(LogitRowSummary));
   }
+  if (sampling) sampler_.read_results(results);
   return Status::ok();
 }
 

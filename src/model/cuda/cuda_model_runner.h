@@ -34,6 +34,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kv_pool.h"
 #include "backend/cuda/paged_attention.h"
+#include "model/cuda/cuda_device_sampler.h"
 #include "model/cuda/nccl_library.h"
 #include "model/cuda/peer_all_reduce.h"
 #include "model/forward_backend.h"
@@ -95,6 +96,12 @@ class CudaModelRunner {
   Status forward_summarized(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                             std::span<const int32_t> full_rows, std::span<float> logits,
                             std::span<LogitRowSummary> summaries);
+  // ForwardBackend::forward_sampled's contract: as forward_summarized, and samples' requests
+  // drawn on the device from the step's logits rows (cuda_device_sampler.h).
+  Status forward_sampled(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+                         std::span<const int32_t> full_rows, std::span<float> logits,
+                         std::span<LogitRowSummary> summaries, const DeviceSampleBatch& samples,
+                         std::span<DeviceSample> results);
 
   // Tensor parallelism: this runner is one rank of a split model (loaded with shard_spec's spec
   // and a ShardedWeightSource, or random with its shard); the o and down projections' partial
@@ -172,9 +179,11 @@ class CudaModelRunner {
   Status check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                      const std::span<const int32_t>* full_rows, std::span<float> logits,
                      size_t num_summaries) const;
+  // samples null: nothing sampled on the device.
   Status run(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
              const std::span<const int32_t>* full_rows, std::span<float> logits,
-             std::span<LogitRowSummary> summaries);
+             std::span<LogitRowSummary> summaries, const DeviceSampleBatch* samples = nullptr,
+             std::span<DeviceSample> results = {});
   Status reserve(int64_t num_tokens, int64_t num_rows, size_t meta_bytes);
   Status gemm(const void* x, const void* w, void* y, bool y_f32, int64_t rows, int64_t in,
               int64_t out, const char* what);
@@ -218,6 +227,7 @@ class CudaModelRunner {
   PinnedBuffer logits_host_;     // [rows][vocab] f32
   DeviceBuffer summaries_;       // [rows] detail::RowSummary
   PinnedBuffer summaries_host_;  // [rows] detail::RowSummary
+  DeviceSampler sampler_;        // sampled rows (forward_sampled)
   AttentionWorkspace attention_workspace_;
   const NcclLibrary* nccl_ = nullptr;  // null: not split
   ncclComm_t comm_ = nullptr;
