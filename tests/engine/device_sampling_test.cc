@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "engine/cpu_backend_wrapper.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 
@@ -107,23 +108,10 @@ TEST(DeviceSampling, MinTokensMaskAndResults) {
 // A CPU backend that samples "on the device": every row is computed on the host, then each
 // request is drawn by the definition (sampling_distribution of its row, penalties rebuilt from
 // its list, walked in id order at u), as the CUDA sampler does.
-class HostSamplingBackend final : public ForwardBackend {
+class HostSamplingBackend final : public engine_test::CpuBackendWrapper {
  public:
-  explicit HostSamplingBackend(std::shared_ptr<ModelRunner> runner) : inner_(std::move(runner)) {}
-  const ModelSpec& spec() const override { return inner_.spec(); }
+  using CpuBackendWrapper::CpuBackendWrapper;
   std::string device_name() const override { return "host-sampling test device"; }
-  int32_t num_cache_groups() const override { return inner_.num_cache_groups(); }
-  int32_t num_group_layers(int32_t g) const override { return inner_.num_group_layers(g); }
-  bool group_is_sliding(int32_t g) const override { return inner_.group_is_sliding(g); }
-  KvLayout group_layout(int32_t g, int32_t n, int32_t bs, DType d) const override {
-    return inner_.group_layout(g, n, bs, d);
-  }
-  Status check_kv_dtype(DType d) const override { return inner_.check_kv_dtype(d); }
-  Status allocate_kv(std::span<const KvLayout> l) override { return inner_.allocate_kv(l); }
-  const KvLayout& kv_layout(int32_t g) const override { return inner_.kv_layout(g); }
-  Status forward(const ForwardBatch& b, std::span<float> logits) override {
-    return inner_.forward(b, logits);
-  }
   bool summarizes_logits() const override { return true; }
   Status forward_summarized(const ForwardBatch& b, std::span<const int32_t> full_rows,
                             std::span<float> logits,
@@ -197,22 +185,9 @@ class HostSamplingBackend final : public ForwardBackend {
     }
     return Status::ok();
   }
-  Status copy_blocks(int32_t g, std::span<const BlockCopy> ops) override {
-    return inner_.copy_blocks(g, ops);
-  }
-  Status read_blocks(int32_t g, std::span<const BlockId> blocks,
-                     std::span<std::byte> image) const override {
-    return inner_.read_blocks(g, blocks, image);
-  }
-  Status write_blocks(int32_t g, std::span<const BlockId> blocks,
-                      std::span<const std::byte> image) override {
-    return inner_.write_blocks(g, blocks, image);
-  }
-
   int num_sampled_steps = 0;
 
  private:
-  CpuForwardBackend inner_;
   std::vector<float> all_;
 };
 

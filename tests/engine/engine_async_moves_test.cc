@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 
+#include "engine/cpu_backend_wrapper.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 
@@ -18,38 +19,10 @@ using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
 namespace kvp {
 namespace {
 
-class LateCopiesBackend final : public ForwardBackend {
+class LateCopiesBackend final : public CpuBackendWrapper {
  public:
-  explicit LateCopiesBackend(std::shared_ptr<ModelRunner> runner) : inner_(std::move(runner)) {}
-
-  const ModelSpec& spec() const override { return inner_.spec(); }
+  using CpuBackendWrapper::CpuBackendWrapper;
   std::string device_name() const override { return "late-copies test device"; }
-  int32_t num_cache_groups() const override { return inner_.num_cache_groups(); }
-  int32_t num_group_layers(int32_t group) const override { return inner_.num_group_layers(group); }
-  bool group_is_sliding(int32_t group) const override { return inner_.group_is_sliding(group); }
-  KvLayout group_layout(int32_t group, int32_t num_blocks, int32_t block_size,
-                        DType dtype) const override {
-    return inner_.group_layout(group, num_blocks, block_size, dtype);
-  }
-  Status check_kv_dtype(DType dtype) const override { return inner_.check_kv_dtype(dtype); }
-  Status allocate_kv(std::span<const KvLayout> layouts) override {
-    return inner_.allocate_kv(layouts);
-  }
-  const KvLayout& kv_layout(int32_t group) const override { return inner_.kv_layout(group); }
-  Status forward(const ForwardBatch& batch, std::span<float> logits) override {
-    return inner_.forward(batch, logits);
-  }
-  Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) override {
-    return inner_.copy_blocks(group, ops);
-  }
-  Status read_blocks(int32_t group, std::span<const BlockId> blocks,
-                     std::span<std::byte> image) const override {
-    return inner_.read_blocks(group, blocks, image);
-  }
-  Status write_blocks(int32_t group, std::span<const BlockId> blocks,
-                      std::span<const std::byte> image) override {
-    return inner_.write_blocks(group, blocks, image);
-  }
 
   Result<uint64_t> start_transfers(int32_t group, std::span<const BlockTransfer> ops,
                                    HostKvStorage& host) override {
@@ -97,7 +70,6 @@ class LateCopiesBackend final : public ForwardBackend {
     return inner_.wait_transfers(t);
   }
 
-  CpuForwardBackend inner_;
   std::deque<Pending> queue_;
 };
 
@@ -140,7 +112,7 @@ TEST(EngineLateCopies, RestoredSessionsRunAfterTheirCopiesWithTheSameOutput) {
     const auto got = run_agents(late, &late_stats);
     EXPECT_EQ(got, expected);
     EXPECT_GT(late_stats.num_session_restores, 0);
-    EXPECT_GT(late.num_late_to_pool, 0);  // some restore was still copying while steps ran
+    EXPECT_GT(late.num_late_to_pool, 0);          // some restore was still copying while steps ran
     EXPECT_GT(late_stats.to_pool.overlapped, 0);  // and is counted as such, not timed
     // (how many tokens came back differs: write-backs that complete later change which
     // sessions are on which tier when)

@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include "engine/cpu_backend_wrapper.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
 
@@ -23,19 +24,10 @@ namespace {
 
 // A CPU backend whose block b lives in physical block (b * 5 + 3) mod num_blocks: a device whose
 // placement differs from the logical ids. It counts what the engine asks of it.
-class PermutingBackend final : public ForwardBackend {
+class PermutingBackend final : public CpuBackendWrapper {
  public:
-  explicit PermutingBackend(std::shared_ptr<ModelRunner> runner) : inner_(std::move(runner)) {}
-
-  const ModelSpec& spec() const override { return inner_.spec(); }
+  using CpuBackendWrapper::CpuBackendWrapper;
   std::string device_name() const override { return "permuting test device"; }
-  int32_t num_cache_groups() const override { return inner_.num_cache_groups(); }
-  int32_t num_group_layers(int32_t group) const override { return inner_.num_group_layers(group); }
-  bool group_is_sliding(int32_t group) const override { return inner_.group_is_sliding(group); }
-  KvLayout group_layout(int32_t group, int32_t num_blocks, int32_t block_size,
-                        DType dtype) const override {
-    return inner_.group_layout(group, num_blocks, block_size, dtype);
-  }
   Status check_kv_dtype(DType dtype) const override {
     if (dtype == DType::F16) {
       return Status::invalid_argument("KV dtype f16 is not one the {} holds", device_name());
@@ -47,7 +39,6 @@ class PermutingBackend final : public ForwardBackend {
     KVP_CHECK(layouts[0].num_blocks % 5 != 0, "the permutation needs blocks coprime to 5");
     return inner_.allocate_kv(layouts);
   }
-  const KvLayout& kv_layout(int32_t group) const override { return inner_.kv_layout(group); }
 
   Status forward(const ForwardBatch& batch, std::span<float> logits) override {
     ++num_forwards;
@@ -127,8 +118,6 @@ class PermutingBackend final : public ForwardBackend {
     for (BlockId b : blocks) out.push_back(place(b));
     return out;
   }
-
-  CpuForwardBackend inner_;
 };
 
 std::vector<char> file_bytes(const std::filesystem::path& path) {
