@@ -70,12 +70,16 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
   cmd->add_option("--block-size", o->block_size, "tokens per KV block (a power of two)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  cmd->add_option("--kv-memory", o->kv_memory,
-                  "KV pool size, all cache groups together, e.g. 512MiB, 2GiB")
-      ->capture_default_str();
-  cmd->add_option("--blocks", o->blocks, "KV blocks per cache group (instead of --kv-memory)")
-      ->check(CLI::Range(0, 1 << 24))
-      ->capture_default_str();
+  CLI::Option* kv_memory =
+      cmd->add_option("--kv-memory", o->kv_memory,
+                      "KV pool size, all cache groups together, e.g. 512MiB, 2GiB")
+          ->capture_default_str();
+  CLI::Option* blocks =
+      cmd->add_option("--blocks", o->blocks, "KV blocks per cache group (instead of --kv-memory)")
+          ->check(CLI::Range(0, 1 << 24))
+          ->capture_default_str();
+  // given, --kv-memory sizes the pool, over a command's default --blocks (bench's 1024)
+  kv_memory->excludes(blocks)->each([o](const std::string&) { o->blocks = 0; });
   cmd->add_option("--max-seqs", o->max_seqs, "engine: sequences in one step")
       ->check(CLI::Range(1, 1 << 16))
       ->capture_default_str();

@@ -60,14 +60,6 @@ __device__ __forceinline__ void cp_async_small(void* dst, const void* src, int s
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
                "n"(N), "r"(src_bytes));
 }
-// 8 int8 values to f32.
-__device__ __forceinline__ void unpack8_i8(const uint2& raw, float (&f)[8]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[i] = static_cast<float>(static_cast<int8_t>((raw.x >> (8 * i)) & 0xffu));
-    f[4 + i] = static_cast<float>(static_cast<int8_t>((raw.y >> (8 * i)) & 0xffu));
-  }
-}
 // The f16 scale of token j from the word holding the scales of tokens j & ~1 and j | 1.
 __device__ __forceinline__ float scale_of(uint32_t word, int j) {
   return __half2float(__ushort_as_half(static_cast<uint16_t>((j & 1) ? word >> 16 : word)));
@@ -291,11 +283,14 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
         for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], offset);
       }
     }
+    // int8: each V row widened once for all G heads of the group (not per head)
+    float v_wide[kI8 ? kUnroll : 1][8];
     if constexpr (kI8) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
         for (int g = 0; g < G; ++g) s[u][g] *= k_scale[u];
+        unpack8_i8(make_uint2(v_raw[u].x, v_raw[u].y), v_wide[u]);
       }
     }
 #pragma unroll
@@ -321,7 +316,8 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
         l[g] += p;
         float vf[8];
         if constexpr (kI8) {
-          unpack8_i8(make_uint2(v_raw[u].x, v_raw[u].y), vf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) vf[e] = v_wide[u][e];
         } else {
           unpack8<T>(v_raw[u], vf);
         }

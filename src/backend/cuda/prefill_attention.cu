@@ -111,11 +111,7 @@ __host__ __device__ constexpr int prefill_smem_bytes() {
 template <typename T>
 __device__ __forceinline__ uint4 widen8(const uint2 raw) {
   float f[8];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    f[i] = static_cast<float>(static_cast<int8_t>((raw.x >> (8 * i)) & 0xffu));
-    f[4 + i] = static_cast<float>(static_cast<int8_t>((raw.y >> (8 * i)) & 0xffu));
-  }
+  unpack8_i8(raw, f);
   return make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]),
                     pack2<T>(f[6], f[7]));
 }
