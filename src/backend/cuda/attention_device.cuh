@@ -29,6 +29,21 @@ __device__ __forceinline__ void unpack8_i8(const uint2& raw, float (&f)[8]) {
     f[4 + i] = i8_byte_to_f32(hi, i);
   }
 }
+// 8 int8 values as 4 half2, exactly (every int8 is a half): the biased byte under 0x64 is the
+// half 1024 + x + 128, and one packed subtraction of 1152 leaves x.
+__device__ __forceinline__ __half2 i8_pair_to_half2(uint32_t biased, uint32_t selector) {
+  const uint32_t bits = __byte_perm(biased, 0x64646464u, selector);
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+  return __hsub2(*reinterpret_cast<const __half2*>(&bits), bias);
+}
+__device__ __forceinline__ void unpack8_i8_half2(const uint2& raw, __half2 (&h)[4]) {
+  const uint32_t lo = raw.x ^ 0x80808080u, hi = raw.y ^ 0x80808080u;
+  h[0] = i8_pair_to_half2(lo, 0x4140u);  // bytes 0, 1
+  h[1] = i8_pair_to_half2(lo, 0x4342u);  // bytes 2, 3
+  h[2] = i8_pair_to_half2(hi, 0x4140u);
+  h[3] = i8_pair_to_half2(hi, 0x4342u);
+}
+
 // Logit in log2 units from a raw dot product q.k (soft cap folded in).
 __device__ __forceinline__ float scaled_logit(float dot, const AttentionKernelArgs& a) {
   return a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(dot * a.qk_mul) : dot * a.qk_mul;

@@ -121,6 +121,17 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[g][i] *= a.qk_mul;
   }
+  // int8: q·k and p·v run in packed half2 (two products an instruction; int8 keys and values
+  // are exact halves, q·qk_mul and p·scale lose a half's 11-bit precision) with the sums of
+  // eight dims (q·k) and of a step's kUnroll keys (p·v) carried into f32
+  __half2 qh[kI8 ? G : 1][4];
+  if constexpr (kI8) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) qh[g][i] = __floats2half2_rn(q[g][2 * i], q[g][2 * i + 1]);
+    }
+  }
   const bool soft_cap = a.cap_log2 > 0.0f;
   float m[G], l[G], acc[G][8];
 #pragma unroll
@@ -261,18 +272,27 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     float s[kUnroll][G];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      float kf[8];
       if constexpr (kI8) {
-        unpack8_i8(make_uint2(k_raw[u].x, k_raw[u].y), kf);
+        __half2 kh[4];
+        unpack8_i8_half2(make_uint2(k_raw[u].x, k_raw[u].y), kh);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          __half2 d = __hmul2(qh[g][0], kh[0]);
+#pragma unroll
+          for (int i = 1; i < 4; ++i) d = __hfma2(qh[g][i], kh[i], d);
+          const float2 f = __half22float2(d);
+          s[u][g] = f.x + f.y;
+        }
       } else {
+        float kf[8];
         unpack8<T>(k_raw[u], kf);
-      }
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
-        float dot = 0.0f;
+        for (int g = 0; g < G; ++g) {
+          float dot = 0.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], kf[e], dot);
-        s[u][g] = dot;
+          for (int e = 0; e < 8; ++e) dot = fmaf(q[g][e], kf[e], dot);
+          s[u][g] = dot;
+        }
       }
     }
 #pragma unroll
@@ -284,13 +304,13 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
       }
     }
     // int8: each V row widened once for all G heads of the group (not per head)
-    float v_wide[kI8 ? kUnroll : 1][8];
+    __half2 v_half[kI8 ? kUnroll : 1][4];
     if constexpr (kI8) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
         for (int g = 0; g < G; ++g) s[u][g] *= k_scale[u];
-        unpack8_i8(make_uint2(v_raw[u].x, v_raw[u].y), v_wide[u]);
+        unpack8_i8_half2(make_uint2(v_raw[u].x, v_raw[u].y), v_half[u]);
       }
     }
 #pragma unroll
@@ -310,20 +330,34 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
       l[g] *= correction;
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[g][e] *= correction;
+      if constexpr (kI8) {
+        __half2 part[4];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const float p = exp2f(s[u][g] - m_new);
-        l[g] += p;
-        float vf[8];
-        if constexpr (kI8) {
+        for (int i = 0; i < 4; ++i) part[i] = __float2half2_rn(0.0f);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) vf[e] = v_wide[u][e];
-        } else {
-          unpack8<T>(v_raw[u], vf);
+        for (int u = 0; u < kUnroll; ++u) {
+          const float p = exp2f(s[u][g] - m_new);
+          l[g] += p;
+          const __half2 pv = __float2half2_rn(p * v_scale[u]);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) part[i] = __hfma2(pv, v_half[u][i], part[i]);
         }
-        const float pv = kI8 ? p * v_scale[u] : p;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pv, vf[e], acc[g][e]);
+        for (int i = 0; i < 4; ++i) {
+          const float2 f = __half22float2(part[i]);
+          acc[g][2 * i] += f.x;
+          acc[g][2 * i + 1] += f.y;
+        }
+      } else {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const float p = exp2f(s[u][g] - m_new);
+          l[g] += p;
+          float vf[8];
+          unpack8<T>(v_raw[u], vf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(p, vf[e], acc[g][e]);
+        }
       }
     }
   }
