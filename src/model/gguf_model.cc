@@ -144,6 +144,8 @@ Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
       spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
       KVP_RETURN_IF_ERROR(experts_of(file, arch_name, &spec));
       break;
+    case Architecture::kGptOss:  // not named by architecture_of yet
+      return Status::unsupported("gguf '{}': gpt_oss from GGUF is not supported", file.path());
     case Architecture::kGemma3: {
       spec.activation = cpu::Activation::kGeluTanh;
       spec.norm_style = cpu::NormStyle::kPlain;  // stored as 1 + w

@@ -1,6 +1,7 @@
 // The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2, Gemma 3,
-// Qwen3, Qwen3-MoE (4 experts, top 2) and Qwen2-MoE (6 experts, top 2, a gated shared expert, a
-// dense layer between MoE layers) models and their golden logits and greedy continuations,
+// Qwen3, Qwen3-MoE (4 experts, top 2), Qwen2-MoE (6 experts, top 2, a gated shared expert, a
+// dense layer between MoE layers) and GPT-OSS (sinks, alternating 8-token windows, YaRN, 4 biased
+// experts, top 2, with a clamped SwiGLU) models and their golden logits and greedy continuations,
 // made by scripts/make_tiny_models.py (transformers 5.17, float32, eager attention) and committed
 // under tests/model/fixtures/tiny/. kvpool runs them on its paged KV pool with shuffled block
 // tables, alone, batched, and in prefill chunks.
@@ -257,7 +258,7 @@ TEST_P(TinyModelTest, GreedyContinuationsMatchTransformersAloneBatchedAndChunked
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyModelTest,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen3_moe",
-                                           "qwen2_moe"));
+                                           "qwen2_moe", "gpt_oss"));
 
 // The same weights written as GGUF the way llama.cpp's converter lays them out
 // (tests/model/make_tiny_gguf.py with the `gguf` package: permuted Llama q/k rows, Llama 3 rope
