@@ -73,6 +73,40 @@ Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t l
   return Status::ok();
 }
 
+// GPT-OSS's experts as llama.cpp's converter writes them (GGUF gpt-oss): gate, up [num_experts]
+// [inter][hidden] and down [num_experts][hidden][inter] stacked per projection, read in place
+// (read_experts), and their biases "mlp.experts.{gate,up,down}_proj.bias" [num_experts][rows].
+Status load_split_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
+                          ExpertWeights* experts, ModelWeights* w) {
+  const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
+  const int32_t num_experts = spec.num_experts;
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> gate,
+                       source.read_experts(layer, "gate_proj", num_experts, inter, hidden));
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> up,
+                       source.read_experts(layer, "up_proj", num_experts, inter, hidden));
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> down,
+                       source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  const std::string p = fmt::format("model.layers.{}.mlp.experts.", layer);
+  std::vector<float> gate_bias, up_bias;
+  KVP_RETURN_IF_ERROR(read_into(source, p + "gate_proj.bias", {num_experts, inter}, &gate_bias));
+  KVP_RETURN_IF_ERROR(read_into(source, p + "up_proj.bias", {num_experts, inter}, &up_bias));
+  KVP_RETURN_IF_ERROR(
+      read_into(source, p + "down_proj.bias", {num_experts, hidden}, &experts->down_bias));
+  for (int32_t e = 0; e < num_experts; ++e) {
+    experts->gate_up.push_back(gate[e].matrix);
+    experts->gate_up.push_back(up[e].matrix);
+    experts->down.push_back(down[e].matrix);
+    for (StoredMatrix* m : {&gate[e], &up[e], &down[e]}) {
+      w->keep_alive.push_back(std::move(m->keep_alive));
+    }
+    const float* g = gate_bias.data() + e * inter;
+    const float* u = up_bias.data() + e * inter;
+    experts->gate_up_bias.insert(experts->gate_up_bias.end(), g, g + inter);
+    experts->gate_up_bias.insert(experts->gate_up_bias.end(), u, u + inter);
+  }
+  return Status::ok();
+}
+
 // GPT-OSS's layer `layer`: router "model.layers.N.mlp.router.{weight,bias}" and the experts'
 // 3-D tensors as transformers stores them, multiplied from the left (x · W):
 //   experts.gate_up_proj [num_experts][hidden][2 * inter], gate and up interleaved: column 2i is
@@ -88,6 +122,8 @@ Status load_gpt_oss_experts(const ModelSpec& spec, const WeightSource& source, i
   KVP_ASSIGN_OR_RETURN(experts->router,
                        read_matrix(source, p + "router.weight", num_experts, hidden, w));
   KVP_RETURN_IF_ERROR(read_into(source, p + "router.bias", {num_experts}, &experts->router_bias));
+  if (!source.contains(p + "experts.gate_up_proj"))
+    return load_split_experts(spec, source, layer, experts, w);
   std::vector<float> gate_up, gate_up_bias, down;
   KVP_RETURN_IF_ERROR(
       read_into(source, p + "experts.gate_up_proj", {num_experts, hidden, 2 * inter}, &gate_up));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
@@ -636,6 +637,30 @@ Result<ModelSpec> load_hf_config(const std::string& path) {
   if (!in) return Status::not_found("{}: cannot open", path);
   json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded()) return Status::corruption("{}: not valid JSON", path);
+  // transformers' generate stops at generation_config.json's eos_token_id too (GPT-OSS lists
+  // <|return|>, <|endoftext|> and <|call|> there): its ids join config.json's
+  const std::filesystem::path generation =
+      std::filesystem::path(path).parent_path() / "generation_config.json";
+  if (std::ifstream gen_in(generation); gen_in && config.is_object()) {
+    const json gen = json::parse(gen_in, nullptr, /*allow_exceptions=*/false);
+    if (gen.is_object() && gen.contains("eos_token_id")) {
+      json ids = json::array();
+      const auto add = [&ids](const json& eos) {
+        if (!eos.is_array()) {
+          if (!eos.is_null() && std::find(ids.begin(), ids.end(), eos) == ids.end()) {
+            ids.push_back(eos);
+          }
+          return;
+        }
+        for (const json& id : eos) {
+          if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+        }
+      };
+      if (config.contains("eos_token_id")) add(config["eos_token_id"]);
+      add(gen["eos_token_id"]);
+      config["eos_token_id"] = ids;
+    }
+  }
   return model_spec_from_hf_config(config, path);
 }
 

@@ -263,7 +263,8 @@ INSTANTIATE_TEST_SUITE_P(Architectures, TinyModelTest,
 // The same weights written as GGUF the way llama.cpp's converter lays them out
 // (tests/model/make_tiny_gguf.py with the `gguf` package: permuted Llama q/k rows, Llama 3 rope
 // as rope_freqs, Gemma norms stored as 1 + w, Qwen3's q/k norms as attn_q_norm / attn_k_norm,
-// Qwen3-MoE's experts as 3-D ffn_*_exps tensors; F32), read by kvpool's GGUF path.
+// Qwen3-MoE's experts as 3-D ffn_*_exps tensors, GPT-OSS's fused gate_up split into them; F32),
+// read by kvpool's GGUF path.
 class TinyGgufTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
@@ -309,7 +310,7 @@ TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyGgufTest,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen3_moe",
-                                           "qwen2_moe"));
+                                           "qwen2_moe", "gpt_oss"));
 
 // The tiny Qwen3-MoE with its 3-D expert tensors quantised to Q8_0 by the gguf package: each
 // expert is a row slice of the file's tensor (consecutive, in the mapping, nothing copied) whose

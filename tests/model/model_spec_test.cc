@@ -7,7 +7,11 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <unistd.h>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -286,6 +290,25 @@ TEST(ModelSpecHf, GptOssYarnFrequenciesAreTransformersBits) {
                                        0x1.132518p-16f, 0x1.f02e5p-19f};
   EXPECT_EQ(inv, expected);
   EXPECT_NEAR(spec->rope_global.scaling.attention_factor, 1.2079441541679836, 1e-12);
+}
+
+// transformers' generate also stops at generation_config.json's eos ids (GPT-OSS lists three).
+TEST(ModelSpecHf, GenerationConfigEosIdsJoinTheConfigs) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("kvp_gen_config_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  json config = json::parse(R"({"model_type": "gpt_oss", "vocab_size": 256, "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 1024, "eos_token_id": 2})");
+  std::ofstream(dir / "config.json") << config.dump();
+  auto spec = load_hf_config((dir / "config.json").string());
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->eos_token_ids, std::vector<int32_t>{2});
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [7, 2, 5]})";
+  spec = load_hf_config((dir / "config.json").string());
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->eos_token_ids, (std::vector<int32_t>{2, 7, 5}));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ModelSpec, ValidateRefusesNonFiniteScalesAndCaps) {
