@@ -26,10 +26,12 @@ types are tested against the gguf package in gguf_file_test.cc).
 kvpool reads the result with its own GGUF reader; the test compares the logits with the
 transformers goldens of the same weights.
 Usage: make_tiny_gguf.py MODEL_DIR OUT.gguf [--arch NAME] [--drop TENSOR] [--transpose TENSOR]
-                         [--expert-type Q8_0]
+                         [--expert-type Q8_0 [--expert-roundtrip]]
   --arch, --drop, --transpose make damaged variants for the error tests (another architecture
   name, a GGUF tensor left out, a GGUF tensor written transposed); --expert-type stores the
-  3-D expert tensors quantised by the gguf package (the reader's row slices of a block format).
+  3-D expert tensors quantised by the gguf package (the reader's row slices of a block format);
+  --expert-roundtrip writes those experts' dequantised values as F32 instead (the same numbers
+  without the block format).
 """
 import argparse
 import json
@@ -83,7 +85,8 @@ def llama3_rope_factors(head_dim, rope):
     return np.array(factors, dtype=np.float32)
 
 
-def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, expert_type=None):
+def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, expert_type=None,
+         expert_roundtrip=False):
     cfg = json.load(open(f"{model_dir}/config.json"))
     tensors = read_safetensors(f"{model_dir}/model.safetensors")
     arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
@@ -202,8 +205,11 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, exp
             data = data.T
         if expert_type and out.endswith("_exps.weight"):
             qtype = gguf.GGMLQuantizationType[expert_type]
-            w.add_tensor(out, gguf.quants.quantize(np.ascontiguousarray(data), qtype),
-                         raw_dtype=qtype)
+            blocks = gguf.quants.quantize(np.ascontiguousarray(data), qtype)
+            if expert_roundtrip:  # the rounded values, stored as F32
+                w.add_tensor(out, gguf.quants.dequantize(blocks, qtype).astype(np.float32))
+            else:
+                w.add_tensor(out, blocks, raw_dtype=qtype)
             continue
         w.add_tensor(out, np.ascontiguousarray(data))
     if global_rope.get("rope_type") == "llama3":
@@ -252,5 +258,6 @@ if __name__ == "__main__":
     ap.add_argument("--drop")
     ap.add_argument("--transpose")
     ap.add_argument("--expert-type")
+    ap.add_argument("--expert-roundtrip", action="store_true")
     a = ap.parse_args()
-    main(a.model_dir, a.out, a.arch, a.drop, a.transpose, a.expert_type)
+    main(a.model_dir, a.out, a.arch, a.drop, a.transpose, a.expert_type, a.expert_roundtrip)
