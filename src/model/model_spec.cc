@@ -512,6 +512,14 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
                                  qwen3 ? "Qwen3" : "Qwen2");
     }
   } else if (gpt_oss) {
+    // OpenAI's checkpoints store the experts as MXFP4 blocks and scales, which this reader does
+    // not convert (their GGUF does load)
+    if (top.has("quantization_config")) {
+      return Status::unsupported(
+          "{}: gpt_oss with a quantization_config (OpenAI's MXFP4 experts) is not supported from "
+          "safetensors; use its GGUF or a dequantised checkpoint",
+          source);
+    }
     // GptOssConfig: attention_bias (default true) gives q, k, v and o their biases
     KVP_ASSIGN_OR_RETURN(spec.qkv_bias, f.bool_field("attention_bias", true));
     spec.o_bias = spec.qkv_bias;

@@ -280,6 +280,28 @@ TEST(ModelSpecHf, GptOssDefaults) {
   for (int i = 0; i < 4; ++i) EXPECT_NEAR(inv[8 * i], expected[i], 1e-7 * expected[i]) << i;
 }
 
+// GPT-OSS-20B's own config.json (legacy rope_scaling) parses, except that its MXFP4 experts
+// (quantization_config) are refused by name rather than missed tensor by tensor.
+TEST(ModelSpecHf, GptOss20bConfigParsesAndItsMxfp4CheckpointIsRefused) {
+  std::ifstream in("tests/cache/fixtures/gpt-oss-20b.json");
+  json j = json::parse(in);
+  expect_refused(j, StatusCode::kUnsupported, "OpenAI's MXFP4 experts");
+  j.erase("quantization_config");
+  auto spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->num_experts, 32);
+  EXPECT_EQ(spec->num_experts_per_tok, 4);
+  EXPECT_EQ(spec->sliding_window, 128);
+  EXPECT_EQ(spec->num_layers, 24);
+  EXPECT_TRUE(spec->layer_is_sliding[0]);
+  EXPECT_FALSE(spec->layer_is_sliding[1]);
+  EXPECT_EQ(spec->rope_global.scaling.kind, cpu::RopeScaling::Kind::kYarn);
+  EXPECT_EQ(spec->rope_global.theta, 150000.0);
+  EXPECT_FALSE(spec->rope_global.scaling.truncate);
+  EXPECT_EQ(spec->rope_global.scaling.original_max_position_embeddings, 4096.0);
+  EXPECT_EQ(spec->eos_token_ids, std::vector<int32_t>{200002});
+}
+
 // The tiny fixture's YaRN (16 original positions, factor 8, dim 16): bit for bit transformers'.
 TEST(ModelSpecHf, GptOssYarnFrequenciesAreTransformersBits) {
   auto spec = load_hf_config("tests/model/fixtures/tiny/gpt_oss/config.json");
