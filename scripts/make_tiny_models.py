@@ -5,7 +5,9 @@ For each architecture (Llama with Llama 3 rope scaling and tied embeddings, Qwen
 bias, Gemma 3 with interleaved sliding-window and global layers, Qwen3 with per-head q/k RMS
 norms, an explicit head_dim unequal to hidden / heads and tied embeddings, Qwen3-MoE with 4
 experts of which each token runs 2, Qwen2-MoE with 6 experts, top 2, a gated shared expert and a
-dense layer between its MoE layers) it builds a small model with
+dense layer between its MoE layers, GPT-OSS with alternating sliding-window (8 tokens) and global
+layers, attention sinks, YaRN rope over a short original context, and 4 biased experts, top 2,
+whose clamped SwiGLU is driven past its limit) it builds a small model with
 random weights, saves it as safetensors + config.json, and records golden outputs computed by
 transformers in float32 on the CPU (eager attention):
   golden.safetensors: prompt_{i} (int32 token ids), logits_{i} ([len, vocab] float32, every
@@ -23,7 +25,8 @@ import sys
 import torch
 import transformers
 from safetensors.torch import save_file
-from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
+from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GptOssConfig, GptOssForCausalLM,
+                          LlamaConfig, LlamaForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM,
                           Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig,
                           Qwen3MoeForCausalLM)
@@ -84,7 +87,31 @@ def configs():
             initializer_range=0.08, qkv_bias=True,
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
             use_sliding_window=False, bos_token_id=1, eos_token_id=2)),
+        "gpt_oss": (GptOssForCausalLM, GptOssConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=32, num_local_experts=4,
+            num_experts_per_tok=2, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            max_position_embeddings=128, rms_norm_eps=1e-5, tie_word_embeddings=False,
+            initializer_range=0.08, attention_bias=True,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0,
+                             "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 16},
+            bos_token_id=1, eos_token_id=2)),
     }
+
+
+# Per architecture, after the norms: weights scaled so the features under test act. GPT-OSS's
+# sinks are drawn wide enough to take a real share of the softmax, and its experts' gate/up
+# projection is scaled up so the SwiGLU's clamp at 7 cuts many values.
+def shape_weights(name, model):
+    if name != "gpt_oss":
+        return
+    for pname, p in model.named_parameters():
+        if pname.endswith("self_attn.sinks"):
+            p.copy_(torch.randn_like(p) * 1.5)
+        elif pname.endswith("experts.gate_up_proj"):
+            p.mul_(10.0)
 
 
 def main():
@@ -100,6 +127,7 @@ def main():
             for pname, p in model.named_parameters():
                 if "norm" in pname:
                     p.add_(torch.randn_like(p) * 0.1)
+            shape_weights(name, model)
         out = os.path.join(out_root, name)
         os.makedirs(out, exist_ok=True)
         model.save_pretrained(out, safe_serialization=True)

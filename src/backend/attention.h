@@ -16,6 +16,7 @@
 //   query head h reads KV head h / (num_q_heads / num_kv_heads) (grouped-query attention)
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -79,7 +80,22 @@ struct AttentionParams {
   float scale = 1.0f;     // multiplies q·k
   float soft_cap = 0.0f;  // 0: off; else logit = soft_cap * tanh(scale * q·k / soft_cap)
   int32_t window = 0;     // 0: off; else key j is visible from position p iff p - j < window
+  // GPT-OSS's attention sinks: [num_q_heads] logits, one per query head, that join each row's
+  // softmax denominator (e^sink added to the sum of e^logit) and are then dropped, so a row's
+  // weights sum to less than 1. Null: off. Host memory for the CPU backend.
+  const float* sinks = nullptr;
 };
+
+// The factor that turns a finished streaming-softmax state into the output row: o * factor,
+// where o = sum_j e^(logit_j - m) v_j and l = sum_j e^(logit_j - m). Without a sink 1 / l; with
+// sink logit s, 1 / (l + e^(s - m)), computed without overflow when s > m.
+inline float softmax_output_factor(float m, float l, const float* sinks, int32_t q_head) {
+  if (sinks == nullptr) return 1.0f / l;
+  const float s = sinks[q_head];
+  if (!(s > m)) return 1.0f / (l + std::exp(s - m));  // m = -inf never reaches here with l > 0
+  const float a = std::exp(m - s);
+  return a / (l * a + 1.0f);
+}
 
 // Batch metadata. Pointers are in the memory of the backend that runs the batch (host for the
 // CPU backend, device for CUDA); the maxima are host values used to shape the work.

@@ -1,4 +1,5 @@
-// The oracle: dense gather, plain two-pass softmax in double precision. Slow on purpose.
+// The oracle: dense gather, plain two-pass softmax in double precision (attention sinks join its
+// denominator). Slow on purpose.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -54,6 +55,11 @@ void reference_paged_attention(const AttentionParams& params, const AttentionBat
             max_logit = std::max(max_logit, logit);
           }
           double sum = 0.0;
+          if (params.sinks != nullptr) {  // joins the denominator only
+            const double sink = params.sinks[h];
+            max_logit = std::max(max_logit, sink);  // no exponent overflows
+            sum += std::exp(sink - max_logit);
+          }
           for (int32_t j = first; j <= pos; ++j) sum += std::exp(logits[j] - max_logit);
           for (int32_t d = 0; d < head_dim; ++d) {
             double acc = 0.0;

@@ -215,7 +215,8 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
       for (int32_t r = 0; r < num_rows; ++r) {
         const int64_t row = int64_t{h} * num_rows + r;
         KVP_DCHECK(l[row] > 0.0f, "row {} of a tile saw no key", row);
-        const float inv = 1.0f / l[row];
+        const float inv =
+            softmax_output_factor(m[row], l[row], params.sinks, h * group + r % group);
         const float* o_row = o + row * head_dim;
         const int64_t dst = head_offset(tile, h, r);
         if (q_dtype == DType::F32) {
@@ -264,7 +265,7 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
           for (int32_t d = 0; d < head_dim; ++d) acc[d] += w * o_k[d];
         }
         KVP_DCHECK(l_sum > 0.0f, "row {} of a split tile saw no key", row);
-        const float inv = 1.0f / l_sum;
+        const float inv = softmax_output_factor(m_max, l_sum, params.sinks, h * group + r % group);
         const int64_t dst = head_offset(tile, h, r);
         for (int32_t d = 0; d < head_dim; ++d) {
           store_from_f32(out, q_dtype, size_t(dst + d), acc[d] * inv);
@@ -320,8 +321,9 @@ Status paged_attention_scalar(const AttentionParams& params, const AttentionBatc
         }
         m = m_new;
       }
+      const float inv = softmax_output_factor(m, l, params.sinks, h);
       for (int32_t d = 0; d < head_dim; ++d)
-        store_from_f32(out, q_dtype, row * head_dim + d, acc[d] / l);
+        store_from_f32(out, q_dtype, row * head_dim + d, acc[d] * inv);
     }
   };
   parallel_for(pool, int64_t{batch.num_seqs} * params.num_q_heads, run);

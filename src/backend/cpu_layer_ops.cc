@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -53,9 +54,45 @@ void rms_norm(float* x, const float* w, int64_t num_rows, int64_t dim, float eps
   rms_norm(x, w, x, num_rows, dim, eps, style);
 }
 
+namespace {
+
+// As transformers computes YaRN's inverse frequencies: the frequencies in float32, the correction
+// range in double (Python floats).
+std::vector<float> yarn_inverse_frequencies(int32_t dim, double theta, const RopeScaling& s) {
+  const auto correction_dim = [&](double rotations) {
+    return dim * std::log(s.original_max_position_embeddings / (rotations * 2 * std::numbers::pi)) /
+           (2 * std::log(theta));
+  };
+  double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+  if (s.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, double(dim - 1));
+  if (low == high) high += 0.001;  // no division by zero
+  const auto low_f = static_cast<float>(low), span_f = static_cast<float>(high - low);
+  std::vector<float> inv_freq(dim / 2);
+  for (int32_t i = 0; i < dim / 2; ++i) {
+    const float pos_freq =
+        std::pow(static_cast<float>(theta), static_cast<float>(2 * i) / static_cast<float>(dim));
+    const float extrapolation = 1.0f / pos_freq;
+    const float interpolation = 1.0f / (static_cast<float>(s.factor) * pos_freq);
+    const float ramp = std::clamp((static_cast<float>(i) - low_f) / span_f, 0.0f, 1.0f);
+    const float keep = 1.0f - ramp;  // share of the extrapolated frequency
+    inv_freq[i] = interpolation * (1.0f - keep) + extrapolation * keep;
+  }
+  return inv_freq;
+}
+
+}  // namespace
+
 std::vector<float> rope_inverse_frequencies(int32_t rotary_dim, double theta,
                                             const RopeScaling& scaling) {
   KVP_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0, "rotary dim {} must be even", rotary_dim);
+  if (scaling.kind == RopeScaling::Kind::kYarn) {
+    return yarn_inverse_frequencies(rotary_dim, theta, scaling);
+  }
   std::vector<float> inv_freq(rotary_dim / 2);
   for (int32_t i = 0; i < rotary_dim / 2; ++i) {
     // as Hugging Face computes it: in float32, base ** (2i / dim)
@@ -63,6 +100,7 @@ std::vector<float> rope_inverse_frequencies(int32_t rotary_dim, double theta,
     double f = 1.0 / static_cast<double>(std::pow(static_cast<float>(theta), exponent));
     switch (scaling.kind) {
       case RopeScaling::Kind::kNone:
+      case RopeScaling::Kind::kYarn:  // yarn_inverse_frequencies
         break;
       case RopeScaling::Kind::kLinear:
         f /= scaling.factor;
@@ -121,6 +159,12 @@ void gated_activation(const float* gate_up, float* out, int64_t num_rows, int64_
     float* o = out + r * dim;
     if (act == Activation::kSilu) {
       for (int64_t i = 0; i < dim; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    } else if (act == Activation::kClampedSwiglu) {
+      for (int64_t i = 0; i < dim; ++i) {
+        const float g = std::min(gate[i], kSwigluLimit);
+        const float u = std::clamp(up[i], -kSwigluLimit, kSwigluLimit);
+        o[i] = (u + 1.0f) * (g / (1.0f + std::exp(-kSwigluAlpha * g)));
+      }
     } else {
       for (int64_t i = 0; i < dim; ++i) {
         const float g = gate[i];

@@ -28,11 +28,19 @@ void rms_norm(const float* x, const float* w, float* out, int64_t num_rows, int6
 
 // Rotary embedding tables: inverse frequencies [head_dim / 2] for a rope variant.
 struct RopeScaling {
-  enum class Kind { kNone, kLinear, kLlama3 } kind = Kind::kNone;
+  enum class Kind { kNone, kLinear, kLlama3, kYarn } kind = Kind::kNone;
   double factor = 1.0;
   double low_freq_factor = 1.0;                 // llama3
   double high_freq_factor = 4.0;                // llama3
-  double original_max_position_embeddings = 0;  // llama3
+  double original_max_position_embeddings = 0;  // llama3, yarn
+  // YaRN (transformers' _compute_yarn_parameters): frequencies between the correction dims of
+  // beta_fast and beta_slow rotations ramp from extrapolated (kept) to interpolated (/ factor);
+  // truncate rounds the correction range outward to whole dims. attention_factor multiplies cos
+  // and sin, so q·k by its square (the runner folds that into the attention scale).
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  double attention_factor = 1.0;
 };
 std::vector<float> rope_inverse_frequencies(int32_t rotary_dim, double theta,
                                             const RopeScaling& scaling);
@@ -47,8 +55,13 @@ enum class RopeStyle {
 void apply_rope(float* x, std::span<const int32_t> positions, int64_t num_heads, int64_t head_dim,
                 std::span<const float> inv_freq, RopeStyle style);
 
-enum class Activation { kSilu, kGeluTanh };
-// out[r][i] = act(gate[r][i]) * up[r][i]; gate_up [num_rows][2 * dim] holds gate then up.
+// kClampedSwiglu, GPT-OSS's experts: g = min(gate, 7), u = clamp(up, -7, 7),
+// out = (u + 1) * g * sigmoid(1.702 g).
+enum class Activation { kSilu, kGeluTanh, kClampedSwiglu };
+inline constexpr float kSwigluAlpha = 1.702f;  // GPT-OSS's fixed constants
+inline constexpr float kSwigluLimit = 7.0f;
+// out[r][i] = act(gate[r][i]) * up[r][i] (kClampedSwiglu: as above); gate_up [num_rows][2 * dim]
+// holds gate then up.
 void gated_activation(const float* gate_up, float* out, int64_t num_rows, int64_t dim,
                       Activation act);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <optional>
 
 #include "common/limits.h"
 #include "model/model_config.h"
@@ -20,30 +21,57 @@ Result<Architecture> architecture_of(const GgufFile& file) {
   if (arch == "qwen3moe") return Architecture::kQwen3Moe;
   if (arch == "qwen2moe") return Architecture::kQwen2Moe;
   if (arch == "gemma3") return Architecture::kGemma3;
+  if (arch == "gpt-oss") return Architecture::kGptOss;
   return Status::unsupported(
       "gguf '{}': architecture '{}' is not supported (llama, qwen2, qwen2moe, qwen3, qwen3moe, "
-      "gemma3)",
+      "gpt-oss, gemma3)",
       file.path(), arch);
 }
 
-// `{arch}.rope.scaling.*` (linear only; llama3 comes as rope_freqs.weight).
+// `{arch}.rope.scaling.*`: linear, or yarn with original_context_length and the optional
+// yarn_beta_fast / yarn_beta_slow / yarn_attn_factor (absent: transformers' 32, 1 and
+// 0.1 ln(factor) + 1). llama3 comes as rope_freqs.weight.
 Result<cpu::RopeScaling> rope_scaling_of(const GgufFile& file, std::string_view arch) {
   cpu::RopeScaling scaling;
   const std::string type_key = fmt::format("{}.rope.scaling.type", arch);
   if (file.find(type_key) == nullptr) return scaling;
   KVP_ASSIGN_OR_RETURN(std::string_view type, file.get_string(type_key));
   if (type == "none") return scaling;
-  if (type != "linear") {
-    return Status::unsupported("gguf '{}': rope scaling '{}' is not supported (linear)",
+  if (type != "linear" && type != "yarn") {
+    return Status::unsupported("gguf '{}': rope scaling '{}' is not supported (linear, yarn)",
                                file.path(), type);
   }
-  KVP_ASSIGN_OR_RETURN(float factor, file.get_f32(fmt::format("{}.rope.scaling.factor", arch)));
-  if (!std::isfinite(factor) || !(factor > 0.0f)) {
-    return Status::invalid_argument("gguf '{}': rope scaling factor {} must be finite and > 0",
-                                    file.path(), factor);
-  }
-  scaling.kind = cpu::RopeScaling::Kind::kLinear;
+  const auto positive = [&](std::string_view key, std::optional<float> fallback) -> Result<float> {
+    const std::string full = fmt::format("{}.rope.scaling.{}", arch, key);
+    if (fallback && file.find(full) == nullptr) return *fallback;
+    KVP_ASSIGN_OR_RETURN(float v, file.get_f32(full));
+    if (!std::isfinite(v) || !(v > 0.0f)) {
+      return Status::invalid_argument("gguf '{}': {} = {} must be finite and > 0", file.path(),
+                                      full, v);
+    }
+    return v;
+  };
+  KVP_ASSIGN_OR_RETURN(float factor, positive("factor", std::nullopt));
   scaling.factor = factor;
+  if (type == "linear") {
+    scaling.kind = cpu::RopeScaling::Kind::kLinear;
+    return scaling;
+  }
+  scaling.kind = cpu::RopeScaling::Kind::kYarn;
+  KVP_ASSIGN_OR_RETURN(int64_t original, file.get_integer(fmt::format(
+                                             "{}.rope.scaling.original_context_length", arch)));
+  if (original <= 0) {
+    return Status::invalid_argument("gguf '{}': yarn original context length {}", file.path(),
+                                    original);
+  }
+  scaling.original_max_position_embeddings = static_cast<double>(original);
+  KVP_ASSIGN_OR_RETURN(float beta_fast, positive("yarn_beta_fast", 32.0f));
+  KVP_ASSIGN_OR_RETURN(float beta_slow, positive("yarn_beta_slow", 1.0f));
+  const float mscale = factor <= 1.0f ? 1.0f : 0.1f * std::log(factor) + 1.0f;
+  KVP_ASSIGN_OR_RETURN(float attn_factor, positive("yarn_attn_factor", mscale));
+  scaling.beta_fast = beta_fast;
+  scaling.beta_slow = beta_slow;
+  scaling.attention_factor = attn_factor;
   return scaling;
 }
 
@@ -144,6 +172,24 @@ Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
       spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
       KVP_RETURN_IF_ERROR(experts_of(file, arch_name, &spec));
       break;
+    case Architecture::kGptOss:
+      // llama.cpp's gpt-oss: q/k/v/o biases, sinks, biased router and experts, the clamped
+      // SwiGLU, softmax over the top-k logits; windows on even layers (its swa pattern 2); YaRN
+      // not truncated (GptOssConfig's truncate = false, which GGUF does not record)
+      spec.qkv_bias = file.tensor("blk.0.attn_q.bias").is_ok();
+      spec.o_bias = file.tensor("blk.0.attn_output.bias").is_ok();
+      spec.attention_sinks = true;
+      KVP_RETURN_IF_ERROR(experts_of(file, arch_name, &spec));
+      spec.norm_topk_prob = true;
+      spec.expert_bias = true;
+      spec.moe_activation = cpu::Activation::kClampedSwiglu;
+      spec.rope_global.scaling.truncate = false;
+      spec.rope_local = spec.rope_global;
+      spec.sliding_window = static_cast<int32_t>(config.sliding_window);
+      for (int32_t l = 0; l < spec.num_layers; ++l) {
+        spec.layer_is_sliding[l] = spec.sliding_window > 0 && l % 2 == 0;
+      }
+      break;
     case Architecture::kGemma3: {
       spec.activation = cpu::Activation::kGeluTanh;
       spec.norm_style = cpu::NormStyle::kPlain;  // stored as 1 + w
@@ -162,7 +208,12 @@ Result<ModelSpec> model_spec_from_gguf(const GgufFile& file) {
       break;
     }
   }
-  if (spec.sliding_window > 0 && arch != Architecture::kGemma3) {
+  if (spec.rope_global.scaling.kind == cpu::RopeScaling::Kind::kYarn) {
+    // cos and sin scaled by the attention factor: q·k by its square
+    const double factor = spec.rope_global.scaling.attention_factor;
+    spec.attention_scale = static_cast<float>(spec.attention_scale * factor * factor);
+  }
+  if (spec.sliding_window > 0 && arch != Architecture::kGemma3 && arch != Architecture::kGptOss) {
     return Status::unsupported("gguf '{}': a sliding window on {} is not supported", file.path(),
                                arch_name);
   }
@@ -333,14 +384,24 @@ std::string GgufWeights::gguf_name(const std::string& hf_name) const {
       {"mlp.experts.gate_proj", "ffn_gate_exps.weight"},
       {"mlp.experts.up_proj", "ffn_up_exps.weight"},
       {"mlp.experts.down_proj", "ffn_down_exps.weight"},
+      // GPT-OSS
+      {"self_attn.o_proj.bias", "attn_output.bias"},
+      {"self_attn.sinks", "attn_sinks.weight"},
+      {"mlp.router.weight", "ffn_gate_inp.weight"},
+      {"mlp.router.bias", "ffn_gate_inp.bias"},
+      {"mlp.experts.gate_proj.bias", "ffn_gate_exps.bias"},
+      {"mlp.experts.up_proj.bias", "ffn_up_exps.bias"},
+      {"mlp.experts.down_proj.bias", "ffn_down_exps.bias"},
   };
   const char* mapped = nullptr;
   for (const Pair& p : kCommon) {
     if (rest == p.hf) mapped = p.gguf;
   }
   if (rest == "post_attention_layernorm.weight") {
-    // Gemma: the norm after attention; Llama / Qwen2: the norm before the MLP
-    mapped = gemma ? "post_attention_norm.weight" : "ffn_norm.weight";
+    // Gemma: the norm after attention; Llama / Qwen2: the norm before the MLP; GPT-OSS: the norm
+    // before the MLP, which llama.cpp names as Gemma's
+    mapped = gemma || architecture_ == Architecture::kGptOss ? "post_attention_norm.weight"
+                                                             : "ffn_norm.weight";
   }
   if (mapped == nullptr) return "";
   return fmt::format("blk.{}.{}", layer, mapped);

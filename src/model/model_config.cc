@@ -250,6 +250,12 @@ Result<ModelConfig> model_config_from_hf(const nlohmann::json& j, std::string_vi
                        hf_u32(j, source, "moe_intermediate_size", kIntermediateSize, 0u));
   KVP_ASSIGN_OR_RETURN(c.shared_expert_intermediate_size,
                        hf_u32(j, source, "shared_expert_intermediate_size", kIntermediateSize, 0u));
+  if (c.architecture == "gpt_oss") {  // GptOssConfig: every layer's experts are intermediate_size
+    KVP_ASSIGN_OR_RETURN(c.num_experts, hf_u32(j, source, "num_local_experts", kExperts, 128u));
+    KVP_ASSIGN_OR_RETURN(c.num_experts_used,
+                         hf_u32(j, source, "num_experts_per_tok", kExperts, 4u));
+    c.expert_intermediate_size = c.intermediate_size;
+  }
   if (c.num_experts > 0) {
     KVP_ASSIGN_OR_RETURN(uint32_t step, hf_u32(j, source, "decoder_sparse_step", kLayers, 1u));
     std::vector<bool> dense(c.num_layers, false);

@@ -73,6 +73,92 @@ Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t l
   return Status::ok();
 }
 
+// GPT-OSS's experts as llama.cpp's converter writes them (GGUF gpt-oss): gate, up [num_experts]
+// [inter][hidden] and down [num_experts][hidden][inter] stacked per projection, read in place
+// (read_experts), and their biases "mlp.experts.{gate,up,down}_proj.bias" [num_experts][rows].
+Status load_split_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
+                          ExpertWeights* experts, ModelWeights* w) {
+  const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
+  const int32_t num_experts = spec.num_experts;
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> gate,
+                       source.read_experts(layer, "gate_proj", num_experts, inter, hidden));
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> up,
+                       source.read_experts(layer, "up_proj", num_experts, inter, hidden));
+  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> down,
+                       source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  const std::string p = fmt::format("model.layers.{}.mlp.experts.", layer);
+  std::vector<float> gate_bias, up_bias;
+  KVP_RETURN_IF_ERROR(read_into(source, p + "gate_proj.bias", {num_experts, inter}, &gate_bias));
+  KVP_RETURN_IF_ERROR(read_into(source, p + "up_proj.bias", {num_experts, inter}, &up_bias));
+  KVP_RETURN_IF_ERROR(
+      read_into(source, p + "down_proj.bias", {num_experts, hidden}, &experts->down_bias));
+  for (int32_t e = 0; e < num_experts; ++e) {
+    experts->gate_up.push_back(gate[e].matrix);
+    experts->gate_up.push_back(up[e].matrix);
+    experts->down.push_back(down[e].matrix);
+    for (StoredMatrix* m : {&gate[e], &up[e], &down[e]}) {
+      w->keep_alive.push_back(std::move(m->keep_alive));
+    }
+    const float* g = gate_bias.data() + e * inter;
+    const float* u = up_bias.data() + e * inter;
+    experts->gate_up_bias.insert(experts->gate_up_bias.end(), g, g + inter);
+    experts->gate_up_bias.insert(experts->gate_up_bias.end(), u, u + inter);
+  }
+  return Status::ok();
+}
+
+// GPT-OSS's layer `layer`: router "model.layers.N.mlp.router.{weight,bias}" and the experts'
+// 3-D tensors as transformers stores them, multiplied from the left (x · W):
+//   experts.gate_up_proj [num_experts][hidden][2 * inter], gate and up interleaved: column 2i is
+//   gate unit i, column 2i + 1 up unit i; gate_up_proj_bias [num_experts][2 * inter] likewise;
+//   experts.down_proj [num_experts][inter][hidden], down_proj_bias [num_experts][hidden].
+// Converted once to the runner's layout (f32): per expert gate, up [inter][hidden] and down
+// [hidden][inter]; biases gate then up.
+Status load_gpt_oss_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
+                            ExpertWeights* experts, ModelWeights* w) {
+  const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
+  const int64_t num_experts = spec.num_experts;
+  const std::string p = fmt::format("model.layers.{}.mlp.", layer);
+  KVP_ASSIGN_OR_RETURN(experts->router,
+                       read_matrix(source, p + "router.weight", num_experts, hidden, w));
+  KVP_RETURN_IF_ERROR(read_into(source, p + "router.bias", {num_experts}, &experts->router_bias));
+  if (!source.contains(p + "experts.gate_up_proj"))
+    return load_split_experts(spec, source, layer, experts, w);
+  std::vector<float> gate_up, gate_up_bias, down;
+  KVP_RETURN_IF_ERROR(
+      read_into(source, p + "experts.gate_up_proj", {num_experts, hidden, 2 * inter}, &gate_up));
+  KVP_RETURN_IF_ERROR(
+      read_into(source, p + "experts.gate_up_proj_bias", {num_experts, 2 * inter}, &gate_up_bias));
+  KVP_RETURN_IF_ERROR(
+      read_into(source, p + "experts.down_proj", {num_experts, inter, hidden}, &down));
+  KVP_RETURN_IF_ERROR(
+      read_into(source, p + "experts.down_proj_bias", {num_experts, hidden}, &experts->down_bias));
+  experts->gate_up_bias.resize(gate_up_bias.size());
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const float* gu = gate_up.data() + e * hidden * 2 * inter;  // [hidden][2 * inter]
+    const float* dn = down.data() + e * inter * hidden;         // [inter][hidden]
+    std::vector<float> gate(inter * hidden), up(inter * hidden), down_t(hidden * inter);
+    for (int64_t i = 0; i < inter; ++i) {
+      for (int64_t h = 0; h < hidden; ++h) {
+        gate[i * hidden + h] = gu[h * 2 * inter + 2 * i];
+        up[i * hidden + h] = gu[h * 2 * inter + 2 * i + 1];
+        down_t[h * inter + i] = dn[i * hidden + h];
+      }
+      experts->gate_up_bias[e * 2 * inter + i] = gate_up_bias[e * 2 * inter + 2 * i];
+      experts->gate_up_bias[e * 2 * inter + inter + i] = gate_up_bias[e * 2 * inter + 2 * i + 1];
+    }
+    for (std::vector<float>* m : {&gate, &up}) {
+      StoredMatrix stored = owned_f32_matrix(std::move(*m), inter, hidden);
+      experts->gate_up.push_back(stored.matrix);
+      w->keep_alive.push_back(std::move(stored.keep_alive));
+    }
+    StoredMatrix stored = owned_f32_matrix(std::move(down_t), hidden, inter);
+    experts->down.push_back(stored.matrix);
+    w->keep_alive.push_back(std::move(stored.keep_alive));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 int64_t LinearWeight::rows() const {
@@ -175,6 +261,13 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
       KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.k_norm.weight", {head_dim}, &lw.k_norm));
     }
     KVP_RETURN_IF_ERROR(add_part(source, p + "self_attn.o_proj.weight", hidden, q_dim, &lw.o, &w));
+    if (spec.o_bias) {
+      KVP_RETURN_IF_ERROR(read_into(source, p + "self_attn.o_proj.bias", {hidden}, &lw.o_bias));
+    }
+    if (spec.attention_sinks) {
+      KVP_RETURN_IF_ERROR(
+          read_into(source, p + "self_attn.sinks", {int64_t{spec.num_q_heads}}, &lw.sinks));
+    }
     if (spec.sandwich_norms) {
       KVP_RETURN_IF_ERROR(
           read_into(source, p + "post_attention_layernorm.weight", {hidden}, &lw.post_attn_norm));
@@ -187,7 +280,9 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
           read_into(source, p + "post_attention_layernorm.weight", {hidden}, &lw.mlp_norm));
     }
     if (spec.layer_moe(l)) {
-      KVP_RETURN_IF_ERROR(load_experts(spec, source, l, &lw.experts, &w));
+      KVP_RETURN_IF_ERROR(spec.architecture == Architecture::kGptOss
+                              ? load_gpt_oss_experts(spec, source, l, &lw.experts, &w)
+                              : load_experts(spec, source, l, &lw.experts, &w));
       continue;
     }
     KVP_RETURN_IF_ERROR(
@@ -433,6 +528,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     params.scale = spec_.attention_scale;
     params.soft_cap = spec_.attn_logit_softcap;
     params.window = sliding ? spec_.sliding_window : 0;
+    params.sinks = lw.sinks.empty() ? nullptr : lw.sinks.data();
     AttentionBatch ab;
     ab.num_seqs = num_seqs;
     ab.num_tokens = static_cast<int32_t>(num_tokens);
@@ -447,6 +543,12 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
 
     quant::matmul(lw.o.parts, attn.data(), num_tokens, q_dim, proj.data(), hidden, pool_,
                   precision);
+    // after the sum over ranks it would be added once per rank: split models refuse MoE
+    if (!lw.o_bias.empty()) {
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        for (int64_t i = 0; i < hidden; ++i) proj[t * hidden + i] += lw.o_bias[i];
+      }
+    }
     if (all_reduce_) all_reduce_(std::span(proj.data(), static_cast<size_t>(num_tokens * hidden)));
     if (!lw.post_attn_norm.empty()) {
       cpu::rms_norm(proj.data(), lw.post_attn_norm.data(), num_tokens, hidden, eps,
@@ -457,7 +559,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     cpu::rms_norm(x.data(), lw.mlp_norm.data(), xn.data(), num_tokens, hidden, eps,
                   spec_.norm_style);
     if (spec_.layer_moe(l)) {
-      const MoeParams moe{spec_.num_experts_per_tok, spec_.norm_topk_prob, spec_.activation};
+      const MoeParams moe{spec_.num_experts_per_tok, spec_.norm_topk_prob, spec_.moe_activation};
       moe_forward(lw.experts, moe, xn.data(), num_tokens, hidden, proj.data(), pool_, precision);
     } else {
       quant::matmul(lw.gate_up.parts, xn.data(), num_tokens, hidden, gate_up.data(), 2 * inter,

@@ -4,7 +4,8 @@
 //   tokens of all sequences, packed:   [ seq0: q_len0 tokens | seq1: q_len1 | … ]
 //   per layer: norm → q,k,v → (q/k norm) → rope → write k,v to their slots (slot mapping of the
 //              layer's cache group) → paged attention over each sequence's block table
-//              → o → (+ residual) → norm → gated MLP, or the mixture of experts of an MoE
+//              (GPT-OSS: with each head's sink logit) → o → (+ residual) → norm → gated MLP,
+//              or the mixture of experts of an MoE
 //              layer (model/moe_layer.h) → (+ residual)
 //   logits only for the rows asked for (usually each sequence's last token).
 //
@@ -48,6 +49,8 @@ struct LayerWeights {
   std::vector<float> qkv_bias;        // [(q_heads + 2 kv_heads) * head_dim] or empty
   std::vector<float> q_norm, k_norm;  // [head_dim] (Gemma 3, Qwen3) or empty
   LinearWeight o;                     // [hidden][q_heads * head_dim]
+  std::vector<float> o_bias;          // [hidden] (GPT-OSS) or empty
+  std::vector<float> sinks;           // [q_heads] attention sink logits (GPT-OSS) or empty
   std::vector<float> post_attn_norm;  // [hidden] (Gemma 3) or empty
   std::vector<float> mlp_norm;        // [hidden]
   LinearWeight gate_up;               // gate [intermediate] rows, then up [intermediate]

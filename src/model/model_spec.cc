@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
@@ -27,6 +28,8 @@ const char* architecture_name(Architecture arch) {
       return "qwen3_moe";
     case Architecture::kQwen2Moe:
       return "qwen2_moe";
+    case Architecture::kGptOss:
+      return "gpt_oss";
   }
   return "?";
 }
@@ -287,9 +290,36 @@ Result<RopeSpec> parse_rope(const json& r, double default_theta, const std::stri
       return Status::invalid_argument("{}: llama3 rope needs high_freq_factor > low_freq_factor",
                                       source);
     }
+  } else if (type == "yarn") {
+    rope.scaling.kind = cpu::RopeScaling::Kind::kYarn;
+    KVP_ASSIGN_OR_RETURN(rope.scaling.factor, f.positive_field("factor", 1.0));
+    KVP_ASSIGN_OR_RETURN(rope.scaling.original_max_position_embeddings,
+                         f.positive_field("original_max_position_embeddings", 4096.0));
+    // transformers: `beta_fast or 32`, `beta_slow or 1` (0 and null take the default)
+    KVP_ASSIGN_OR_RETURN(rope.scaling.beta_fast, f.number_field("beta_fast", 32.0));
+    KVP_ASSIGN_OR_RETURN(rope.scaling.beta_slow, f.number_field("beta_slow", 1.0));
+    if (rope.scaling.beta_fast == 0.0) rope.scaling.beta_fast = 32.0;
+    if (rope.scaling.beta_slow == 0.0) rope.scaling.beta_slow = 1.0;
+    KVP_RETURN_IF_ERROR(check_positive_finite("yarn beta_fast", rope.scaling.beta_fast));
+    KVP_RETURN_IF_ERROR(check_positive_finite("yarn beta_slow", rope.scaling.beta_slow));
+    KVP_ASSIGN_OR_RETURN(rope.scaling.truncate, f.bool_field("truncate", true));
+    // the attention factor: given, else from mscale / mscale_all_dim, else 0.1 ln(factor) + 1
+    const auto mscale = [](double scale, double m) {
+      return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+    };
+    KVP_ASSIGN_OR_RETURN(double m, f.number_field("mscale", 0.0));
+    KVP_ASSIGN_OR_RETURN(double m_all, f.number_field("mscale_all_dim", 0.0));
+    rope.scaling.attention_factor =
+        m != 0.0 && m_all != 0.0
+            ? mscale(rope.scaling.factor, m) / mscale(rope.scaling.factor, m_all)
+            : mscale(rope.scaling.factor, 1.0);
+    if (f.has("attention_factor")) {
+      KVP_ASSIGN_OR_RETURN(rope.scaling.attention_factor,
+                           f.positive_field("attention_factor", 1.0));
+    }
   } else {
-    return Status::unsupported("{}: rope type '{}' is not supported (default, linear, llama3)",
-                               source, type);
+    return Status::unsupported(
+        "{}: rope type '{}' is not supported (default, linear, llama3, yarn)", source, type);
   }
   return rope;
 }
@@ -347,6 +377,43 @@ Status parse_experts(const json& config, const std::string& source, ModelSpec* s
   return Status::ok();
 }
 
+// layer_types: "sliding_attention" or "full_attention" per layer, into layer_is_sliding.
+Status parse_layer_types(const json& config, const std::string& source, ModelSpec* spec) {
+  const json& types = config["layer_types"];
+  if (!types.is_array() || static_cast<int32_t>(types.size()) != spec->num_layers) {
+    return Status::invalid_argument("{}: 'layer_types' must list {} layers", source,
+                                    spec->num_layers);
+  }
+  for (int32_t i = 0; i < spec->num_layers; ++i) {
+    const std::string t = types[i].is_string() ? types[i].get<std::string>() : "";
+    if (t != "sliding_attention" && t != "full_attention") {
+      return Status::invalid_argument("{}: layer_types[{}] = {} is not a known layer type", source,
+                                      i, types[i].dump());
+    }
+    spec->layer_is_sliding[i] = t == "sliding_attention";
+  }
+  return Status::ok();
+}
+
+// GptOssConfig's fields and defaults: num_local_experts 128, num_experts_per_tok 4, experts of
+// intermediate_size in every layer, sliding_window 128, layer_types alternating sliding (even
+// layers) and full (odd layers).
+Status parse_gpt_oss(const json& config, const std::string& source, ModelSpec* spec) {
+  Fields f(config, source);
+  using namespace limits;  // NOLINT(google-build-using-namespace)
+  KVP_ASSIGN_OR_RETURN(spec->num_experts, f.int_field("num_local_experts", kExperts, 128));
+  KVP_ASSIGN_OR_RETURN(spec->num_experts_per_tok, f.int_field("num_experts_per_tok", kExperts, 4));
+  spec->moe_intermediate_size = spec->intermediate_size;
+  spec->norm_topk_prob = true;  // softmax over the top-k logits
+  spec->expert_bias = true;
+  spec->moe_activation = cpu::Activation::kClampedSwiglu;
+  spec->layer_is_moe.assign(spec->num_layers, true);
+  KVP_ASSIGN_OR_RETURN(spec->sliding_window, f.int_field("sliding_window", kSlidingWindow, 128));
+  if (f.has("layer_types")) return parse_layer_types(config, source, spec);
+  for (int32_t i = 0; i < spec->num_layers; ++i) spec->layer_is_sliding[i] = (i + 1) % 2 != 0;
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string& source) {
@@ -370,12 +437,14 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     spec.architecture = Architecture::kQwen3Moe;
   } else if (model_type == "qwen2_moe") {
     spec.architecture = Architecture::kQwen2Moe;
+  } else if (model_type == "gpt_oss") {
+    spec.architecture = Architecture::kGptOss;
   } else if (model_type == "gemma3_text" || model_type == "gemma3") {
     spec.architecture = Architecture::kGemma3;
   } else {
     return Status::unsupported(
         "{}: model_type '{}' is not supported (llama, qwen2, qwen2_moe, qwen3, qwen3_moe, "
-        "gemma3_text)",
+        "gpt_oss, gemma3_text)",
         source, model_type);
   }
   const bool gemma = spec.architecture == Architecture::kGemma3;
@@ -383,11 +452,14 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
   const bool qwen3 =
       spec.architecture == Architecture::kQwen3 || spec.architecture == Architecture::kQwen3Moe;
   const bool qwen2_moe = spec.architecture == Architecture::kQwen2Moe;
+  const bool gpt_oss = spec.architecture == Architecture::kGptOss;
 
   using namespace limits;  // NOLINT(google-build-using-namespace)
   KVP_ASSIGN_OR_RETURN(spec.vocab_size, f.int_field("vocab_size", kVocabSize));
   KVP_ASSIGN_OR_RETURN(spec.hidden_size, f.int_field("hidden_size", kHiddenSize));
-  KVP_ASSIGN_OR_RETURN(spec.intermediate_size, f.int_field("intermediate_size", kIntermediateSize));
+  KVP_ASSIGN_OR_RETURN(spec.intermediate_size,
+                       gpt_oss ? f.int_field("intermediate_size", kIntermediateSize, 2880)
+                               : f.int_field("intermediate_size", kIntermediateSize));
   KVP_ASSIGN_OR_RETURN(spec.num_layers, f.int_field("num_hidden_layers", kLayers));
   KVP_ASSIGN_OR_RETURN(spec.num_q_heads, f.int_field("num_attention_heads", kHeads));
   KVP_ASSIGN_OR_RETURN(spec.num_kv_heads,
@@ -397,10 +469,11 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
                                     spec.num_q_heads);
   }
   // Qwen3Config's head_dim defaults to 128, not hidden / heads (Qwen3MoeConfig's does not)
-  KVP_ASSIGN_OR_RETURN(spec.head_dim, f.int_field("head_dim", kHeadDim,
-                                                  spec.architecture == Architecture::kQwen3
-                                                      ? 128
-                                                      : spec.hidden_size / spec.num_q_heads));
+  // GptOssConfig's is 64
+  const int32_t default_head_dim = spec.architecture == Architecture::kQwen3 ? 128
+                                   : gpt_oss                                 ? 64
+                                             : spec.hidden_size / spec.num_q_heads;
+  KVP_ASSIGN_OR_RETURN(spec.head_dim, f.int_field("head_dim", kHeadDim, default_head_dim));
   if (spec.num_layers < 0) {
     return Status::invalid_argument("{}: num_hidden_layers {} must be positive", source,
                                     spec.num_layers);
@@ -438,6 +511,19 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
       return Status::unsupported("{}: {} with use_sliding_window = true is not supported", source,
                                  qwen3 ? "Qwen3" : "Qwen2");
     }
+  } else if (gpt_oss) {
+    // OpenAI's checkpoints store the experts as MXFP4 blocks and scales, which this reader does
+    // not convert (their GGUF does load)
+    if (top.has("quantization_config")) {
+      return Status::unsupported(
+          "{}: gpt_oss with a quantization_config (OpenAI's MXFP4 experts) is not supported from "
+          "safetensors; use its GGUF or a dequantised checkpoint",
+          source);
+    }
+    // GptOssConfig: attention_bias (default true) gives q, k, v and o their biases
+    KVP_ASSIGN_OR_RETURN(spec.qkv_bias, f.bool_field("attention_bias", true));
+    spec.o_bias = spec.qkv_bias;
+    spec.attention_sinks = true;
   } else if (spec.architecture == Architecture::kLlama) {
     KVP_ASSIGN_OR_RETURN(bool attention_bias, f.bool_field("attention_bias", false));
     if (attention_bias) {
@@ -451,6 +537,7 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
       spec.architecture == Architecture::kQwen2Moe) {
     KVP_RETURN_IF_ERROR(parse_experts(config, source, &spec));
   }
+  if (gpt_oss) KVP_RETURN_IF_ERROR(parse_gpt_oss(config, source, &spec));
   if (gemma) {
     spec.activation = cpu::Activation::kGeluTanh;
     spec.norm_style = cpu::NormStyle::kOnePlusW;
@@ -466,19 +553,7 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     spec.sandwich_norms = true;
     KVP_ASSIGN_OR_RETURN(spec.sliding_window, f.int_field("sliding_window", kSlidingWindow, 4096));
     if (f.has("layer_types")) {
-      const json& types = config["layer_types"];
-      if (!types.is_array() || static_cast<int32_t>(types.size()) != spec.num_layers) {
-        return Status::invalid_argument("{}: 'layer_types' must list {} layers", source,
-                                        spec.num_layers);
-      }
-      for (int32_t i = 0; i < spec.num_layers; ++i) {
-        const std::string t = types[i].is_string() ? types[i].get<std::string>() : "";
-        if (t != "sliding_attention" && t != "full_attention") {
-          return Status::invalid_argument("{}: layer_types[{}] = {} is not a known layer type",
-                                          source, i, types[i].dump());
-        }
-        spec.layer_is_sliding[i] = t == "sliding_attention";
-      }
+      KVP_RETURN_IF_ERROR(parse_layer_types(config, source, &spec));
     } else {
       KVP_ASSIGN_OR_RETURN(int32_t pattern, f.int_field("sliding_window_pattern", kLayers, 6));
       if (pattern <= 0) {
@@ -505,7 +580,7 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
         KVP_ASSIGN_OR_RETURN(spec.rope_local, parse_rope(rp["sliding_attention"], 1e4, source));
       }
     } else {
-      KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(rp, 10000.0, source));
+      KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(rp, gpt_oss ? 150000.0 : 10000.0, source));
       spec.rope_local = spec.rope_global;
     }
   } else {
@@ -514,7 +589,13 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
       return Status::invalid_argument("{}: field 'rope_scaling' is {}, expected an object", source,
                                       legacy.type_name());
     }
-    KVP_ASSIGN_OR_RETURN(double theta, f.positive_field("rope_theta", gemma ? 1e6 : 10000.0));
+    if (gpt_oss && !f.has("rope_scaling")) {  // GptOssConfig's default rope
+      legacy = json{{"rope_type", "yarn"}, {"factor", 32.0},
+                    {"beta_fast", 32.0},   {"beta_slow", 1.0},
+                    {"truncate", false},   {"original_max_position_embeddings", 4096}};
+    }
+    const double default_theta = gemma ? 1e6 : gpt_oss ? 150000.0 : 10000.0;
+    KVP_ASSIGN_OR_RETURN(double theta, f.positive_field("rope_theta", default_theta));
     legacy["rope_theta"] = theta;
     KVP_ASSIGN_OR_RETURN(spec.rope_global, parse_rope(legacy, theta, source));
     if (gemma) {
@@ -523,6 +604,14 @@ Result<ModelSpec> model_spec_from_hf_config(const json& root, const std::string&
     } else {
       spec.rope_local = spec.rope_global;
     }
+  }
+
+  // YaRN scales cos and sin by its attention factor: q·k by its square. Both ropes are one
+  // description except Gemma 3's, which has no YaRN.
+  if (spec.rope_global.scaling.kind == cpu::RopeScaling::Kind::kYarn) {
+    if (gemma) return Status::unsupported("{}: Gemma 3 with YaRN rope", source);
+    const double factor = spec.rope_global.scaling.attention_factor;
+    spec.attention_scale = static_cast<float>(spec.attention_scale * factor * factor);
   }
 
   KVP_ASSIGN_OR_RETURN(spec.bos_token_id, top.int_field("bos_token_id", -1));
@@ -556,6 +645,30 @@ Result<ModelSpec> load_hf_config(const std::string& path) {
   if (!in) return Status::not_found("{}: cannot open", path);
   json config = json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (config.is_discarded()) return Status::corruption("{}: not valid JSON", path);
+  // transformers' generate stops at generation_config.json's eos_token_id too (GPT-OSS lists
+  // <|return|>, <|endoftext|> and <|call|> there): its ids join config.json's
+  const std::filesystem::path generation =
+      std::filesystem::path(path).parent_path() / "generation_config.json";
+  if (std::ifstream gen_in(generation); gen_in && config.is_object()) {
+    const json gen = json::parse(gen_in, nullptr, /*allow_exceptions=*/false);
+    if (gen.is_object() && gen.contains("eos_token_id")) {
+      json ids = json::array();
+      const auto add = [&ids](const json& eos) {
+        if (!eos.is_array()) {
+          if (!eos.is_null() && std::find(ids.begin(), ids.end(), eos) == ids.end()) {
+            ids.push_back(eos);
+          }
+          return;
+        }
+        for (const json& id : eos) {
+          if (std::find(ids.begin(), ids.end(), id) == ids.end()) ids.push_back(id);
+        }
+      };
+      if (config.contains("eos_token_id")) add(config["eos_token_id"]);
+      add(gen["eos_token_id"]);
+      config["eos_token_id"] = ids;
+    }
+  }
   return model_spec_from_hf_config(config, path);
 }
 

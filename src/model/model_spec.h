@@ -2,7 +2,9 @@
 // Llama (incl. Llama 3 rope scaling; SmolLM2 is a Llama), Qwen2 (q/k/v bias), Qwen3 (plain RMS
 // norms of each q and k head, an explicit head_dim), Qwen3-MoE (Qwen3 attention, a routed
 // mixture of experts in place of the MLP), Qwen2-MoE (Qwen2 attention, routed experts plus a
-// gated shared expert) and Gemma 3 (interleaved sliding-window and
+// gated shared expert), GPT-OSS (alternating sliding-window and global layers with attention
+// sinks and q/k/v/o biases, YaRN rope, routed experts with biases and a clamped SwiGLU) and
+// Gemma 3 (interleaved sliding-window and
 // global layers, each with its own rope, q/k norms, pre- and post-norms, GELU-tanh, scaled
 // embeddings). Read from a Hugging Face config.json (both the
 // older rope_theta/rope_scaling fields and transformers 5's rope_parameters).
@@ -20,7 +22,7 @@
 namespace kvp {
 
 // Values are mixed into the cache fingerprint (engine.cc): append, never reorder.
-enum class Architecture { kLlama, kQwen2, kGemma3, kQwen3, kQwen3Moe, kQwen2Moe };
+enum class Architecture { kLlama, kQwen2, kGemma3, kQwen3, kQwen3Moe, kQwen2Moe, kGptOss };
 const char* architecture_name(Architecture arch);
 
 struct RopeSpec {
@@ -43,6 +45,8 @@ struct ModelSpec {
   float rms_norm_eps = 1e-6f;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;
+  bool o_bias = false;           // GPT-OSS: the attention output projection has a bias
+  bool attention_sinks = false;  // GPT-OSS: a learned sink logit per q head (attention.h)
   cpu::Activation activation = cpu::Activation::kSilu;
   cpu::NormStyle norm_style = cpu::NormStyle::kPlain;
   cpu::RopeStyle rope_style = cpu::RopeStyle::kHalves;
@@ -70,6 +74,11 @@ struct ModelSpec {
   // Qwen2-MoE: every token of an MoE layer also runs a shared gated MLP of this size, its output
   // scaled by sigmoid(shared_expert_gate · x) and added to the experts'. 0: none.
   int32_t shared_expert_intermediate_size = 0;
+  // GPT-OSS: the router and each expert's projections have biases, and experts use
+  // moe_activation (kClampedSwiglu) instead of `activation`. Its routing (softmax over the top-k
+  // logits) is norm_topk_prob's: the renormalised top-k probabilities are that softmax.
+  bool expert_bias = false;
+  cpu::Activation moe_activation = cpu::Activation::kSilu;
 
   bool is_moe() const { return num_experts > 0; }
   bool layer_moe(int32_t layer) const { return !layer_is_moe.empty() && layer_is_moe[layer]; }

@@ -9,6 +9,17 @@
 
 namespace kvp {
 
+namespace {
+
+// rows [num_rows][width] += bias [width], every row.
+void add_row_bias(float* rows, int64_t num_rows, const float* bias, int64_t width) {
+  for (int64_t r = 0; r < num_rows; ++r) {
+    for (int64_t i = 0; i < width; ++i) rows[r * width + i] += bias[i];
+  }
+}
+
+}  // namespace
+
 size_t ExpertWeights::size_bytes() const {
   size_t n = router.size_bytes();
   for (int32_t e = 0; e < num_experts(); ++e) n += expert_size_bytes(e);
@@ -84,6 +95,8 @@ void moe_forward(const ExpertWeights& w, const MoeParams& params, const float* x
   std::vector<float> logits(num_tokens * num_experts);  // [num_tokens][num_experts]
   quant::matmul(w.router, xn, num_tokens, hidden, logits.data(), num_experts, pool,
                 quant::ActPrecision::kF32);
+  if (!w.router_bias.empty())
+    add_row_bias(logits.data(), num_tokens, w.router_bias.data(), num_experts);
   std::vector<int32_t> ids(num_tokens * top_k);  // [num_tokens][top_k]
   std::vector<float> weights(num_tokens * top_k);
   route_top_k(logits.data(), num_tokens, num_experts, top_k, params.normalize, ids.data(),
@@ -106,8 +119,12 @@ void moe_forward(const ExpertWeights& w, const MoeParams& params, const float* x
     y.resize(static_cast<size_t>(n) * hidden);
     quant::matmul(std::span(w.gate_up).subspan(2 * e, 2), x_e.data(), n, hidden, gate_up.data(),
                   2 * inter, pool, precision);
+    if (!w.gate_up_bias.empty()) {
+      add_row_bias(gate_up.data(), n, w.gate_up_bias.data() + e * 2 * inter, 2 * inter);
+    }
     cpu::gated_activation(gate_up.data(), act.data(), n, inter, params.activation);
     quant::matmul(w.down[e], act.data(), n, inter, y.data(), hidden, pool, precision);
+    if (!w.down_bias.empty()) add_row_bias(y.data(), n, w.down_bias.data() + e * hidden, hidden);
     for (int32_t i = 0; i < n; ++i) {
       float* dst = out + int64_t{groups.token_rows[begin + i]} * hidden;
       const float* src = y.data() + int64_t{i} * hidden;

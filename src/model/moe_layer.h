@@ -1,13 +1,16 @@
-// The mixture-of-experts MLP of a decoder layer (Qwen3-MoE, Qwen2-MoE) on the CPU: the router picks
-// each token's top-k experts, tokens are grouped by expert, and each expert that received tokens
-// runs its gated MLP once over all of them, so a step reads each chosen expert's weights once (a
-// prefill of many tokens) and a decode step at batch 1 reads only the k experts it chose.
+// The mixture-of-experts MLP of a decoder layer (Qwen3-MoE, Qwen2-MoE, GPT-OSS) on the CPU: the
+// router picks each token's top-k experts, tokens are grouped by expert, and each expert that
+// received tokens runs its gated MLP once over all of them, so a step reads each chosen expert's
+// weights once (a prefill of many tokens) and a decode step at batch 1 reads only the k experts it
+// chose.
 //
 //   xn [num_tokens][hidden] ─ router ─▶ logits [num_tokens][num_experts]
 //      ─ softmax, top-k (renormalised) ─▶ (expert id, weight) [num_tokens][k]
 //      ─ group by expert ─▶ for expert e: rows of its tokens, gathered [n_e][hidden]
 //      ─ gate_up_e, act, down_e ─▶ [n_e][hidden] ─ × weight, added to out[token] ─▶ out
 //   (Qwen2-MoE) + sigmoid(shared_gate · xn) × shared expert(xn), every token
+//   (GPT-OSS) the router and each expert's projections add their biases; the activation is
+//   the clamped SwiGLU (cpu_layer_ops.h)
 //
 // Experts' matrices are views into the stored weights (quant::slice_rows of a 3-D GGUF tensor,
 // or one safetensors tensor per expert): nothing is copied or converted per step.
@@ -32,6 +35,11 @@ struct ExpertWeights {
   std::vector<quant::QuantMatrix> shared_gate_up;
   quant::QuantMatrix shared_down;
   std::vector<float> shared_gate;
+  // GPT-OSS's biases, empty elsewhere: the router's [num_experts]; each expert's gate then up
+  // [num_experts][2 * intermediate]; each expert's down [num_experts][hidden].
+  std::vector<float> router_bias;
+  std::vector<float> gate_up_bias;
+  std::vector<float> down_bias;
 
   int32_t num_experts() const { return static_cast<int32_t>(down.size()); }
   int64_t intermediate() const { return down.empty() ? 0 : down.front().cols; }

@@ -44,7 +44,7 @@ constexpr GgmlTypeInfo kTypes[] = {
     {GgmlType::BF16, "BF16", 1, 2, true},
     {GgmlType::TQ1_0, "TQ1_0", 256, 54, false},
     {GgmlType::TQ2_0, "TQ2_0", 256, 66, false},
-    {GgmlType::MXFP4, "MXFP4", 32, 17, false},
+    {GgmlType::MXFP4, "MXFP4", 32, 17, true},
     {GgmlType::NVFP4, "NVFP4", 64, 36, false},
     {GgmlType::Q1_0, "Q1_0", 128, 18, false},
 };
@@ -252,6 +252,26 @@ void dequant_iq4_nl(const uint8_t* b, size_t num_blocks, float* y) {
   }
 }
 
+// MXFP4 (OCP microscaling, GPT-OSS's experts) [17 B / 32]: e (u8, an E8M0 exponent) | qs[16]
+// (4-bit E2M1 codes); x[j] = d * level(lo(qs[j])), x[j+16] = d * level(hi(qs[j])) with the
+// levels doubled to integers and d = 2^(e - 128), half the block's scale (ggml's
+// ggml_e8m0_to_fp32_half: built from the bits, so e = 0 and 1 give subnormals exactly).
+constexpr int8_t kMxfp4Levels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+void dequant_mxfp4(const uint8_t* b, size_t num_blocks, float* y) {
+  for (size_t i = 0; i < num_blocks; ++i, b += 17, y += 32) {
+    const uint32_t e = b[0];
+    const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : (e - 1) << 23;
+    float d;
+    std::memcpy(&d, &bits, sizeof d);
+    const uint8_t* qs = b + 1;  // [16]
+    for (int j = 0; j < 16; ++j) {
+      y[j] = d * static_cast<float>(kMxfp4Levels[qs[j] & 0x0f]);
+      y[j + 16] = d * static_cast<float>(kMxfp4Levels[qs[j] >> 4]);
+    }
+  }
+}
+
 // IQ4_XS [136 B / 256]: d | scales_h (u16) | scales_l[4] | qs[128]. Sub-block s (32 elements)
 // has scale d*((nibble s%2 of scales_l[s/2]) | (bits 2s..2s+1 of scales_h) << 4) - 32) and
 // takes the low then high nibbles of qs[16s .. 16s+15].
@@ -422,6 +442,9 @@ void dequantize(GgmlType type, const void* src, size_t num_elements, float* dst)
       return;
     case GgmlType::IQ4_XS:
       dequant_iq4_xs(b, num_blocks, dst);
+      return;
+    case GgmlType::MXFP4:
+      dequant_mxfp4(b, num_blocks, dst);
       return;
     case GgmlType::Q3_K:
       dequant_q3_k(b, num_blocks, dst);

@@ -3,8 +3,8 @@
 // Every ggml type stores a row of ne[0] elements as ne[0] / block_size blocks of type_size
 // bytes. kvpool knows the size of every type the gguf package 0.19.0 knows (so any GGUF file can
 // be listed and bounds-checked) and dequantises F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS, bit-exactly as gguf.quants.dequantize computes
-// them (same f32 operations in the same order; see docs/weights.md).
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS and MXFP4, bit-exactly as gguf.quants.dequantize
+// computes them (same f32 operations in the same order; see docs/weights.md).
 //
 // Block layouts (all little-endian; d, m, dmin are f16; "nibble" = 4 bits):
 //   Q4_0 [18 B / 32]  d | qs[16]            x[j] = d*(lo(qs[j])-8), x[j+16] = d*(hi(qs[j])-8)
@@ -19,6 +19,7 @@
 //   Q6_K [210 B / 256] ql[128] | qh[64] | scales[16] (int8) | d
 //   IQ4_NL [18 B / 32]   d | qs[16] (4-bit indices into a 16-level table)
 //   IQ4_XS [136 B / 256] d | scales_h (u16) | scales_l[4] | qs[128]
+//   MXFP4  [17 B / 32]   e (E8M0 exponent) | qs[16] (4-bit E2M1 codes)
 #pragma once
 
 #include <cstddef>

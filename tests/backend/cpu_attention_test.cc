@@ -493,6 +493,80 @@ TEST(CpuAttention, LongContextsUpTo32K) {
   expect_matches_reference(windowed, rng, /*also_scalar=*/false);
 }
 
+// GPT-OSS's attention sinks: per query head a logit that joins the softmax denominator only.
+// Sinks below, among and far above the logits (the last makes every weight tiny), with and
+// without a window, decode and prefill rows, forced splits, every KV dtype.
+TEST(CpuAttention, SinksMatchReference) {
+  std::mt19937_64 rng(41);
+  const std::vector<float> sinks = {-3.0f, 0.0f, 0.7f, 2.5f, -0.4f, 30.0f, 1.0f, -20.0f};
+  for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16, DType::I8}) {
+    for (int32_t window : {0, 8}) {
+      CaseSpec spec;
+      spec.block_size = kv_dtype == DType::BF16 ? 16 : 4;
+      spec.head_dim = 64;
+      spec.group = 4;
+      spec.kv_dtype = kv_dtype;
+      spec.params.scale = 0.4f;
+      spec.params.window = window;
+      spec.params.sinks = sinks.data();  // [num_kv_heads 2 * group 4]
+      spec.seqs = {{1, 37}, {12, 30}, {9, 9}, {1, 1}};
+      expect_matches_reference(spec, rng, /*also_scalar=*/true);
+    }
+  }
+}
+
+// The reference itself with sinks, against a softmax written out here: logits of the visible
+// keys plus the sink as one more column, softmax, the sink's column dropped.
+TEST(AttentionReference, SinksJoinTheDenominatorAndAreDropped) {
+  std::mt19937_64 rng(43);
+  const std::vector<float> sinks = {0.5f, -1.0f, 4.0f, 25.0f};
+  CaseSpec spec;
+  spec.block_size = 4;
+  spec.head_dim = 8;
+  spec.num_kv_heads = 2;
+  spec.group = 2;
+  spec.params.scale = 0.5f;
+  spec.params.window = 5;
+  spec.params.sinks = sinks.data();
+  spec.seqs = {{3, 11}};
+  PagedProblem problem(spec, rng);
+  const std::vector<float> ref = problem.reference();
+  const PagedKv& kv = problem.kv();
+  const AttentionBatch& batch = problem.batch();
+  const auto* q = static_cast<const float*>(problem.q());
+  double largest = 0;
+  for (int32_t t = 0; t < 3; ++t) {
+    const int32_t pos = 11 - 3 + t;
+    for (int32_t h = 0; h < 4; ++h) {
+      const int32_t kvh = h / 2;
+      std::vector<double> logits;
+      std::vector<const float*> values;
+      for (int32_t j = std::max(0, pos - 5 + 1); j <= pos; ++j) {
+        const int64_t off = kv.row_offset(batch.block_tables[j / 4], kvh, j % 4);
+        const float* key = static_cast<const float*>(kv.k) + off;
+        double dot = 0;
+        for (int32_t d = 0; d < 8; ++d) dot += double(q[(t * 4 + h) * 8 + d]) * key[d];
+        logits.push_back(dot * 0.5);
+        values.push_back(static_cast<const float*>(kv.v) + off);
+      }
+      logits.push_back(sinks[h]);
+      const double top = *std::max_element(logits.begin(), logits.end());
+      double denominator = 0;
+      for (double x : logits) denominator += std::exp(x - top);
+      for (int32_t d = 0; d < 8; ++d) {
+        double expected = 0;
+        for (size_t j = 0; j + 1 < logits.size(); ++j) {
+          expected += std::exp(logits[j] - top) / denominator * values[j][d];
+        }
+        const double got = ref[(t * 4 + h) * 8 + d];
+        largest = std::max(largest, std::fabs(got - expected));
+        ASSERT_NEAR(got, expected, 1e-6) << "token " << t << " head " << h << " dim " << d;
+      }
+    }
+  }
+  std::cout << "[ sinks    ] largest difference from the written-out softmax: " << largest << "\n";
+}
+
 TEST(CpuAttention, EveryCompiledTargetMatchesReference) {
   // The kernel is compiled per x86 target; run each one this machine supports (SSE4, AVX2,
   // AVX-512, ...), not only the best, so an AVX2-only machine runs tested code.

@@ -92,10 +92,11 @@ TEST_P(EngineGoldenTest, PreemptedRequestsRecomputeToTheSameOutput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineGoldenTest,
-                         ::testing::Values("llama", "gemma3", "qwen3", "qwen3_moe", "qwen2_moe"));
+                         ::testing::Values("llama", "gemma3", "qwen3", "qwen3_moe", "qwen2_moe",
+                                           "gpt_oss"));
 
 TEST(Engine, PrefixCacheHitSkipsPrefillAndKeepsOutput) {
-  for (const char* model : {"llama", "qwen3", "qwen3_moe", "qwen2_moe"}) {
+  for (const char* model : {"llama", "qwen3", "qwen3_moe", "qwen2_moe", "gpt_oss"}) {
     SCOPED_TRACE(model);
     auto runner = load(model);
     CpuForwardBackend backend(runner);

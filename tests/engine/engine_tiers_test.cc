@@ -251,7 +251,8 @@ TEST_P(EngineSaveLoadTest, SavedSessionContinuesInAFreshEngineAsIfItHadStayed) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineSaveLoadTest,
-                         ::testing::Values("llama", "gemma3", "qwen3", "qwen3_moe", "qwen2_moe"));
+                         ::testing::Values("llama", "gemma3", "qwen3", "qwen3_moe", "qwen2_moe",
+                                           "gpt_oss"));
 
 TEST(EngineTiers, FilesOfOtherModelsAndCorruptFilesAreRefusedAndTheEngineKeepsServing) {
   auto llama = load("llama");

@@ -290,7 +290,7 @@ TEST(CpuForwardBackend, KvDtypesAndLayoutsOtherThanTheModelsAreRefused) {
 // The backend's forward pass is ModelRunner::forward on the backend's slabs: the same logits and,
 // read as block images, the same KV as slabs that the test lays out and hands to the runner.
 TEST(CpuForwardBackend, ForwardEqualsModelRunnerForwardAndImagesFollowTheSlabLayout) {
-  for (const char* name : {"llama", "gemma3", "qwen3", "qwen3_moe", "qwen2_moe"}) {
+  for (const char* name : {"llama", "gemma3", "qwen3", "qwen3_moe", "qwen2_moe", "gpt_oss"}) {
     SCOPED_TRACE(name);
     std::shared_ptr<ModelRunner> runner = load_tiny(name);
     CpuForwardBackend backend(runner);

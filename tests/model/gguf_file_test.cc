@@ -298,10 +298,10 @@ TEST_F(GgufReference, DequantizeMatchesGgufPackageBitExactly) {
 TEST_F(GgufReference, EveryDequantizableTypeIsCovered) {
   std::set<GgmlType> covered;
   for (const GgufTensor& t : file_->tensors()) covered.insert(t.type);
-  for (GgmlType type :
-       {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0, GgmlType::Q4_1,
-        GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K,
-        GgmlType::IQ4_NL, GgmlType::IQ4_XS, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q4_0,
+                        GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                        GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS,
+                        GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::MXFP4}) {
     EXPECT_TRUE(can_dequantize(type)) << ggml_type_name(type);
     EXPECT_TRUE(covered.count(type)) << ggml_type_name(type) << " has no reference tensor";
   }

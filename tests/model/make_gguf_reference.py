@@ -6,7 +6,7 @@ Usage: make_gguf_reference.py OUT_DIR
 Writes into OUT_DIR:
   quant.gguf      a GGUF v3 file (GGUFWriter) with metadata of every value type (scalars, strings,
                   arrays of each type, nested arrays) and one or more tensors of every type kvpool
-                  dequantises. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/BF16 data is random f32 quantised with
+                  dequantises. Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/BF16/MXFP4 data is random f32 quantised with
                   gguf.quants.quantize; Q2_K..Q6_K, IQ4_NL, IQ4_XS (which the package cannot quantise) are
                   random raw blocks with finite f16 scales; F16 includes all 65536 bit patterns.
   fuzz.gguf       the same metadata with three small tensors (for corruption sweeps).
@@ -24,7 +24,7 @@ import gguf
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType as V
 
-QUANTISABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.BF16]
+QUANTISABLE = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.BF16, T.MXFP4]
 RAW_K = [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 NESTED_INT = [[1, 2], [3], [4, 5, 6]]
 NESTED_STR = [["p", "q"], ["r"]]
@@ -120,6 +120,10 @@ def main():
     for q in RAW_K:
         blocks = random_k_blocks(rng, q, rows * 2)
         tensors[f"t.{q.name.lower()}"] = (blocks.reshape(rows, -1), q)
+    # MXFP4 blocks of every exponent byte (0 and 1 give subnormal scales, 255 overflows to inf)
+    mx = rng.integers(0, 256, size=(256, 17), dtype=np.uint8)
+    mx[:, 0] = np.arange(256, dtype=np.uint8)
+    tensors["t.mxfp4_all_exponents"] = (mx.reshape(8, 32 * 17), T.MXFP4)
     tensors["t.bf16_special"] = (gguf.quants.quantize(np.array(
         [[0.0, -0.0, 1.0, -2.5, np.inf, -np.inf, 1e-40, 3.4e38]], dtype=np.float32), T.BF16), T.BF16)
 
@@ -134,7 +138,8 @@ def main():
     w.close()
 
     for name, (data, q) in tensors.items():
-        ref = gguf.quants.dequantize(data, q).astype(np.float32)
+        with np.errstate(over="ignore"):  # MXFP4's largest exponents overflow to inf
+            ref = gguf.quants.dequantize(data, q).astype(np.float32)
         ref.tofile(os.path.join(out_dir, name + ".f32"))
 
     reader = gguf.GGUFReader(path)

@@ -14,15 +14,24 @@ way llama.cpp's convert_hf_to_gguf.py lays such models out, with the `gguf` pack
   - Qwen2-MoE (arch qwen2moe): Qwen2's attention, experts as Qwen3-MoE's, the shared expert as
     blk.N.ffn_{gate,up,down}_shexp.weight, its gate as blk.N.ffn_gate_inp_shexp.weight, and
     {arch}.expert_shared_feed_forward_length
+  - GPT-OSS (arch gpt-oss), as conversion/gpt_oss.py writes unquantised experts: transformers'
+    gate_up_proj [experts, hidden, 2 * ffn] transposed and split into its interleaved gate (even)
+    and up (odd) rows, blk.N.ffn_{gate,up}_exps.weight [experts, ffn, hidden] and .bias
+    [experts, ffn]; down_proj transposed to blk.N.ffn_down_exps.weight [experts, hidden, ffn];
+    the router as blk.N.ffn_gate_inp.{weight,bias}, sinks as blk.N.attn_sinks.weight, the norm
+    before the MLP as blk.N.post_attention_norm.weight; {arch}.attention.sliding_window and the
+    YaRN keys rope.scaling.{type,factor,original_context_length,yarn_beta_fast,yarn_beta_slow}
 All tensors stay F32 (the goldens' greedy margins are as small as 2e-4; conversions of other
 types are tested against the gguf package in gguf_file_test.cc).
 kvpool reads the result with its own GGUF reader; the test compares the logits with the
 transformers goldens of the same weights.
 Usage: make_tiny_gguf.py MODEL_DIR OUT.gguf [--arch NAME] [--drop TENSOR] [--transpose TENSOR]
-                         [--expert-type Q8_0]
+                         [--expert-type Q8_0 [--expert-roundtrip]]
   --arch, --drop, --transpose make damaged variants for the error tests (another architecture
   name, a GGUF tensor left out, a GGUF tensor written transposed); --expert-type stores the
-  3-D expert tensors quantised by the gguf package (the reader's row slices of a block format).
+  3-D expert tensors quantised by the gguf package (the reader's row slices of a block format);
+  --expert-roundtrip writes those experts' dequantised values as F32 instead (the same numbers
+  without the block format).
 """
 import argparse
 import json
@@ -76,11 +85,12 @@ def llama3_rope_factors(head_dim, rope):
     return np.array(factors, dtype=np.float32)
 
 
-def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, expert_type=None):
+def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, expert_type=None,
+         expert_roundtrip=False):
     cfg = json.load(open(f"{model_dir}/config.json"))
     tensors = read_safetensors(f"{model_dir}/model.safetensors")
     arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-            "qwen2_moe": "qwen2moe",
+            "qwen2_moe": "qwen2moe", "gpt_oss": "gpt-oss",
             "gemma3_text": "gemma3", "gemma3": "gemma3"}[cfg["model_type"]]
     convention = arch  # the tensor layout follows the real architecture
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -108,8 +118,20 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, exp
     eos = cfg.get("eos_token_id")
     if eos is not None:
         w.add_uint32("tokenizer.ggml.eos_token_id", eos[0] if isinstance(eos, list) else eos)
-    if convention == "gemma3":
+    if convention in ("gemma3", "gpt-oss"):
         w.add_uint32(f"{arch}.attention.sliding_window", cfg["sliding_window"])
+    if convention == "gpt-oss":
+        w.add_uint32(f"{arch}.expert_count", cfg["num_local_experts"])
+        w.add_uint32(f"{arch}.expert_used_count", cfg["num_experts_per_tok"])
+        w.add_uint32(f"{arch}.expert_feed_forward_length", cfg["intermediate_size"])
+        split_gpt_oss_experts(tensors)
+    if global_rope.get("rope_type") == "yarn":
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", global_rope["factor"])
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length",
+                     global_rope["original_max_position_embeddings"])
+        w.add_float32(f"{arch}.rope.scaling.yarn_beta_fast", global_rope["beta_fast"])
+        w.add_float32(f"{arch}.rope.scaling.yarn_beta_slow", global_rope["beta_slow"])
     if convention in ("qwen3moe", "qwen2moe"):
         # transformers 5 writes num_local_experts, Qwen's own configs num_experts
         num_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
@@ -151,10 +173,18 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, exp
         "mlp.experts.gate_proj": "ffn_gate_exps.weight",
         "mlp.experts.up_proj": "ffn_up_exps.weight",
         "mlp.experts.down_proj": "ffn_down_exps.weight",
+        "mlp.experts.gate_proj.bias": "ffn_gate_exps.bias",
+        "mlp.experts.up_proj.bias": "ffn_up_exps.bias",
+        "mlp.experts.down_proj.bias": "ffn_down_exps.bias",
+        "mlp.router.weight": "ffn_gate_inp.weight",
+        "mlp.router.bias": "ffn_gate_inp.bias",
+        "self_attn.o_proj.bias": "attn_output.bias",
+        "self_attn.sinks": "attn_sinks.weight",
         "pre_feedforward_layernorm.weight": "ffn_norm.weight",
         "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
         "post_attention_layernorm.weight":
-            "post_attention_norm.weight" if convention == "gemma3" else "ffn_norm.weight",
+            "post_attention_norm.weight" if convention in ("gemma3", "gpt-oss")
+            else "ffn_norm.weight",
     }
     for name in sorted(tensors):
         data = tensors[name]
@@ -175,8 +205,11 @@ def main(model_dir, out_path, arch_override=None, drop=None, transpose=None, exp
             data = data.T
         if expert_type and out.endswith("_exps.weight"):
             qtype = gguf.GGMLQuantizationType[expert_type]
-            w.add_tensor(out, gguf.quants.quantize(np.ascontiguousarray(data), qtype),
-                         raw_dtype=qtype)
+            blocks = gguf.quants.quantize(np.ascontiguousarray(data), qtype)
+            if expert_roundtrip:  # the rounded values, stored as F32
+                w.add_tensor(out, gguf.quants.dequantize(blocks, qtype).astype(np.float32))
+            else:
+                w.add_tensor(out, blocks, raw_dtype=qtype)
             continue
         w.add_tensor(out, np.ascontiguousarray(data))
     if global_rope.get("rope_type") == "llama3":
@@ -199,6 +232,20 @@ def stack_experts(tensors, num_layers, num_experts):
                 [tensors.pop(n) for n in names])
 
 
+def split_gpt_oss_experts(tensors):
+    # conversion/gpt_oss.py GptOssModel.modify_tensors (unquantised experts)
+    for name in [n for n in tensors if n.endswith("mlp.experts.gate_up_proj")]:
+        gate_up = tensors.pop(name).transpose(0, 2, 1)  # [experts, 2 * ffn, hidden]
+        tensors[name.replace("gate_up_proj", "gate_proj")] = gate_up[:, ::2, :]
+        tensors[name.replace("gate_up_proj", "up_proj")] = gate_up[:, 1::2, :]
+        bias = tensors.pop(name + "_bias")
+        tensors[name.replace("gate_up_proj", "gate_proj.bias")] = bias[..., ::2]
+        tensors[name.replace("gate_up_proj", "up_proj.bias")] = bias[..., 1::2]
+        down = name.replace("gate_up_proj", "down_proj")
+        tensors[down] = tensors[down].transpose(0, 2, 1)  # [experts, hidden, ffn]
+        tensors[down + ".bias"] = tensors.pop(down + "_bias")
+
+
 def rest_is(name, suffix):
     return name.startswith("model.layers.") and name.endswith(suffix)
 
@@ -211,5 +258,6 @@ if __name__ == "__main__":
     ap.add_argument("--drop")
     ap.add_argument("--transpose")
     ap.add_argument("--expert-type")
+    ap.add_argument("--expert-roundtrip", action="store_true")
     a = ap.parse_args()
-    main(a.model_dir, a.out, a.arch, a.drop, a.transpose, a.expert_type)
+    main(a.model_dir, a.out, a.arch, a.drop, a.transpose, a.expert_type, a.expert_roundtrip)

@@ -222,6 +222,13 @@ TEST(InspectModelFile, ShowsTheExpertsOfMixtureOfExpertsModels) {
   ASSERT_TRUE(text.is_ok()) << text.status().to_string();
   EXPECT_NE(text->find("matrix parameters 131584 (107008 active per token)"), std::string::npos)
       << *text;
+  // GPT-OSS: experts of intermediate_size in every layer (biases not counted)
+  text = inspect_model_file("tests/model/fixtures/tiny/gpt_oss");
+  ASSERT_TRUE(text.is_ok()) << text.status().to_string();
+  EXPECT_NE(text->find(", experts 4 (2 per token) x ffn 32, shared ffn 0 in 4 layers, matrix "
+                       "parameters 181248 (132096 active per token)"),
+            std::string::npos)
+      << *text;
   text = inspect_model_file("tests/model/fixtures/tiny/qwen3");
   ASSERT_TRUE(text.is_ok()) << text.status().to_string();
   EXPECT_EQ(text->find("experts"), std::string::npos) << *text;

@@ -1,6 +1,7 @@
 // The forward pass against Hugging Face transformers: tiny random-weight Llama, Qwen2, Gemma 3,
-// Qwen3, Qwen3-MoE (4 experts, top 2) and Qwen2-MoE (6 experts, top 2, a gated shared expert, a
-// dense layer between MoE layers) models and their golden logits and greedy continuations,
+// Qwen3, Qwen3-MoE (4 experts, top 2), Qwen2-MoE (6 experts, top 2, a gated shared expert, a
+// dense layer between MoE layers) and GPT-OSS (sinks, alternating 8-token windows, YaRN, 4 biased
+// experts, top 2, with a clamped SwiGLU) models and their golden logits and greedy continuations,
 // made by scripts/make_tiny_models.py (transformers 5.17, float32, eager attention) and committed
 // under tests/model/fixtures/tiny/. kvpool runs them on its paged KV pool with shuffled block
 // tables, alone, batched, and in prefill chunks.
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
@@ -257,12 +259,13 @@ TEST_P(TinyModelTest, GreedyContinuationsMatchTransformersAloneBatchedAndChunked
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyModelTest,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen3_moe",
-                                           "qwen2_moe"));
+                                           "qwen2_moe", "gpt_oss"));
 
 // The same weights written as GGUF the way llama.cpp's converter lays them out
 // (tests/model/make_tiny_gguf.py with the `gguf` package: permuted Llama q/k rows, Llama 3 rope
 // as rope_freqs, Gemma norms stored as 1 + w, Qwen3's q/k norms as attn_q_norm / attn_k_norm,
-// Qwen3-MoE's experts as 3-D ffn_*_exps tensors; F32), read by kvpool's GGUF path.
+// Qwen3-MoE's experts as 3-D ffn_*_exps tensors, GPT-OSS's fused gate_up split into them; F32),
+// read by kvpool's GGUF path.
 class TinyGgufTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
@@ -308,7 +311,7 @@ TEST_P(TinyGgufTest, LlamaCppLayoutGivesTransformersLogitsAndGreedy) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, TinyGgufTest,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen3_moe",
-                                           "qwen2_moe"));
+                                           "qwen2_moe", "gpt_oss"));
 
 // The tiny Qwen3-MoE with its 3-D expert tensors quantised to Q8_0 by the gguf package: each
 // expert is a row slice of the file's tensor (consecutive, in the mapping, nothing copied) whose
@@ -378,6 +381,84 @@ TEST(TinyGgufMoe, QuantisedExpertsAreRowSlicesOfTheStoredTensor) {
     ASSERT_EQ(logits.size(), prompt.size() * vocab);
     const double err = relative_error(logits, model.golden.logits[p]);
     EXPECT_LT(err, 2e-2) << "prompt " << p << ": relative error " << err;
+  }
+}
+
+// The tiny GPT-OSS with its experts in MXFP4 (gguf.quants.quantize; GPT-OSS's own GGUF stores
+// them so): each expert, converted to f32 at load, is the file's MXFP4 rows dequantised (within
+// MXFP4's rounding of the transformers weights: a 4-bit E2M1 code times a power-of-two scale per
+// 32, at most half the block's largest magnitude off), and the model's logits equal those of the
+// same rounded values stored as F32 (their distance from the goldens, MXFP4's rounding through a
+// model whose experts are scaled up, is printed).
+TEST(TinyGgufMoe, GptOssMxfp4ExpertsDequantiseNearTheTransformersWeights) {
+  const std::string python = ".venv/bin/python";
+  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " not found (scripts/setup.sh)";
+  const std::string out = (std::filesystem::temp_directory_path() /
+                           fmt::format("kvp_tiny_gpt_oss_mxfp4_{}.gguf", ::getpid()))
+                              .string();
+  const std::string command = fmt::format(
+      "{} tests/model/make_tiny_gguf.py {}gpt_oss {} --expert-type MXFP4", python, kFixtures, out);
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  auto file = GgufFile::open(out);
+  ASSERT_TRUE(file.is_ok()) << file.status().to_string();
+  auto stored = file->tensor("blk.1.ffn_gate_exps.weight");
+  ASSERT_TRUE(stored.is_ok());
+  EXPECT_EQ((*stored)->type, GgmlType::MXFP4);
+  const GgufWeights gguf(std::make_shared<const GgufFile>(std::move(file).value()),
+                         Architecture::kGptOss);
+  auto hf = SafetensorsWeights::open(std::string(kFixtures) + "gpt_oss/model.safetensors");
+  ASSERT_TRUE(hf.is_ok()) << hf.status().to_string();
+  const int64_t num_experts = 4, hidden = 64, inter = 32;
+  const std::vector<int64_t> shape = {num_experts, hidden, 2 * inter};
+  auto gate_up = hf.value()->read_f32("model.layers.1.mlp.experts.gate_up_proj", shape);
+  ASSERT_TRUE(gate_up.is_ok()) << gate_up.status().to_string();
+  auto gate = gguf.read_experts(1, "gate_proj", num_experts, inter, hidden);
+  ASSERT_TRUE(gate.is_ok()) << gate.status().to_string();
+  std::vector<float> row(hidden);
+  for (int64_t e = 0; e < num_experts; ++e) {
+    for (int64_t i = 0; i < inter; ++i) {
+      quant::dequantize_row((*gate)[e].matrix, i, row.data());
+      for (int64_t b = 0; b < hidden; b += 32) {
+        float amax = 0.0f;  // gate unit i's weights are column 2i of expert e's [hidden][2 inter]
+        for (int64_t h = b; h < b + 32; ++h) {
+          amax = std::max(amax, std::abs((*gate_up)[(e * hidden + h) * 2 * inter + 2 * i]));
+        }
+        for (int64_t h = b; h < b + 32; ++h) {
+          ASSERT_NEAR(row[h], (*gate_up)[(e * hidden + h) * 2 * inter + 2 * i], amax / 2)
+              << "expert " << e << " unit " << i << " input " << h;
+        }
+      }
+    }
+  }
+  // the same rounded expert values stored as F32: the MXFP4 path must give its logits
+  const std::string rounded = out + ".f32.gguf";
+  ASSERT_EQ(std::system(fmt::format("{} tests/model/make_tiny_gguf.py {}gpt_oss {} --expert-type "
+                                    "MXFP4 --expert-roundtrip",
+                                    python, kFixtures, rounded)
+                            .c_str()),
+            0);
+  auto runner = load_model(out, nullptr);
+  auto rounded_runner = load_model(rounded, nullptr);
+  std::filesystem::remove(out);
+  std::filesystem::remove(rounded);
+  ASSERT_TRUE(runner.is_ok()) << runner.status().to_string();
+  ASSERT_TRUE(rounded_runner.is_ok()) << rounded_runner.status().to_string();
+  TinyModel model = load_tiny("gpt_oss");
+  const int32_t vocab = model.runner->spec().vocab_size;
+  for (size_t p = 0; p < model.golden.prompts.size(); ++p) {
+    const auto& prompt = model.golden.prompts[p];
+    std::vector<std::vector<float>> logits;
+    for (ModelRunner* r : {runner->get(), rounded_runner->get()}) {
+      PagedPool pool(*r, 1, static_cast<int32_t>(prompt.size()), 4, 51 + p);
+      logits.push_back(pool.step(*r, {prompt}, {0}));
+      ASSERT_EQ(logits.back().size(), prompt.size() * vocab);
+    }
+    const double err = relative_error(logits[0], logits[1]);
+    EXPECT_LT(err, 1e-5) << "prompt " << p << ": relative error " << err;
+    std::cout << "[ mxfp4    ] prompt " << p << ": relative error " << err
+              << " from the rounded F32 experts, "
+              << relative_error(logits[0], model.golden.logits[p])
+              << " from the transformers goldens (MXFP4's rounding)\n";
   }
 }
 

@@ -3,10 +3,15 @@
 // rope bases, negative epsilons, token ids outside the vocabulary). Each case below was
 // accepted, or threw an uncaught exception, before.
 #include "model/model_spec.h"
+#include "model/model_runner.h"
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <unistd.h>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -233,6 +238,99 @@ TEST(ModelSpecHf, Qwen2MoeReadsItsSharedExpertAndQwen2MoeConfigDefaults) {
   ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
   EXPECT_FALSE(spec->qkv_bias);
   EXPECT_EQ(spec->num_experts, 6);
+}
+
+// GptOssConfig's defaults: 128-token windows on even layers, YaRN (factor 32 over 4096 tokens,
+// not truncated, theta 150000) whose attention factor 0.1 ln 32 + 1 scales q·k by its square,
+// q/k/v/o biases, sinks, 128 experts of intermediate_size, top 4, clamped SwiGLU.
+TEST(ModelSpecHf, GptOssDefaults) {
+  const json j = json::parse(R"({"model_type": "gpt_oss", "vocab_size": 256, "hidden_size": 64,
+    "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 1024})");
+  auto spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->architecture, Architecture::kGptOss);
+  EXPECT_STREQ(architecture_name(spec->architecture), "gpt_oss");
+  EXPECT_EQ(spec->head_dim, 64);
+  EXPECT_EQ(spec->sliding_window, 128);
+  EXPECT_EQ(spec->layer_is_sliding, (std::vector<bool>{true, false, true, false}));
+  EXPECT_TRUE(spec->qkv_bias);
+  EXPECT_TRUE(spec->o_bias);
+  EXPECT_TRUE(spec->attention_sinks);
+  EXPECT_TRUE(spec->expert_bias);
+  EXPECT_EQ(spec->moe_activation, cpu::Activation::kClampedSwiglu);
+  EXPECT_EQ(spec->num_experts, 128);
+  EXPECT_EQ(spec->num_experts_per_tok, 4);
+  EXPECT_EQ(spec->moe_intermediate_size, 2880);
+  EXPECT_TRUE(spec->norm_topk_prob);
+  EXPECT_EQ(spec->layer_is_moe, std::vector<bool>(4, true));
+  const cpu::RopeScaling& yarn = spec->rope_global.scaling;
+  EXPECT_EQ(yarn.kind, cpu::RopeScaling::Kind::kYarn);
+  EXPECT_EQ(spec->rope_global.theta, 150000.0);
+  EXPECT_EQ(yarn.factor, 32.0);
+  EXPECT_EQ(yarn.original_max_position_embeddings, 4096.0);
+  EXPECT_FALSE(yarn.truncate);
+  EXPECT_NEAR(yarn.attention_factor, 1.3465735902799727, 1e-12);
+  EXPECT_NEAR(spec->attention_scale, 1.3465735902799727 * 1.3465735902799727 / 8, 1e-6);
+  // transformers' inverse frequencies of this rope (every 8th of 32)
+  const std::vector<float> inv = rope_inverse_frequencies(*spec, spec->rope_global);
+  ASSERT_EQ(inv.size(), 32u);
+  const double expected[] = {1.0, 0.05081327259540558, 0.0004564839182421565,
+                             4.099978468730114e-06};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(inv[8 * i], expected[i], 1e-7 * expected[i]) << i;
+}
+
+// GPT-OSS-20B's own config.json (legacy rope_scaling) parses, except that its MXFP4 experts
+// (quantization_config) are refused by name rather than missed tensor by tensor.
+TEST(ModelSpecHf, GptOss20bConfigParsesAndItsMxfp4CheckpointIsRefused) {
+  std::ifstream in("tests/cache/fixtures/gpt-oss-20b.json");
+  json j = json::parse(in);
+  expect_refused(j, StatusCode::kUnsupported, "OpenAI's MXFP4 experts");
+  j.erase("quantization_config");
+  auto spec = model_spec_from_hf_config(j, "config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->num_experts, 32);
+  EXPECT_EQ(spec->num_experts_per_tok, 4);
+  EXPECT_EQ(spec->sliding_window, 128);
+  EXPECT_EQ(spec->num_layers, 24);
+  EXPECT_TRUE(spec->layer_is_sliding[0]);
+  EXPECT_FALSE(spec->layer_is_sliding[1]);
+  EXPECT_EQ(spec->rope_global.scaling.kind, cpu::RopeScaling::Kind::kYarn);
+  EXPECT_EQ(spec->rope_global.theta, 150000.0);
+  EXPECT_FALSE(spec->rope_global.scaling.truncate);
+  EXPECT_EQ(spec->rope_global.scaling.original_max_position_embeddings, 4096.0);
+  EXPECT_EQ(spec->eos_token_ids, std::vector<int32_t>{200002});
+}
+
+// The tiny fixture's YaRN (16 original positions, factor 8, dim 16): bit for bit transformers'.
+TEST(ModelSpecHf, GptOssYarnFrequenciesAreTransformersBits) {
+  auto spec = load_hf_config("tests/model/fixtures/tiny/gpt_oss/config.json");
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  const std::vector<float> inv = rope_inverse_frequencies(*spec, spec->rope_global);
+  const std::vector<float> expected = {0x1.0p+0f,       0x1.cda7f4p-6f,  0x1.a04328p-8f,
+                                       0x1.775504p-10f, 0x1.526d2cp-12f, 0x1.31265p-14f,
+                                       0x1.132518p-16f, 0x1.f02e5p-19f};
+  EXPECT_EQ(inv, expected);
+  EXPECT_NEAR(spec->rope_global.scaling.attention_factor, 1.2079441541679836, 1e-12);
+}
+
+// transformers' generate also stops at generation_config.json's eos ids (GPT-OSS lists three).
+TEST(ModelSpecHf, GenerationConfigEosIdsJoinTheConfigs) {
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / fmt::format("kvp_gen_config_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  json config = json::parse(R"({"model_type": "gpt_oss", "vocab_size": 256, "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "max_position_embeddings": 1024, "eos_token_id": 2})");
+  std::ofstream(dir / "config.json") << config.dump();
+  auto spec = load_hf_config((dir / "config.json").string());
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->eos_token_ids, std::vector<int32_t>{2});
+  std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": [7, 2, 5]})";
+  spec = load_hf_config((dir / "config.json").string());
+  ASSERT_TRUE(spec.is_ok()) << spec.status().to_string();
+  EXPECT_EQ(spec->eos_token_ids, (std::vector<int32_t>{2, 7, 5}));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ModelSpec, ValidateRefusesNonFiniteScalesAndCaps) {

@@ -1,6 +1,7 @@
 // The mixture-of-experts layer against a per-token reference written out here (softmax, top-k,
 // each chosen expert's gated MLP, weighted sum), on random weights: grouped by expert it must
-// give the same rows, with experts that receive no tokens and one expert that receives them all.
+// give the same rows, with experts that receive no tokens and one expert that receives them all;
+// and GPT-OSS's variant (biases, top-k of the logits then softmax, clamped SwiGLU).
 #include "model/moe_layer.h"
 
 #include <gtest/gtest.h>
@@ -194,6 +195,84 @@ TEST(MoeForward, OneExpertTakesEveryTokenAndAnotherNone) {
   expect_matches_reference(l, x, num_tokens, num_experts, hidden, inter, top_k, true, &counts);
   EXPECT_EQ(counts[0], num_tokens);
   EXPECT_EQ(counts[5], 0);
+}
+
+// GPT-OSS's experts, per token in double as transformers' GptOssMLP computes them: router logits
+// with bias, top-k of the logits, softmax over those k; each chosen expert gate/up = W x + b,
+// g = min(gate, 7), u = clamp(up, -7, 7), (u + 1) * g * sigmoid(1.702 g), down + bias. Gate and
+// up are scaled so the clamp cuts a good share of them.
+TEST(MoeForward, GptOssBiasesAndClampedSwigluEqualThePerTokenReference) {
+  std::mt19937 rng(17);
+  const int32_t num_experts = 5, top_k = 2;
+  const int64_t hidden = 32, inter = 16, num_tokens = 23;
+  Layer l = random_layer(num_experts, hidden, inter, rng);
+  for (int32_t e = 0; e < num_experts; ++e) {
+    for (float& v : l.gate[e]) v *= 8.0f;
+    for (float& v : l.up[e]) v *= 8.0f;
+  }
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  const std::vector<float> router_bias = fill(num_experts);
+  const std::vector<float> gate_up_bias = fill(num_experts * 2 * inter);  // [e][gate | up]
+  const std::vector<float> down_bias = fill(num_experts * hidden);
+  const std::vector<float> x = fill(num_tokens * hidden);
+
+  std::vector<float> want(num_tokens * hidden, 0.0f);
+  int64_t clipped = 0;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const float* xt = x.data() + t * hidden;
+    std::vector<double> logit(num_experts);
+    for (int32_t e = 0; e < num_experts; ++e) {
+      logit[e] = router_bias[e];
+      for (int64_t i = 0; i < hidden; ++i) logit[e] += double{l.router[e * hidden + i]} * xt[i];
+    }
+    std::vector<int32_t> order(num_experts);
+    for (int32_t e = 0; e < num_experts; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return logit[a] > logit[b]; });
+    std::vector<int32_t> picked(order.begin(), order.begin() + top_k);
+    double sum = 0;
+    for (int32_t e : picked) sum += std::exp(logit[e] - logit[order[0]]);
+    std::sort(picked.begin(), picked.end());
+    for (int32_t e : picked) {
+      const double w = std::exp(logit[e] - logit[order[0]]) / sum;
+      std::vector<double> a(inter);
+      for (int64_t j = 0; j < inter; ++j) {
+        double g = gate_up_bias[e * 2 * inter + j], u = gate_up_bias[e * 2 * inter + inter + j];
+        for (int64_t i = 0; i < hidden; ++i) {
+          g += double{l.gate[e][j * hidden + i]} * xt[i];
+          u += double{l.up[e][j * hidden + i]} * xt[i];
+        }
+        clipped += (g > 7.0) + (std::fabs(u) > 7.0);
+        g = std::min(g, 7.0);
+        u = std::clamp(u, -7.0, 7.0);
+        a[j] = (u + 1.0) * g / (1.0 + std::exp(-1.702 * g));
+      }
+      for (int64_t o = 0; o < hidden; ++o) {
+        double y = down_bias[e * hidden + o];
+        for (int64_t j = 0; j < inter; ++j) y += double{l.down[e][o * inter + j]} * a[j];
+        want[t * hidden + o] += static_cast<float>(w * y);
+      }
+    }
+  }
+  EXPECT_GT(clipped, num_tokens * top_k * inter / 10) << "the clamp is barely exercised";
+
+  std::vector<float> stacked;
+  view(l, num_experts, hidden, inter, &stacked);
+  l.weights.router_bias = router_bias;
+  l.weights.gate_up_bias = gate_up_bias;
+  l.weights.down_bias = down_bias;
+  std::vector<float> got(num_tokens * hidden, NAN);
+  ThreadPool pool(2);
+  const MoeParams params{top_k, /*normalize=*/true, cpu::Activation::kClampedSwiglu};
+  moe_forward(l.weights, params, x.data(), num_tokens, hidden, got.data(), &pool,
+              quant::ActPrecision::kF32);
+  const double err = kvp::testing::relative_error(got, want);
+  EXPECT_LT(err, 1e-5) << "relative error " << err << "; " << clipped << " values clipped";
 }
 
 }  // namespace

@@ -102,6 +102,12 @@ bool CudaModelRunner::group_is_sliding(int32_t group) const {
 
 Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   KVP_RETURN_IF_ERROR(spec.validate());
+  if (spec.attention_sinks || spec.o_bias || spec.expert_bias) {
+    return Status::unsupported(
+        "cuda model runner: {} needs attention sinks, an output-projection bias and expert "
+        "biases, which run on the CPU backend only",
+        architecture_name(spec.architecture));
+  }
   if (spec.is_moe()) {
     return Status::unsupported(
         "cuda model runner: {} is a mixture-of-experts model; experts run on the CPU backend only",

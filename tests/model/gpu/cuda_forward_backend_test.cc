@@ -711,5 +711,18 @@ TEST(CudaForwardBackendErrors, KvDtypeF32IsRefusedAndF16Runs) {
   EXPECT_LT(err, kBf16LogitTolerance);
 }
 
+// GPT-OSS (attention sinks, output-projection and expert biases, experts) runs on the CPU
+// backend only: the CUDA backend refuses it with a message that names the architecture.
+TEST(CudaForwardBackendErrors, GptOssIsRefusedNamingTheArchitecture) {
+  SKIP_WITHOUT_GPU();
+  const Tiny tiny = load_tiny("gpt_oss");
+  auto backend = make_cuda_backend(tiny.spec, *tiny.weights);
+  ASSERT_FALSE(backend.is_ok());
+  EXPECT_EQ(backend.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(backend.status().message().find("gpt_oss"), std::string::npos)
+      << backend.status().to_string();
+  std::printf("[ refused  ] %s\n", backend.status().to_string().c_str());
+}
+
 }  // namespace
 }  // namespace kvp::cuda
