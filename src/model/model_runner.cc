@@ -35,21 +35,40 @@ Result<quant::QuantMatrix> read_matrix(const WeightSource& source, const std::st
   return m.matrix;
 }
 
-// Layer `layer`'s router "model.layers.N.mlp.gate.weight" [num_experts][hidden] and its
-// experts' gate, up [moe_intermediate][hidden] and down [hidden][moe_intermediate].
-Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
-                    ExpertWeights* experts, ModelWeights* w) {
+// The routed experts' gate, up [num_experts][inter][hidden] and down [num_experts][hidden][inter]
+// as the source stacks them (read_experts, in place where it can), appended per expert to
+// experts->gate_up (gate, up) and experts->down; their mappings kept alive in w.
+Status add_stacked_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
+                           ExpertWeights* experts, ModelWeights* w) {
   const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
   const int32_t num_experts = spec.num_experts;
-  KVP_ASSIGN_OR_RETURN(experts->router,
-                       read_matrix(source, fmt::format("model.layers.{}.mlp.gate.weight", layer),
-                                   num_experts, hidden, w));
   KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> gate,
                        source.read_experts(layer, "gate_proj", num_experts, inter, hidden));
   KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> up,
                        source.read_experts(layer, "up_proj", num_experts, inter, hidden));
   KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> down,
                        source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  for (int32_t e = 0; e < num_experts; ++e) {
+    experts->gate_up.push_back(gate[e].matrix);
+    experts->gate_up.push_back(up[e].matrix);
+    experts->down.push_back(down[e].matrix);
+    for (StoredMatrix* m : {&gate[e], &up[e], &down[e]}) {
+      w->keep_alive.push_back(std::move(m->keep_alive));
+    }
+  }
+  return Status::ok();
+}
+
+// Layer `layer`'s router "model.layers.N.mlp.gate.weight" [num_experts][hidden] and its
+// experts' gate, up [moe_intermediate][hidden] and down [hidden][moe_intermediate].
+Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
+                    ExpertWeights* experts, ModelWeights* w) {
+  const int64_t hidden = spec.hidden_size;
+  const int32_t num_experts = spec.num_experts;
+  KVP_ASSIGN_OR_RETURN(experts->router,
+                       read_matrix(source, fmt::format("model.layers.{}.mlp.gate.weight", layer),
+                                   num_experts, hidden, w));
+  KVP_RETURN_IF_ERROR(add_stacked_experts(spec, source, layer, experts, w));
   if (spec.shared_expert_intermediate_size > 0) {
     const int64_t shared = spec.shared_expert_intermediate_size;
     const std::string p = fmt::format("model.layers.{}.mlp.shared_expert", layer);
@@ -62,14 +81,6 @@ Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t l
                          read_matrix(source, p + ".down_proj.weight", hidden, shared, w));
     KVP_RETURN_IF_ERROR(read_into(source, p + "_gate.weight", {1, hidden}, &experts->shared_gate));
   }
-  for (int32_t e = 0; e < num_experts; ++e) {
-    experts->gate_up.push_back(gate[e].matrix);
-    experts->gate_up.push_back(up[e].matrix);
-    experts->down.push_back(down[e].matrix);
-    for (StoredMatrix* m : {&gate[e], &up[e], &down[e]}) {
-      w->keep_alive.push_back(std::move(m->keep_alive));
-    }
-  }
   return Status::ok();
 }
 
@@ -80,12 +91,7 @@ Status load_split_experts(const ModelSpec& spec, const WeightSource& source, int
                           ExpertWeights* experts, ModelWeights* w) {
   const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
   const int32_t num_experts = spec.num_experts;
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> gate,
-                       source.read_experts(layer, "gate_proj", num_experts, inter, hidden));
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> up,
-                       source.read_experts(layer, "up_proj", num_experts, inter, hidden));
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> down,
-                       source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  KVP_RETURN_IF_ERROR(add_stacked_experts(spec, source, layer, experts, w));
   const std::string p = fmt::format("model.layers.{}.mlp.experts.", layer);
   std::vector<float> gate_bias, up_bias;
   KVP_RETURN_IF_ERROR(read_into(source, p + "gate_proj.bias", {num_experts, inter}, &gate_bias));
@@ -93,12 +99,6 @@ Status load_split_experts(const ModelSpec& spec, const WeightSource& source, int
   KVP_RETURN_IF_ERROR(
       read_into(source, p + "down_proj.bias", {num_experts, hidden}, &experts->down_bias));
   for (int32_t e = 0; e < num_experts; ++e) {
-    experts->gate_up.push_back(gate[e].matrix);
-    experts->gate_up.push_back(up[e].matrix);
-    experts->down.push_back(down[e].matrix);
-    for (StoredMatrix* m : {&gate[e], &up[e], &down[e]}) {
-      w->keep_alive.push_back(std::move(m->keep_alive));
-    }
     const float* g = gate_bias.data() + e * inter;
     const float* u = up_bias.data() + e * inter;
     experts->gate_up_bias.insert(experts->gate_up_bias.end(), g, g + inter);
