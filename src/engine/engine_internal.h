@@ -104,8 +104,8 @@ struct Engine::PendingRestore {
   uint64_t ticket = 0;
   uint64_t bytes = 0;  // copied into the pool
   std::chrono::steady_clock::time_point start;
-  std::unique_ptr<HostKv> kv;  // the source, kept until the copy completes
-  bool charged = false;        // kv's bytes are counted in host_tier_bytes_used until then
+  std::unique_ptr<HostKv> kv;    // the source, kept until the copy completes
+  bool charged = false;          // kv's bytes are counted in host_tier_bytes_used until then
   bool ran_under_steps = false;  // found not done once: steps ran while it copied
 };
 
