@@ -35,11 +35,14 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
 #include "model/cuda/cuda_forward_backend.h"
+#include "model/cuda/nccl_library.h"
+#include "model/cuda/peer_all_reduce.h"
 #include "model/tensor_parallel.h"
 
 namespace kvp::cuda {
@@ -156,6 +159,17 @@ ModelSpec llama31_8b() {
   s.rope_local = s.rope_global;
   s.layer_is_sliding.assign(s.num_layers, false);
   s.eos_token_ids = {128001};
+  return s;
+}
+
+// Llama-3.1-70B's dimensions (random weights: 141 GB in bf16, so only split over 2+ GPUs)
+ModelSpec llama31_70b() {
+  ModelSpec s = llama31_8b();
+  s.hidden_size = 8192;
+  s.intermediate_size = 28672;
+  s.num_layers = 80;
+  s.num_q_heads = 64;
+  s.layer_is_sliding.assign(s.num_layers, false);
   return s;
 }
 
@@ -376,15 +390,98 @@ class ModelBench {
   double weight_bytes_ = 0;
 };
 
+// One all-reduce's time over GPUs 0..n-1, NCCL and PeerAllReduce: 64 calls of `count` floats
+// captured in a CUDA graph per GPU (a decode step's 2 x 32 layers), replayed 20 times after 3
+// warm-ups; the median of 5 such timings, per call.
+void all_reduce_rows(int32_t n) {
+  std::vector<int> devices(n);
+  std::iota(devices.begin(), devices.end(), 0);
+  const NcclLibrary* nccl = value_or_die(NcclLibrary::get(), "NcclLibrary::get");
+  const std::vector<ncclComm_t> comms = value_or_die(nccl->init_all(devices), "init_all");
+  constexpr int64_t kMax = 256 * 4096;
+  const std::shared_ptr<PeerAllReduce> peer =
+      value_or_die(PeerAllReduce::create(devices, kMax), "PeerAllReduce::create");
+  std::vector<cudaStream_t> streams(n);
+  std::vector<DeviceBuffer> data;
+  for (int32_t r = 0; r < n; ++r) {
+    check_cuda(cudaSetDevice(r), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), "stream");
+    data.push_back(value_or_die(DeviceBuffer::allocate(kMax * 4), "allocate"));
+    check_cuda(cudaMemset(data.back().data(), 0, kMax * 4), "memset");
+  }
+  for (const char* mode : {"nccl", "peer"}) {
+    for (int64_t count : {int64_t{4096}, int64_t{16384}, int64_t{64 * 4096}}) {
+      // a thread per GPU, as the runner has: NCCL's communicators of one process meet inside
+      // each call, so one thread calling for every GPU in turn would wait on itself
+      const auto on_every_gpu = [&](const auto& body) {
+        std::vector<std::thread> threads;
+        for (int32_t r = 0; r < n; ++r) {
+          threads.emplace_back([&, r] {
+            check_cuda(cudaSetDevice(r), "cudaSetDevice");
+            body(r);
+          });
+        }
+        for (std::thread& t : threads) t.join();
+      };
+      std::vector<cudaGraphExec_t> execs(n);
+      on_every_gpu([&](int32_t r) {
+        cudaGraph_t g = nullptr;
+        check_cuda(cudaStreamBeginCapture(streams[r], cudaStreamCaptureModeThreadLocal), "capture");
+        for (int call = 0; call < 64; ++call) {
+          float* d = data[r].as<float>();
+          check_status(std::string(mode) == "peer"
+                           ? peer->run(r, d, count, streams[r])
+                           : nccl->all_reduce_sum(d, count, comms[r], streams[r]),
+                       mode);
+        }
+        check_cuda(cudaStreamEndCapture(streams[r], &g), "end capture");
+        check_cuda(cudaGraphInstantiate(&execs[r], g, 0), "instantiate");
+        cudaGraphDestroy(g);
+      });
+      const auto replay = [&](int times) {
+        on_every_gpu([&](int32_t r) {
+          for (int t = 0; t < times; ++t) {
+            check_cuda(cudaGraphLaunch(execs[r], streams[r]), "launch");
+          }
+          check_cuda(cudaStreamSynchronize(streams[r]), "sync");
+        });
+      };
+      replay(3);
+      std::vector<double> us;
+      for (int rep = 0; rep < 5; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        replay(20);
+        us.push_back(
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
+                .count() /
+            (20 * 64));
+      }
+      std::printf("all-reduce %-4s over %d GPUs, %7lld floats (%4lld KB): %7.2f us a call\n", mode,
+                  n, static_cast<long long>(count), static_cast<long long>(count * 4 / 1024),
+                  median(us));
+      std::fflush(stdout);
+      for (int32_t r = 0; r < n; ++r) cudaGraphExecDestroy(execs[r]);
+    }
+  }
+  for (int32_t r = 0; r < n; ++r) {
+    cudaSetDevice(r);
+    cudaStreamDestroy(streams[r]);
+    nccl->destroy(comms[r]);
+  }
+  cudaSetDevice(0);
+}
+
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: model_cuda_bench OUT.csv [--quick]\n");
+    std::fprintf(stderr,
+                 "usage: model_cuda_bench OUT.csv [--quick | --tensor-parallel N [--70b]]\n");
     return 2;
   }
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
   const bool profile = argc > 2 && std::string(argv[2]) == "--profile-decode";
   const int32_t tensor_parallel =
       argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
+  const bool shape_70b = tensor_parallel > 1 && argc > 4 && std::string(argv[4]) == "--70b";
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "model_cuda_bench: no CUDA device\n");
@@ -412,7 +509,24 @@ int run(int argc, char** argv) {
         r.step_us, r.tok_per_s, r.kind == "decode" ? "floor  " : "ceiling", r.bound_us, r.ratio);
     std::fflush(stdout);
   };
-  if (tensor_parallel > 1) {
+  if (tensor_parallel > 1) all_reduce_rows(tensor_parallel);
+  if (shape_70b) {
+    // the 70B shape split only (it does not fit one GPU), NCCL then peer all-reduces; a pool of
+    // 18K tokens (3 GB a GPU at TP 2) so that it fits 80 GB cards too
+    for (const char* mode : {"nccl", "peer"}) {
+      setenv("KVP_TP_ALL_REDUCE", mode, 1);
+      ModelBench bench(std::string("llama31-70b-") + mode, llama31_70b(), 4 * 4096 + 2048,
+                       bandwidth, matmul, false, tensor_parallel);
+      for (int batch : {1, 4}) {
+        for (int context : {512, 4096}) {
+          rows.push_back(bench.decode(batch, context, true));
+          print(rows.back());
+        }
+      }
+      rows.push_back(bench.prefill(2048));
+      print(rows.back());
+    }
+  } else if (tensor_parallel > 1) {
     // whole, then split with NCCL all-reduces, then with decode-sized ones over peer memory
     // (each freed before the next); floors and ceilings scale with the GPUs
     for (const char* mode : {"whole", "nccl", "peer"}) {

@@ -281,12 +281,12 @@ Result<std::unique_ptr<ForwardBackend>> make_split(const ModelSpec& spec, int fi
   auto comms = std::make_shared<NcclComms>();
   comms->nccl = nccl;
   KVP_ASSIGN_OR_RETURN(comms->comms, nccl->init_all(devices));
-  // NCCL does every all-reduce, unless KVP_TP_ALL_REDUCE=peer: then decode-sized ones (up to
-  // 256 tokens of hidden) go over peer memory where the GPUs have peer access (an experiment:
-  // slower than NCCL as it stands, docs/perf/tensor-parallel.md)
+  // Decode-sized all-reduces (up to 256 tokens of hidden) go over peer memory where the GPUs
+  // have peer access (PeerAllReduce, one kernel in NCCL's LL style; docs/perf/
+  // tensor-parallel.md), the rest through NCCL; KVP_TP_ALL_REDUCE=nccl sends them all to NCCL.
   std::shared_ptr<const PeerAllReduce> peer;
   const char* choice = std::getenv("KVP_TP_ALL_REDUCE");
-  if (choice != nullptr && std::string(choice) == "peer") {
+  if (choice == nullptr || std::string(choice) != "nccl") {
     Result<std::shared_ptr<PeerAllReduce>> made =
         PeerAllReduce::create(devices, int64_t{256} * spec.hidden_size);
     if (made.is_ok()) peer = std::move(made).value();

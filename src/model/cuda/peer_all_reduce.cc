@@ -1,6 +1,8 @@
 // PeerAllReduce (peer_all_reduce.h): buffers, peer access, the launch.
 #include "model/cuda/peer_all_reduce.h"
 
+#include <algorithm>
+
 #include "backend/cuda/cuda_status.h"
 
 namespace kvp::cuda {
@@ -13,7 +15,8 @@ Result<std::shared_ptr<PeerAllReduce>> PeerAllReduce::create(std::span<const int
                                     detail::kPeerMaxRanks);
   }
   auto p = std::shared_ptr<PeerAllReduce>(new PeerAllReduce());
-  p->capacity_ = capacity;
+  p->capacity_ = std::min(capacity, detail::kPeerMaxChunks * detail::kPeerChunkFloats);
+  const int64_t lines = (p->capacity_ + 1) / 2;
   p->devices_.assign(devices.begin(), devices.end());
   for (int32_t r = 0; r < n; ++r) {
     KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
@@ -32,15 +35,14 @@ Result<std::shared_ptr<PeerAllReduce>> PeerAllReduce::create(std::span<const int
         KVP_CUDA_RETURN_IF_ERROR(e);
       }
     }
-    KVP_ASSIGN_OR_RETURN(DeviceBuffer staging, DeviceBuffer::allocate(2 * capacity * 4));
-    const size_t flag_bytes = size_t{detail::kPeerMaxBlocks} * detail::kPeerMaxRanks * 4;
-    KVP_ASSIGN_OR_RETURN(DeviceBuffer flags, DeviceBuffer::allocate(flag_bytes));
-    KVP_ASSIGN_OR_RETURN(DeviceBuffer counters,
-                         DeviceBuffer::allocate(size_t{detail::kPeerMaxBlocks} * 4));
-    KVP_CUDA_RETURN_IF_ERROR(cudaMemset(flags.data(), 0, flag_bytes));
-    KVP_CUDA_RETURN_IF_ERROR(cudaMemset(counters.data(), 0, size_t{detail::kPeerMaxBlocks} * 4));
-    p->staging_.push_back(std::move(staging));
-    p->flags_.push_back(std::move(flags));
+    const size_t inbox_bytes = size_t{2} * n * lines * sizeof(detail::PeerLine);
+    const size_t counter_bytes = size_t{detail::kPeerMaxChunks} * 4;
+    KVP_ASSIGN_OR_RETURN(DeviceBuffer inbox, DeviceBuffer::allocate(inbox_bytes));
+    KVP_ASSIGN_OR_RETURN(DeviceBuffer counters, DeviceBuffer::allocate(counter_bytes));
+    // epochs start at 1: a zeroed inbox holds none
+    KVP_CUDA_RETURN_IF_ERROR(cudaMemset(inbox.data(), 0, inbox_bytes));
+    KVP_CUDA_RETURN_IF_ERROR(cudaMemset(counters.data(), 0, counter_bytes));
+    p->inboxes_.push_back(std::move(inbox));
     p->counters_.push_back(std::move(counters));
   }
   for (int32_t r = 0; r < n; ++r) {
@@ -56,11 +58,8 @@ Status PeerAllReduce::run(int32_t rank, float* data, int64_t count, cudaStream_t
   a.count = count;
   a.rank = rank;
   a.num_ranks = static_cast<int32_t>(devices_.size());
-  a.capacity = capacity_;
-  for (int32_t r = 0; r < a.num_ranks; ++r) {
-    a.staging[r] = staging_[r].as<float>();
-    a.flags[r] = flags_[r].as<uint32_t>();
-  }
+  a.lines = (capacity_ + 1) / 2;
+  for (int32_t r = 0; r < a.num_ranks; ++r) a.inbox[r] = inboxes_[r].as<detail::PeerLine>();
   a.counters = counters_[rank].as<uint32_t>();
   return cuda_status(detail::launch_peer_all_reduce(a, stream), "peer_all_reduce_kernel");
 }

@@ -1,5 +1,8 @@
-// PeerAllReduce's kernel (peer_all_reduce.h): one block per slice of the data, each block meeting
-// the same block of every peer through flags in the peers' memory.
+// PeerAllReduce's kernel (peer_all_reduce.h): a one-shot all-reduce in NCCL's LL style. Every
+// block takes one chunk; its threads push their floats, each stored beside the call's epoch in
+// one 8-byte word, straight into every peer's inbox, then read the peers' floats from their own
+// inbox as their epochs appear, and sum in rank order. No fence and no separate flag: a float is
+// there when its own flag is.
 #include <algorithm>
 
 #include "model/cuda/peer_all_reduce_kernel.h"
@@ -7,40 +10,64 @@
 namespace kvp::cuda::detail {
 namespace {
 
-__device__ __forceinline__ void store_release(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+constexpr int32_t kLinesPerThread = static_cast<int32_t>(kPeerChunkFloats / 2 / kPeerThreads);
+
+__device__ __forceinline__ void store_line(PeerLine* p, const PeerLine& l) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(l.value0),
+               "r"(l.flag0), "r"(l.value1), "r"(l.flag1)
+               : "memory");
 }
-__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
+__device__ __forceinline__ PeerLine load_line(const PeerLine* p) {
+  PeerLine l;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(l.value0), "=r"(l.flag0), "=r"(l.value1), "=r"(l.flag1)
+               : "l"(p)
+               : "memory");
+  return l;
 }
 
-__global__ void peer_all_reduce_kernel(PeerAllReduceArgs a) {
+__global__ void __launch_bounds__(kPeerThreads) peer_all_reduce_kernel(PeerAllReduceArgs a) {
   __shared__ uint32_t epoch_shared;
-  const int32_t block = blockIdx.x;
-  const int64_t per = (a.count + gridDim.x - 1) / gridDim.x;
-  const int64_t begin = std::min<int64_t>(a.count, block * per);
-  const int64_t end = std::min<int64_t>(a.count, begin + per);
-  if (threadIdx.x == 0) epoch_shared = ++a.counters[block];
+  const int64_t chunk = blockIdx.x;
+  if (threadIdx.x == 0) epoch_shared = ++a.counters[chunk];
   __syncthreads();
   const uint32_t epoch = epoch_shared;
-  const int64_t half = (epoch & 1) * a.capacity;
-  float* mine = a.staging[a.rank] + half;
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) mine[i] = a.data[i];
-  __syncthreads();  // this block's slice is written…
-  if (threadIdx.x < a.num_ranks && threadIdx.x != a.rank) {
-    __threadfence_system();  // …and visible to the peers before they see the flag
-    store_release(a.flags[threadIdx.x] + block * kPeerMaxRanks + a.rank, epoch);
-    const uint32_t* theirs = a.flags[a.rank] + block * kPeerMaxRanks + threadIdx.x;
-    while (load_acquire(theirs) < epoch) {
+  const int64_t region = a.lines * ((epoch & 1) * a.num_ranks);  // this parity's regions
+  const int64_t first_line = chunk * (kPeerChunkFloats / 2);
+  float2 mine[kLinesPerThread];
+  // push: line j of the chunk to every peer's inbox, region (parity, my rank)
+#pragma unroll
+  for (int32_t k = 0; k < kLinesPerThread; ++k) {
+    const int64_t line = first_line + k * kPeerThreads + threadIdx.x;
+    const int64_t i = 2 * line;
+    mine[k].x = i < a.count ? a.data[i] : 0.0f;
+    mine[k].y = i + 1 < a.count ? a.data[i + 1] : 0.0f;
+    if (i >= a.count) continue;
+    const PeerLine l{__float_as_uint(mine[k].x), epoch, __float_as_uint(mine[k].y), epoch};
+    for (int32_t p = 0; p < a.num_ranks; ++p) {
+      if (p != a.rank) store_line(a.inbox[p] + region + a.rank * a.lines + line, l);
     }
   }
-  __syncthreads();  // every peer's slice of this block is written
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-    float sum = 0.0f;
-    for (int32_t r = 0; r < a.num_ranks; ++r) sum += __ldcv(a.staging[r] + half + i);
-    a.data[i] = sum;
+  // pull from my own inbox, in rank order so that every rank sums the same floats the same way
+#pragma unroll
+  for (int32_t k = 0; k < kLinesPerThread; ++k) {
+    const int64_t line = first_line + k * kPeerThreads + threadIdx.x;
+    const int64_t i = 2 * line;
+    if (i >= a.count) continue;
+    float2 sum = make_float2(0.0f, 0.0f);
+    for (int32_t r = 0; r < a.num_ranks; ++r) {
+      float2 v = mine[k];
+      if (r != a.rank) {
+        const PeerLine* src = a.inbox[a.rank] + region + r * a.lines + line;
+        PeerLine l = load_line(src);
+        while (l.flag0 != epoch || l.flag1 != epoch) l = load_line(src);
+        v = make_float2(__uint_as_float(l.value0), __uint_as_float(l.value1));
+      }
+      sum.x += v.x;
+      sum.y += v.y;
+    }
+    a.data[i] = sum.x;
+    if (i + 1 < a.count) a.data[i + 1] = sum.y;
   }
 }
 
@@ -48,10 +75,8 @@ __global__ void peer_all_reduce_kernel(PeerAllReduceArgs a) {
 
 cudaError_t launch_peer_all_reduce(const PeerAllReduceArgs& args, cudaStream_t stream) {
   if (args.count == 0) return cudaSuccess;
-  // ~8K floats a block: 1 block at batch 1 (hidden 4096), all 64 from 512K floats on
-  const auto blocks =
-      static_cast<unsigned>(std::clamp<int64_t>((args.count + 8191) / 8192, 1, kPeerMaxBlocks));
-  peer_all_reduce_kernel<<<blocks, 512, 0, stream>>>(args);
+  const auto chunks = static_cast<unsigned>((args.count + kPeerChunkFloats - 1) / kPeerChunkFloats);
+  peer_all_reduce_kernel<<<chunks, kPeerThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

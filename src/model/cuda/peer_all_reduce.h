@@ -1,18 +1,21 @@
-// PeerAllReduce: the small all-reduces of a split model's decode steps done by one kernel per GPU
-// over NVLink peer memory instead of NCCL, which costs ~15-20 µs a call at 16 KB on 2 H200s
+// PeerAllReduce: the small all-reduces of a split model's steps done by one kernel per GPU over
+// NVLink peer memory instead of NCCL, which costs ~15-20 µs a call at 16 KB on 2 H200s
 // (docs/perf/tensor-parallel.md) and is paid twice a layer.
 //
-//   per call, rank r, on its stream (graph-capturable; one launch):
-//     copy data → my staging[parity]  → release: flag[peer][block][r] = epoch on every peer
-//     → acquire: wait until flag[me][block][p] >= epoch for every peer p
-//     → data = Σ_p staging_p[parity] in rank order (every rank gets the same bits)
-//   epoch: a per-block counter in device memory, so CUDA graph replays advance it too; the
-//   staging halves alternate by epoch parity, so a call never overwrites what a peer may still
-//   read from the previous one.
+//   per call, rank r, on its stream (graph-capturable; one launch, one block per 2048 floats):
+//     epoch = ++counter[chunk]            (in device memory: graph replays advance it too)
+//     push: (float, epoch) pairs, 8 bytes each → every peer's inbox[parity][r]   (no fence)
+//     pull: wait for each of my inbox[parity][p]'s pairs to carry the epoch, then
+//           data = Σ_p data_p in rank order   (every rank gets the same bits)
+//   parity = epoch & 1: a call never overwrites what a peer may still read from the previous
+//   one (a rank reaches call k + 2 only after every peer has sent its data of call k + 1,
+//   which each sends after finishing call k).
 //
-// Calls above capacity() floats go to NCCL. All ranks must make the same calls in the same order
-// (the runner does: every rank runs the same step). Needs peer access between every pair of the
-// GPUs (NVLink or PCIe P2P); create() says unsupported where there is none.
+// NCCL's LL protocol is the model: the flag travels in the same 8-byte store as the data. The
+// inbox is twice the bytes of the data (a flag per float), which is cheap at decode sizes; calls
+// above capacity() floats go to NCCL. All ranks must make the same calls in the same order (the
+// runner does: every rank runs the same step). Needs peer access between every pair of the GPUs
+// (NVLink or PCIe P2P); create() says unsupported where there is none.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,7 +34,7 @@ namespace kvp::cuda {
 class PeerAllReduce {
  public:
   // Buffers on each device of `devices` (one rank each, in order), peer access enabled between
-  // them. capacity: floats of the largest call it takes.
+  // them. capacity: floats of the largest call it takes (at most 2M; larger is clamped).
   static Result<std::shared_ptr<PeerAllReduce>> create(std::span<const int> devices,
                                                        int64_t capacity);
 
@@ -43,7 +46,7 @@ class PeerAllReduce {
  private:
   int64_t capacity_ = 0;
   std::vector<int> devices_;
-  std::vector<DeviceBuffer> staging_, flags_, counters_;  // [rank]
+  std::vector<DeviceBuffer> inboxes_, counters_;  // [rank]
 };
 
 }  // namespace kvp::cuda
