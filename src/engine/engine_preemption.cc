@@ -65,11 +65,16 @@ bool Engine::swap_in(Sequence& s) {
   // Back only when the pool holds its blocks and one more for every running sequence: a
   // sequence let in to the last block is the next step's victim again (out, in, out, ...).
   // (Blocks the prefix cache still holds are counted as needed: an upper bound.) With nothing
-  // running, any room will do.
-  int32_t needed = 0;
-  for (BlockId b : kv.tables[0]) needed += b != HostKv::kNoBlock ? 1 : 0;
-  if (!running_.empty() &&
-      cache_->allocator(0).num_available() < needed + static_cast<int32_t>(running_.size())) {
+  // running, any room will do. Every cache group is asked (a sliding-window group holds fewer
+  // blocks of the sequence than the full one, in a pool of its own).
+  bool room = true;
+  for (size_t g = 0; g < kv.tables.size() && !running_.empty(); ++g) {
+    int32_t needed = 0;
+    for (BlockId b : kv.tables[g]) needed += b != HostKv::kNoBlock ? 1 : 0;
+    room &= cache_->allocator(static_cast<int32_t>(g)).num_available() >=
+            needed + static_cast<int32_t>(running_.size());
+  }
+  if (!room) {
     cache_->free_sequence(s.id);
     s.resident = false;
     return false;
