@@ -423,17 +423,22 @@ void all_reduce_rows(int32_t n) {
         }
         for (std::thread& t : threads) t.join();
       };
+      const auto all_reduce = [&](int32_t r) {
+        float* d = data[r].as<float>();
+        check_status(std::string(mode) == "peer"
+                         ? peer->run(r, d, count, streams[r])
+                         : nccl->all_reduce_sum(d, count, comms[r], streams[r]),
+                     mode);
+      };
       std::vector<cudaGraphExec_t> execs(n);
       on_every_gpu([&](int32_t r) {
+        // one call eagerly first: NCCL connects the GPUs at its first call, which a capture
+        // cannot hold
+        all_reduce(r);
+        check_cuda(cudaStreamSynchronize(streams[r]), "sync");
         cudaGraph_t g = nullptr;
         check_cuda(cudaStreamBeginCapture(streams[r], cudaStreamCaptureModeThreadLocal), "capture");
-        for (int call = 0; call < 64; ++call) {
-          float* d = data[r].as<float>();
-          check_status(std::string(mode) == "peer"
-                           ? peer->run(r, d, count, streams[r])
-                           : nccl->all_reduce_sum(d, count, comms[r], streams[r]),
-                       mode);
-        }
+        for (int call = 0; call < 64; ++call) all_reduce(r);
         check_cuda(cudaStreamEndCapture(streams[r], &g), "end capture");
         check_cuda(cudaGraphInstantiate(&execs[r], g, 0), "instantiate");
         cudaGraphDestroy(g);

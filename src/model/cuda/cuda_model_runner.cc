@@ -699,6 +699,14 @@ Status CudaModelRunner::reserve_attention_workspace(const StepShape& shape,
 
 Status CudaModelRunner::all_reduce(void* data, int64_t count) {
   if (nccl_ == nullptr) return Status::ok();
+  return meet_around([&] {
+    return peer_ != nullptr && count <= peer_->capacity()
+               ? peer_->run(rank_, static_cast<float*>(data), count, stream_)
+               : nccl_->all_reduce_sum(static_cast<float*>(data), count, comm_, stream_);
+  });
+}
+
+Status CudaModelRunner::meet_around(const std::function<Status()>& launch) {
   // Launched eagerly (not captured), every rank first drains its stream and meets the others,
   // then launches its all-reduce and waits for it: CUDA loads a kernel lazily, at its first
   // launch, and waits for the device to idle while loading (under a process-wide lock, it
@@ -714,13 +722,26 @@ Status CudaModelRunner::all_reduce(void* data, int64_t count) {
     }
     KVP_RETURN_IF_ERROR(drained);
   }
-  if (peer_ != nullptr && count <= peer_->capacity()) {
-    KVP_RETURN_IF_ERROR(peer_->run(rank_, static_cast<float*>(data), count, stream_));
-  } else {
-    KVP_RETURN_IF_ERROR(nccl_->all_reduce_sum(static_cast<float*>(data), count, comm_, stream_));
-  }
+  KVP_RETURN_IF_ERROR(launch());
   if (eager) KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return Status::ok();
+}
+
+Status CudaModelRunner::reduce_residual_norm(const float* post_w, const float* next_w,
+                                             int32_t num_tokens, float eps) {
+  const int64_t count = int64_t{num_tokens} * spec_.hidden_size;
+  const auto norm = [&](const detail::PeerAllReduceArgs* reduce) {
+    return cuda_status(
+        detail::launch_residual_norm(x_.as<float>(), proj_.as<float>(), post_w, next_w, num_tokens,
+                                     spec_.hidden_size, eps, xn_.data(), stream_, reduce),
+        "residual_norm_kernel");
+  };
+  if (nccl_ != nullptr && peer_ != nullptr && count <= peer_->capacity()) {
+    const detail::PeerAllReduceArgs reduce = peer_->row_args(rank_);
+    return meet_around([&] { return norm(&reduce); });
+  }
+  KVP_RETURN_IF_ERROR(all_reduce(proj_.data(), count));
+  return norm(nullptr);
 }
 
 void CudaModelRunner::copy_logits_out(std::span<float> logits) const {
@@ -849,12 +870,8 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     }
     KVP_RETURN_IF_ERROR(gemm(attn_bf16, lw.o.data(), proj_.data(), true, num_tokens,
                              spec_.num_q_heads * dp, hidden, "o_proj"));
-    KVP_RETURN_IF_ERROR(all_reduce(proj_.data(), num_tokens * hidden));
-    KVP_RETURN_IF_ERROR(cuda_status(
-        detail::launch_residual_norm(x_.as<float>(), proj_.as<float>(),
-                                     lw.post_attn_norm.as<float>(), lw.mlp_norm.as<float>(), T,
-                                     spec_.hidden_size, eps, xn_.data(), stream_),
-        "residual_norm_kernel"));
+    KVP_RETURN_IF_ERROR(
+        reduce_residual_norm(lw.post_attn_norm.as<float>(), lw.mlp_norm.as<float>(), T, eps));
     KVP_RETURN_IF_ERROR(gemm(xn_.data(), lw.gate_up.data(), gate_up_.data(), false, num_tokens,
                              hidden, 2 * inter, "gate_up"));
     KVP_RETURN_IF_ERROR(cuda_status(
@@ -864,14 +881,9 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
         "gated_activation_kernel"));
     KVP_RETURN_IF_ERROR(
         gemm(xn_.data(), lw.down.data(), proj_.data(), true, num_tokens, inter, hidden, "down"));
-    KVP_RETURN_IF_ERROR(all_reduce(proj_.data(), num_tokens * hidden));
     const float* next_norm =
         l + 1 < spec_.num_layers ? layers_[l + 1].attn_norm.as<float>() : nullptr;
-    KVP_RETURN_IF_ERROR(
-        cuda_status(detail::launch_residual_norm(x_.as<float>(), proj_.as<float>(),
-                                                 lw.post_mlp_norm.as<float>(), next_norm, T,
-                                                 spec_.hidden_size, eps, xn_.data(), stream_),
-                    "residual_norm_kernel"));
+    KVP_RETURN_IF_ERROR(reduce_residual_norm(lw.post_mlp_norm.as<float>(), next_norm, T, eps));
   }
 
   if (num_rows > 0) {

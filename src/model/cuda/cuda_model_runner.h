@@ -189,6 +189,12 @@ class CudaModelRunner {
               int64_t out, const char* what);
   // Sums [count] f32 over the ranks in place (nothing when not split).
   Status all_reduce(void* data, int64_t count);
+  // proj_ (this rank's part of the o or down projection) summed over the ranks, then
+  // launch_residual_norm into x_ and xn_; with peer all-reduces at decode sizes one fused kernel.
+  Status reduce_residual_norm(const float* post_w, const float* next_w, int32_t num_tokens,
+                              float eps);
+  // Runs `launch` (a collective) between the eager steps' drain-and-meet (all_reduce in the .cc).
+  Status meet_around(const std::function<Status()>& launch);
   // Grows the attention workspace to what the step's attention launches need (so that nothing is
   // allocated once launches begin).
   Status reserve_attention_workspace(const StepShape& shape, std::span<DeviceKvPool> pools);

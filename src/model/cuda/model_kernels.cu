@@ -8,6 +8,7 @@
 #include <climits>
 
 #include "model/cuda/model_kernels.h"
+#include "model/cuda/peer_ll.cuh"
 
 namespace kvp::cuda::detail {
 namespace {
@@ -85,7 +86,8 @@ template <int kVecs>
 __global__ void __launch_bounds__(kRowMaxThreads)
     residual_norm_kernel(float* __restrict__ x, const float* __restrict__ proj,
                          const float* __restrict__ post_w, const float* __restrict__ next_w,
-                         int32_t hidden, float eps, __nv_bfloat16* __restrict__ xn) {
+                         int32_t hidden, float eps, __nv_bfloat16* __restrict__ xn,
+                         PeerAllReduceArgs reduce) {
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   float* xr = x + r * hidden;
@@ -93,14 +95,42 @@ __global__ void __launch_bounds__(kRowMaxThreads)
   const int32_t vecs = hidden / 4;
   const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float4 p[kVecs], s[kVecs];
-  float ss = 0.0f;
 #pragma unroll
   for (int k = 0; k < kVecs; ++k) {
     const int32_t j = threadIdx.x + k * blockDim.x;
     p[k] = j < vecs ? load4(pr, j) : zero;
     s[k] = j < vecs ? load4(xr, j) : zero;
-    ss += dot4(p[k], p[k]);
   }
+  if (reduce.num_ranks > 1) {
+    // proj is this GPU's partial sum: the all-reduce over the peers first (row r is chunk r,
+    // its lines (r * hidden) / 2 on)
+    __shared__ uint32_t epoch_shared;
+    if (threadIdx.x == 0) epoch_shared = ++reduce.counters[r];
+    __syncthreads();
+    const uint32_t epoch = epoch_shared;
+    const int64_t region = ll_region(reduce, epoch);
+    const int64_t row_line = r * hidden / 2;
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int32_t j = threadIdx.x + k * blockDim.x;
+      if (j >= vecs) continue;
+      ll_push(reduce, region, row_line + 2 * j, make_float2(p[k].x, p[k].y), epoch);
+      ll_push(reduce, region, row_line + 2 * j + 1, make_float2(p[k].z, p[k].w), epoch);
+    }
+#pragma unroll
+    for (int k = 0; k < kVecs; ++k) {
+      const int32_t j = threadIdx.x + k * blockDim.x;
+      if (j >= vecs) continue;
+      const float2 lo =
+          ll_pull_sum(reduce, region, row_line + 2 * j, make_float2(p[k].x, p[k].y), epoch);
+      const float2 hi =
+          ll_pull_sum(reduce, region, row_line + 2 * j + 1, make_float2(p[k].z, p[k].w), epoch);
+      p[k] = make_float4(lo.x, lo.y, hi.x, hi.y);
+    }
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kVecs; ++k) ss += dot4(p[k], p[k]);
   if (post_w != nullptr) {
     const float post_inv = rsqrtf(block_sum_any(ss, scratch) / hidden + eps);
 #pragma unroll
@@ -357,7 +387,8 @@ cudaError_t launch_rms_norm_rows(const float* x, const int32_t* rows, int32_t nu
 
 cudaError_t launch_residual_norm(float* x, const float* proj, const float* post_w,
                                  const float* next_w, int32_t num_rows, int32_t hidden, float eps,
-                                 void* xn, cudaStream_t stream) {
+                                 void* xn, cudaStream_t stream, const PeerAllReduceArgs* reduce) {
+  const PeerAllReduceArgs ar = reduce != nullptr ? *reduce : PeerAllReduceArgs{};
   int threads = 0, vecs = 0;
   if (!row_shape(hidden, &threads, &vecs)) return cudaErrorInvalidValue;
   if (num_rows == 0) return cudaGetLastError();
@@ -365,19 +396,19 @@ cudaError_t launch_residual_norm(float* x, const float* proj, const float* post_
   switch (vecs) {
     case 1:
       residual_norm_kernel<1>
-          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o);
+          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o, ar);
       break;
     case 2:
       residual_norm_kernel<2>
-          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o);
+          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o, ar);
       break;
     case 3:
       residual_norm_kernel<3>
-          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o);
+          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o, ar);
       break;
     default:
       residual_norm_kernel<4>
-          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o);
+          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o, ar);
       break;
   }
   return cudaGetLastError();

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "model/cuda/peer_all_reduce_kernel.h"
+
 namespace kvp::cuda::detail {
 
 // x [num_tokens][hidden] f32 = table[token_ids[t]] * scale; table [vocab][hidden] bf16.
@@ -27,9 +29,13 @@ cudaError_t launch_rms_norm_rows(const float* x, const int32_t* rows, int32_t nu
 
 // Per row: v = post_w ? rms_norm(proj) * post_w : proj; x += v; then, if next_w,
 // xn (bf16) = rms_norm(x) * next_w. x, proj f32 [num_rows][hidden].
+// With `reduce` (a split model's PeerAllReduce::row_args), proj is this GPU's partial sum and
+// is first summed over the GPUs (each row one LL chunk): the all-reduce and the norm in one
+// kernel. requires then: num_rows * hidden <= the PeerAllReduce's capacity.
 cudaError_t launch_residual_norm(float* x, const float* proj, const float* post_w,
                                  const float* next_w, int32_t num_rows, int32_t hidden, float eps,
-                                 void* xn, cudaStream_t stream);
+                                 void* xn, cudaStream_t stream,
+                                 const PeerAllReduceArgs* reduce = nullptr);
 
 struct QkvPostArgs {
   const float* qkv;          // [num_tokens][(num_q_heads + 2 num_kv_heads) * head_dim] f32

@@ -37,13 +37,16 @@ Result<std::shared_ptr<PeerAllReduce>> PeerAllReduce::create(std::span<const int
     }
     const size_t inbox_bytes = size_t{2} * n * lines * sizeof(detail::PeerLine);
     const size_t counter_bytes = size_t{detail::kPeerMaxChunks} * 4;
-    KVP_ASSIGN_OR_RETURN(DeviceBuffer inbox, DeviceBuffer::allocate(inbox_bytes));
-    KVP_ASSIGN_OR_RETURN(DeviceBuffer counters, DeviceBuffer::allocate(counter_bytes));
-    // epochs start at 1: a zeroed inbox holds none
-    KVP_CUDA_RETURN_IF_ERROR(cudaMemset(inbox.data(), 0, inbox_bytes));
-    KVP_CUDA_RETURN_IF_ERROR(cudaMemset(counters.data(), 0, counter_bytes));
-    p->inboxes_.push_back(std::move(inbox));
-    p->counters_.push_back(std::move(counters));
+    for (auto [inboxes, counters] :
+         {std::pair{&p->inboxes_, &p->counters_}, std::pair{&p->row_inboxes_, &p->row_counters_}}) {
+      KVP_ASSIGN_OR_RETURN(DeviceBuffer inbox, DeviceBuffer::allocate(inbox_bytes));
+      KVP_ASSIGN_OR_RETURN(DeviceBuffer counter, DeviceBuffer::allocate(counter_bytes));
+      // epochs start at 1: a zeroed inbox holds none
+      KVP_CUDA_RETURN_IF_ERROR(cudaMemset(inbox.data(), 0, inbox_bytes));
+      KVP_CUDA_RETURN_IF_ERROR(cudaMemset(counter.data(), 0, counter_bytes));
+      inboxes->push_back(std::move(inbox));
+      counters->push_back(std::move(counter));
+    }
   }
   for (int32_t r = 0; r < n; ++r) {
     KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
@@ -52,15 +55,26 @@ Result<std::shared_ptr<PeerAllReduce>> PeerAllReduce::create(std::span<const int
   return p;
 }
 
-Status PeerAllReduce::run(int32_t rank, float* data, int64_t count, cudaStream_t stream) const {
+detail::PeerAllReduceArgs PeerAllReduce::args(int32_t rank,
+                                              const std::vector<DeviceBuffer>& inboxes,
+                                              const std::vector<DeviceBuffer>& counters) const {
   detail::PeerAllReduceArgs a;
-  a.data = data;
-  a.count = count;
   a.rank = rank;
   a.num_ranks = static_cast<int32_t>(devices_.size());
   a.lines = (capacity_ + 1) / 2;
-  for (int32_t r = 0; r < a.num_ranks; ++r) a.inbox[r] = inboxes_[r].as<detail::PeerLine>();
-  a.counters = counters_[rank].as<uint32_t>();
+  for (int32_t r = 0; r < a.num_ranks; ++r) a.inbox[r] = inboxes[r].as<detail::PeerLine>();
+  a.counters = counters[rank].as<uint32_t>();
+  return a;
+}
+
+detail::PeerAllReduceArgs PeerAllReduce::row_args(int32_t rank) const {
+  return args(rank, row_inboxes_, row_counters_);
+}
+
+Status PeerAllReduce::run(int32_t rank, float* data, int64_t count, cudaStream_t stream) const {
+  detail::PeerAllReduceArgs a = args(rank, inboxes_, counters_);
+  a.data = data;
+  a.count = count;
   return cuda_status(detail::launch_peer_all_reduce(a, stream), "peer_all_reduce_kernel");
 }
 

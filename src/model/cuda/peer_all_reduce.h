@@ -11,6 +11,10 @@
 //   one (a rank reaches call k + 2 only after every peer has sent its data of call k + 1,
 //   which each sends after finishing call k).
 //
+// The runner fuses the all-reduce with the residual add and RMS norm after it (row_args →
+// detail::launch_residual_norm: one row a chunk, the same exchange, peer_ll.cuh), so a split
+// decode step launches no kernel of its own for the all-reduce.
+//
 // NCCL's LL protocol is the model: the flag travels in the same 8-byte store as the data. The
 // inbox is twice the bytes of the data (a flag per float), which is cheap at decode sizes; calls
 // above capacity() floats go to NCCL. All ranks must make the same calls in the same order (the
@@ -42,11 +46,19 @@ class PeerAllReduce {
   // Sums data [count] over the ranks in place, on rank's stream. requires: count <= capacity(),
   // the calling thread's current device is rank's.
   Status run(int32_t rank, float* data, int64_t count, cudaStream_t stream) const;
+  // The arguments of the fused all-reduce + residual + norm (detail::launch_residual_norm), whose
+  // chunks are rows: a second inbox and counters of their own, so that the two kinds of call
+  // may follow each other in any order.
+  detail::PeerAllReduceArgs row_args(int32_t rank) const;
 
  private:
   int64_t capacity_ = 0;
   std::vector<int> devices_;
-  std::vector<DeviceBuffer> inboxes_, counters_;  // [rank]
+  detail::PeerAllReduceArgs args(int32_t rank, const std::vector<DeviceBuffer>& inboxes,
+                                 const std::vector<DeviceBuffer>& counters) const;
+
+  // [rank]; the row_ ones for row_args' calls
+  std::vector<DeviceBuffer> inboxes_, counters_, row_inboxes_, row_counters_;
 };
 
 }  // namespace kvp::cuda
