@@ -205,6 +205,16 @@ Status Engine::allocate_pool() {
     }
     host_tier_ = std::move(tier).value();
     probe_copy_rate();
+  } else if (config_.disk_tier_bytes > 0 && backend_->host_slab_allocator() != nullptr) {
+    // pinned staging for spill copies (where the backend has pinned memory): the pool's size
+    // (any one session fits), at most the disk tier and 4 GiB
+    uint64_t pool_bytes = 0;
+    for (int32_t g = 0; g < cache_spec_.num_groups(); ++g) {
+      pool_bytes += uint64_t(config_.num_blocks) * cache_spec_.block_bytes(g);
+    }
+    const uint64_t bytes = std::min({pool_bytes, config_.disk_tier_bytes, uint64_t{4} << 30});
+    auto staging = HostTier::create(cache_spec_, bytes, backend_->host_slab_allocator());
+    if (staging.is_ok()) disk_staging_ = std::move(staging).value();  // else pageable copies
   }
   return Status::ok();
 }

@@ -318,6 +318,9 @@ class Engine {
   // for. nullptr if the memory cannot be had or the backend cannot copy the blocks.
   std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier);
   // As copy_out, not waited for: *ticket completes the copy (ForwardBackend::transfers_done).
+  // A copy of the sequence for a cache file: into the disk staging tier if it has the room,
+  // else into pageable storage of its own. null when neither can be had.
+  std::unique_ptr<HostKv> copy_out_for_file(SeqId seq_id, int32_t num_tokens);
   std::unique_ptr<HostKv> start_copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
                                          uint64_t* ticket);
   // Write-backs (EngineConfig::tier_watermark): starts copies of idle sessions to the host tier
@@ -383,6 +386,9 @@ class Engine {
   std::map<RequestId, std::unique_ptr<RequestState>> requests_;
   std::unordered_map<SeqId, std::unique_ptr<Sequence>> sequences_;
   std::unique_ptr<HostTier> host_tier_;  // when config_.host_tier_bytes > 0; outlives sessions_
+  // With a disk tier and no host tier: pinned blocks that spill copies go through (one DMA per
+  // run instead of a pageable copy), held until the file is written. Full: pageable copies.
+  std::unique_ptr<HostTier> disk_staging_;
   // KV of preempted sequences swapped to the host tier (its blocks: declared after host_tier_
   // so that it goes first)
   std::unordered_map<SeqId, std::unique_ptr<HostKv>> swapped_;

@@ -96,6 +96,26 @@ void Engine::check_integrity() const {
               "swapped sequence {} is resident or unknown", id.value);
     host_bytes += kv->size_bytes;
   }
+  if (disk_staging_) {
+    // every staging block in use belongs to a copy on its way to a file (or restoring from it)
+    std::vector<int64_t> held(cache_->num_groups(), 0);
+    const auto count = [&](const HostKv* kv) {
+      if (kv == nullptr || kv->tier != disk_staging_.get()) return;
+      for (size_t g = 0; g < kv->tier_blocks.size(); ++g) held[g] += kv->tier_blocks[g].size();
+    };
+    for (const auto& [name, session] : sessions_) {
+      if (session->writing) count(session->writing->kv.get());
+      count(session->host.get());
+    }
+    for (const auto& w : orphan_writes_) count(w->kv.get());
+    for (const auto& [id, r] : restoring_) count(r.kv.get());
+    for (int32_t g = 0; g < cache_->num_groups(); ++g) {
+      const int64_t in_use =
+          int64_t{disk_staging_->storage().layout(g).num_blocks} - disk_staging_->num_free(g);
+      KVP_CHECK(in_use == held[g], "disk staging group {}: {} blocks in use, {} held", g, in_use,
+                held[g]);
+    }
+  }
   KVP_CHECK(host_bytes == stats_.host_tier_bytes_used, "host tier holds {} bytes, counted {}",
             host_bytes, stats_.host_tier_bytes_used);
   KVP_CHECK(disk_bytes == stats_.disk_tier_bytes_used, "disk tier holds {} bytes, counted {}",

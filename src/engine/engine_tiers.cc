@@ -69,6 +69,14 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
   return kv;
 }
 
+std::unique_ptr<Engine::HostKv> Engine::copy_out_for_file(SeqId seq_id, int32_t num_tokens) {
+  if (disk_staging_) {
+    std::unique_ptr<HostKv> kv = copy_out(seq_id, num_tokens, disk_staging_.get());
+    if (kv) return kv;
+  }
+  return copy_out(seq_id, num_tokens, nullptr);
+}
+
 std::unique_ptr<Engine::HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num_tokens,
                                                        HostTier* tier, uint64_t* ticket) {
   const int32_t num_groups = cache_->num_groups();
@@ -422,7 +430,7 @@ void Engine::move_down(SessionState& session) {
   const bool disk_fits =
       !config_.disk_dir.empty() && file_size_bytes(num_tokens) <= config_.disk_tier_bytes;
   if (num_tokens > 0 && disk_fits) {
-    kv = copy_out(seq_id, num_tokens, nullptr);
+    kv = copy_out_for_file(seq_id, num_tokens);
     if (kv) kv->window_valid_from = session.window_valid_from;
   }
   cache_->free_sequence(seq_id);
@@ -687,7 +695,7 @@ Status Engine::save_session(const std::string& name, const std::filesystem::path
   std::unique_ptr<HostKv> copy;
   const HostKv* kv = session.host.get();
   if (session.resident) {
-    copy = copy_out(*session.resident, session.num_computed, nullptr);
+    copy = copy_out_for_file(*session.resident, session.num_computed);
     if (!copy) {
       return Status::resource_exhausted("save session '{}': no host memory for its KV", name);
     }

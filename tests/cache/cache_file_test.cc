@@ -23,29 +23,14 @@
 #include <random>
 
 #include "cache/kv_quant.h"
+#include "support/temp_dir.h"
 
 namespace kvp {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A scratch directory per test, removed at the end.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ =
-        fs::temp_directory_path() /
-        fmt::format("kvp_cache_file_{}_{}_{}", info->test_suite_name(), info->name(), ::getpid());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test::TempDir;
 
 std::vector<std::byte> read_bytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -9,15 +9,19 @@
 #include <deque>
 #include <map>
 #include <random>
+#include <set>
 
 #include "engine/cpu_backend_wrapper.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "support/temp_dir.h"
 
 using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
 
 namespace kvp {
 namespace {
+
+using test::TempDir;
 
 class LateCopiesBackend final : public CpuBackendWrapper {
  public:
@@ -28,6 +32,7 @@ class LateCopiesBackend final : public CpuBackendWrapper {
                                    HostKvStorage& host) override {
     bool to_host = false;
     KVP_RETURN_IF_ERROR(check_transfers(group, ops, host, &to_host));
+    if (to_host && slabs_made_.count(host.slab(group).data()) > 0) ++num_copies_into_slabs;
     queue_.push_back({++last_ticket_, group, {ops.begin(), ops.end()}, &host, 0, to_host});
     return last_ticket_;
   }
@@ -50,9 +55,17 @@ class LateCopiesBackend final : public CpuBackendWrapper {
     return Status::ok();
   }
 
+  // As a GPU backend's pinned slabs: host memory the engine may ask for (counted here).
+  const HostKvStorage::SlabAllocator* host_slab_allocator() const override {
+    return offers_slabs ? &slabs_ : nullptr;
+  }
+
   static constexpr int kPolls = 3;
   int64_t num_late_to_pool = 0;  // answers "not yet" about copies into the pool
   int64_t num_late_to_host = 0;
+  bool offers_slabs = false;
+  int64_t num_slabs = 0, num_slabs_released = 0;
+  int64_t num_copies_into_slabs = 0;  // to the host, into memory of host_slab_allocator
 
  private:
   struct Pending {
@@ -71,6 +84,19 @@ class LateCopiesBackend final : public CpuBackendWrapper {
   }
 
   std::deque<Pending> queue_;
+  std::set<const void*> slabs_made_;
+  HostKvStorage::SlabAllocator slabs_{[](size_t bytes, void* self) -> void* {
+                                        auto* backend = static_cast<LateCopiesBackend*>(self);
+                                        ++backend->num_slabs;
+                                        void* p = std::calloc(1, bytes);
+                                        backend->slabs_made_.insert(p);
+                                        return p;
+                                      },
+                                      [](void* p, void* self) {
+                                        ++static_cast<LateCopiesBackend*>(self)->num_slabs_released;
+                                        std::free(p);
+                                      },
+                                      this};
 };
 
 // 4 agents x 3 turns over a pool that holds about two of them: sessions move to the host tier
@@ -142,6 +168,59 @@ TEST(EngineLateCopies, SwappedSequencesRunAfterTheirCopiesWithTheGoldenOutput) {
       EXPECT_EQ(out[id].tokens, golden_ids(model, "greedy_" + std::to_string(p))) << p;
     }
     EXPECT_EQ(engine.stats().host_tier_bytes_used, 0u);
+  }
+}
+
+// A disk tier and no host tier, on a backend with pinned-style slabs: spill copies go through
+// the engine's staging slab (a copy the engine did not wait for would leave stale bytes in the
+// file; a staging block freed before its file is written would be overwritten by the next
+// spill) and the sessions come back from the files with the outputs of the CPU backend, which
+// has no slabs and copies into pageable memory.
+TEST(EngineLateCopies, SpillCopiesThroughStagingSlabsKeepTheOutputs) {
+  for (const char* model : {"llama", "gemma3"}) {
+    SCOPED_TRACE(model);
+    auto runner = load(model);
+    const auto agents = [&](ForwardBackend& backend, const std::string& dir, EngineStats* stats) {
+      EngineConfig config = small_config(48);
+      config.disk_dir = dir;
+      config.disk_tier_bytes = 64 << 20;
+      Engine engine(&backend, config);
+      std::mt19937 rng(7);
+      std::map<std::pair<int, int>, std::vector<int32_t>> out;
+      for (int turn = 0; turn < 3; ++turn) {
+        std::map<int64_t, int> agent_of;
+        for (int a = 0; a < 4; ++a) {
+          std::vector<int32_t> prompt(12 + rng() % 10);
+          for (int32_t& t : prompt) t = 3 + rng() % 250;
+          Request r = greedy_request(prompt, 8);
+          r.session = "agent" + std::to_string(a);
+          auto id = engine.submit(std::move(r));
+          KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+          agent_of[id->value] = a;
+        }
+        for (auto& [id, outcome] : run_all(engine)) out[{agent_of.at(id), turn}] = outcome.tokens;
+        engine.check_integrity();  // staging blocks: each held by a copy on its way to a file
+      }
+      engine.settle_tier_moves();
+      engine.check_integrity();
+      *stats = engine.stats();
+      return out;
+    };
+    TempDir pageable_dir("spill-pageable"), staged_dir("spill-staged");
+    CpuForwardBackend cpu(runner);
+    EngineStats cpu_stats, late_stats;
+    const auto expected = agents(cpu, pageable_dir.path().string(), &cpu_stats);
+    LateCopiesBackend late(runner);
+    late.offers_slabs = true;
+    const auto got = agents(late, staged_dir.path().string(), &late_stats);
+    EXPECT_EQ(got, expected);
+    EXPECT_GT(late.num_slabs, 0);                        // the staging slab was made
+    EXPECT_EQ(late.num_slabs_released, late.num_slabs);  // and given back with the engine
+    EXPECT_GT(late.num_copies_into_slabs, 0);  // spill copies went through the staging slab
+    EXPECT_EQ(cpu_stats.num_session_moves_to_disk, late_stats.num_session_moves_to_disk);
+    EXPECT_GT(late_stats.num_session_moves_to_disk, 0);
+    EXPECT_GT(late_stats.num_session_restores, 0);
+    EXPECT_EQ(late_stats.num_tier_errors, 0);
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "support/temp_dir.h"
 
 using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
 
@@ -116,20 +117,7 @@ INSTANTIATE_TEST_SUITE_P(Models, EngineInt8Test, ::testing::Values("llama", "gem
 
 // ---- sessions through the tiers ----
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() /
-              ("kvp-engine-int8-" + std::to_string(::getpid()) + "-" + name)) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
+using test::TempDir;
 
 SessionTier tier_of(const Engine& engine, const std::string& name) {
   for (const EngineSessionInfo& s : engine.sessions()) {

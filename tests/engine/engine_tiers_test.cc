@@ -12,31 +12,14 @@
 #include "engine/engine.h"
 #include "engine/engine_front.h"
 #include "engine/engine_test_util.h"
+#include "support/temp_dir.h"
 
 using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
 
 namespace kvp {
 namespace {
 
-// A directory of its own for one test, removed at the end.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() /
-              ("kvp-engine-tiers-" + std::to_string(::getpid()) + "-" + name)) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::filesystem::path& path() const { return path_; }
-  int num_files() const {
-    return static_cast<int>(std::distance(std::filesystem::directory_iterator(path_),
-                                          std::filesystem::directory_iterator()));
-  }
-
- private:
-  std::filesystem::path path_;
-};
+using test::TempDir;
 
 EngineSessionInfo session_info(const Engine& engine, const std::string& name) {
   for (const EngineSessionInfo& s : engine.sessions()) {

@@ -4,6 +4,7 @@
 // the real models. Every comparison of dequantised values is bit-exact (see docs/weights.md).
 // Hand-built broken files and a truncation/corruption sweep check that bad input is a Status.
 #include "model/gguf_file.h"
+#include "support/temp_dir.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -25,23 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// A fresh directory under the system temp dir, removed at destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "kvp_gguf_test_XXXXXX").string();
-    KVP_CHECK(mkdtemp(pattern.data()) != nullptr, "mkdtemp failed");
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test::TempDir;
 
 // Runs a reference script with the project's .venv (tests run from the repo root).
 void run_python(const std::string& args) {
