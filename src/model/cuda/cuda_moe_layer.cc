@@ -82,6 +82,7 @@ Status MoeBuffers::allocate(const ModelSpec& spec, int64_t num_tokens) {
   KVP_ASSIGN_OR_RETURN(weights, DeviceBuffer::allocate(num_pairs * 4));
   KVP_ASSIGN_OR_RETURN(offsets, DeviceBuffer::allocate((int64_t{spec.num_experts} + 1) * 4));
   KVP_ASSIGN_OR_RETURN(pairs, DeviceBuffer::allocate(num_pairs * 4));
+  KVP_ASSIGN_OR_RETURN(active, DeviceBuffer::allocate((int64_t{spec.num_experts} + 1) * 4));
   KVP_ASSIGN_OR_RETURN(act, DeviceBuffer::allocate(num_pairs * spec.moe_intermediate_size * 4));
   KVP_ASSIGN_OR_RETURN(y, DeviceBuffer::allocate(num_pairs * hidden * 4));
   if (spec.shared_expert_intermediate_size > 0) {
@@ -201,16 +202,19 @@ Status CudaModelRunner::enqueue_moe_mlp(int32_t layer, int32_t num_tokens) {
                                top_k, spec_.norm_topk_prob, b.expert_ids.as<int32_t>(),
                                b.weights.as<float>(), stream_),
       "moe_route_kernel"));
-  KVP_RETURN_IF_ERROR(cuda_status(
-      detail::launch_moe_group(b.expert_ids.as<int32_t>(), num_tokens * top_k, spec_.num_experts,
-                               b.offsets.as<int32_t>(), b.pairs.as<int32_t>(), stream_),
-      "moe_group_kernel"));
+  KVP_RETURN_IF_ERROR(
+      cuda_status(detail::launch_moe_group(b.expert_ids.as<int32_t>(), num_tokens * top_k,
+                                           spec_.num_experts, b.offsets.as<int32_t>(),
+                                           b.pairs.as<int32_t>(), b.active.as<int32_t>(), stream_),
+                  "moe_group_kernel"));
   detail::MoeExpertArgs ea{};
   ea.x = xn_.data();
   ea.gate_up = mw.gate_up.data();
   ea.down = mw.down.data();
   ea.offsets = b.offsets.as<int32_t>();
   ea.pairs = b.pairs.as<int32_t>();
+  ea.active = b.active.as<int32_t>();
+  ea.num_pairs = num_tokens * top_k;
   ea.num_experts = spec_.num_experts;
   ea.top_k = top_k;
   ea.hidden = hidden;

@@ -43,6 +43,7 @@ struct MoeBuffers {
   DeviceBuffer expert_ids;  // [tokens][top_k] int32
   DeviceBuffer weights;     // [tokens][top_k] f32
   DeviceBuffer offsets;     // [num_experts + 1] int32
+  DeviceBuffer active;      // [1 + num_experts] int32: count, experts with pairs
   DeviceBuffer pairs;       // [tokens * top_k] int32, grouped by expert
   DeviceBuffer act;         // [tokens * top_k][moe_intermediate] f32
   DeviceBuffer y;           // [tokens * top_k][hidden] f32

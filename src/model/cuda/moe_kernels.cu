@@ -1,6 +1,7 @@
 // The CUDA mixture-of-experts kernels (launchers and contracts in moe_kernels.h).
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <climits>
 
 #include "model/cuda/moe_kernels.h"
@@ -87,6 +88,7 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int32_t logit
         best_id = other_id;
       }
     }
+    if (best_id == INT_MAX) best_id = 0;  // NaN probabilities: keep the writes in bounds
     chosen += best;
     if (lane == 0) {
       expert_ids[t * top_k + k] = best_id;
@@ -102,7 +104,7 @@ __global__ void moe_route_kernel(const float* __restrict__ logits, int32_t logit
 
 __global__ void moe_group_kernel(const int32_t* __restrict__ expert_ids, int32_t num_pairs,
                                  int32_t num_experts, int32_t* __restrict__ offsets,
-                                 int32_t* __restrict__ pairs) {
+                                 int32_t* __restrict__ pairs, int32_t* __restrict__ active) {
   extern __shared__ int32_t counts[];  // [num_experts], then the cursors [num_experts]
   int32_t* cursor = counts + num_experts;
   for (int32_t e = threadIdx.x; e < num_experts; e += blockDim.x) counts[e] = 0;
@@ -111,13 +113,15 @@ __global__ void moe_group_kernel(const int32_t* __restrict__ expert_ids, int32_t
     atomicAdd(&counts[expert_ids[i]], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
-    int32_t running = 0;
+    int32_t running = 0, num_active = 0;
     for (int32_t e = 0; e < num_experts; ++e) {
       offsets[e] = running;
       cursor[e] = running;
       running += counts[e];
+      if (counts[e] > 0) active[1 + num_active++] = e;
     }
     offsets[num_experts] = running;
+    active[0] = num_active;
   }
   __syncthreads();
   // the order within an expert varies from run to run; every pair's result is computed alone and
@@ -147,17 +151,19 @@ __device__ float activate(float g) {
   }
 }
 
-// CTA = (row tile, expert): warp w owns row r = tile * kWarpsPerCta + w of the expert's gate and
-// the same row of its up projection, and runs it over the expert's pairs kMoeChunkTokens at a
-// time, so the two weight rows are read from memory once per chunk (once per step at decode).
-// The x rows of a chunk are shared by the CTA's warps through L1.
+// CTA = (row tile, y-th expert with pairs): warp w owns row r = tile * kWarpsPerCta + w of the
+// expert's gate and the same row of its up projection, and runs it over the expert's pairs
+// kMoeChunkTokens at a time, so the two weight rows are read from memory once per chunk (once per
+// step at decode). The x rows of a chunk are shared by the CTA's warps through L1.
 template <bool kGelu>
 __global__ void __launch_bounds__(kWarpsPerCta * 32)
     moe_gate_up_kernel(const __nv_bfloat16* __restrict__ x,
                        const __nv_bfloat16* __restrict__ gate_up,
                        const int32_t* __restrict__ offsets, const int32_t* __restrict__ pairs,
-                       int32_t top_k, int32_t hidden, int32_t inter, float* __restrict__ act) {
-  const int32_t e = blockIdx.y;
+                       const int32_t* __restrict__ active, int32_t top_k, int32_t hidden,
+                       int32_t inter, float* __restrict__ act) {
+  if (static_cast<int32_t>(blockIdx.y) >= active[0]) return;
+  const int32_t e = active[1 + blockIdx.y];
   const int32_t begin = offsets[e], end = offsets[e + 1];
   if (begin == end) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -205,13 +211,15 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   }
 }
 
-// CTA = (row tile, expert): warp w owns row r of the expert's down projection and runs it over
-// the expert's pairs' activations, kMoeChunkTokens at a time.
+// CTA = (row tile, y-th expert with pairs): warp w owns row r of the expert's down projection and
+// runs it over the expert's pairs' activations, kMoeChunkTokens at a time.
 __global__ void __launch_bounds__(kWarpsPerCta * 32)
     moe_down_kernel(const __nv_bfloat16* __restrict__ down, const int32_t* __restrict__ offsets,
-                    const int32_t* __restrict__ pairs, int32_t hidden, int32_t inter,
-                    const float* __restrict__ act, float* __restrict__ y) {
-  const int32_t e = blockIdx.y;
+                    const int32_t* __restrict__ pairs, const int32_t* __restrict__ active,
+                    int32_t hidden, int32_t inter, const float* __restrict__ act,
+                    float* __restrict__ y) {
+  if (static_cast<int32_t>(blockIdx.y) >= active[0]) return;
+  const int32_t e = active[1 + blockIdx.y];
   const int32_t begin = offsets[e], end = offsets[e + 1];
   if (begin == end) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -309,10 +317,12 @@ cudaError_t launch_moe_route(const float* logits, int32_t logits_stride, int32_t
 }
 
 cudaError_t launch_moe_group(const int32_t* expert_ids, int32_t num_pairs, int32_t num_experts,
-                             int32_t* offsets, int32_t* pairs, cudaStream_t stream) {
+                             int32_t* offsets, int32_t* pairs, int32_t* active,
+                             cudaStream_t stream) {
   if (num_experts <= 0 || num_experts > kMoeMaxExperts) return cudaErrorInvalidValue;
   const size_t smem = size_t{2} * num_experts * sizeof(int32_t);
-  moe_group_kernel<<<1, 1024, smem, stream>>>(expert_ids, num_pairs, num_experts, offsets, pairs);
+  moe_group_kernel<<<1, 1024, smem, stream>>>(expert_ids, num_pairs, num_experts, offsets, pairs,
+                                              active);
   return cudaGetLastError();
 }
 
@@ -325,19 +335,22 @@ cudaError_t launch_moe_experts(const MoeExpertArgs& a, cudaStream_t stream) {
   const auto* x = static_cast<const __nv_bfloat16*>(a.x);
   const auto* gate_up = static_cast<const __nv_bfloat16*>(a.gate_up);
   const auto* down = static_cast<const __nv_bfloat16*>(a.down);
-  const dim3 up_grid((a.inter + kWarpsPerCta - 1) / kWarpsPerCta, a.num_experts);
+  // at most num_pairs experts have pairs: a decode step's grid covers only those that can
+  const unsigned max_active = static_cast<unsigned>(std::min(a.num_experts, a.num_pairs));
+  if (max_active == 0) return cudaGetLastError();
+  const dim3 up_grid((a.inter + kWarpsPerCta - 1) / kWarpsPerCta, max_active);
   if (a.gelu) {
     moe_gate_up_kernel<true><<<up_grid, kWarpsPerCta * 32, 0, stream>>>(
-        x, gate_up, a.offsets, a.pairs, a.top_k, a.hidden, a.inter, a.act);
+        x, gate_up, a.offsets, a.pairs, a.active, a.top_k, a.hidden, a.inter, a.act);
   } else {
     moe_gate_up_kernel<false><<<up_grid, kWarpsPerCta * 32, 0, stream>>>(
-        x, gate_up, a.offsets, a.pairs, a.top_k, a.hidden, a.inter, a.act);
+        x, gate_up, a.offsets, a.pairs, a.active, a.top_k, a.hidden, a.inter, a.act);
   }
   const cudaError_t up_status = cudaGetLastError();
   if (up_status != cudaSuccess) return up_status;
-  const dim3 down_grid((a.hidden + kWarpsPerCta - 1) / kWarpsPerCta, a.num_experts);
-  moe_down_kernel<<<down_grid, kWarpsPerCta * 32, 0, stream>>>(down, a.offsets, a.pairs, a.hidden,
-                                                               a.inter, a.act, a.y);
+  const dim3 down_grid((a.hidden + kWarpsPerCta - 1) / kWarpsPerCta, max_active);
+  moe_down_kernel<<<down_grid, kWarpsPerCta * 32, 0, stream>>>(down, a.offsets, a.pairs, a.active,
+                                                               a.hidden, a.inter, a.act, a.y);
   return cudaGetLastError();
 }
 

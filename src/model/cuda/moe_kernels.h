@@ -43,11 +43,14 @@ cudaError_t launch_moe_route(const float* logits, int32_t logits_stride, int32_t
                              int32_t* expert_ids, float* weights, cudaStream_t stream);
 
 // Counting sort of the pairs by expert: expert e's pair indices are pairs[offsets[e],
-// offsets[e + 1]) (in no particular order within an expert). One CTA.
-//   expert_ids [num_pairs] → offsets [num_experts + 1], pairs [num_pairs]
+// offsets[e + 1]) (in no particular order within an expert); active[0] is the number of experts
+// with pairs, active[1 ...] those experts in ascending id. One CTA.
+//   expert_ids [num_pairs] → offsets [num_experts + 1], pairs [num_pairs],
+//                            active [1 + num_experts]
 // requires: every id in [0, num_experts), num_experts <= kMoeMaxExperts.
 cudaError_t launch_moe_group(const int32_t* expert_ids, int32_t num_pairs, int32_t num_experts,
-                             int32_t* offsets, int32_t* pairs, cudaStream_t stream);
+                             int32_t* offsets, int32_t* pairs, int32_t* active,
+                             cudaStream_t stream);
 
 struct MoeExpertArgs {
   const void* x;           // [num_tokens][hidden] bf16: the normalised MLP input
@@ -55,7 +58,8 @@ struct MoeExpertArgs {
   const void* down;        // [num_experts][hidden][inter] bf16
   const int32_t* offsets;  // [num_experts + 1] (launch_moe_group)
   const int32_t* pairs;    // [num_pairs] grouped by expert; token of pair p is p / top_k
-  int32_t num_experts, top_k, hidden, inter;
+  const int32_t* active;   // [1 + num_experts]: count, then the experts with pairs
+  int32_t num_pairs, num_experts, top_k, hidden, inter;
   bool gelu;   // activation gelu-tanh, else silu
   float* act;  // [num_pairs][inter] f32, written
   float* y;    // [num_pairs][hidden] f32, written: each pair's expert output, unweighted
@@ -63,7 +67,8 @@ struct MoeExpertArgs {
 // Whether the expert kernels take these sizes (multiples of 8: rows are read 16 bytes a lane).
 bool moe_experts_support(int32_t hidden, int32_t inter);
 // The experts of every pair: two kernels (gate_up + activation, then down), grids over (row
-// tile, expert); CTAs of experts without pairs return at once.
+// tile, min(num_experts, num_pairs)): the y-th CTA row takes the y-th expert with pairs, so a
+// decode step launches CTAs for the experts it can touch, not for all of them.
 cudaError_t launch_moe_experts(const MoeExpertArgs& args, cudaStream_t stream);
 
 // out [num_tokens][hidden] f32 = Σ over t's slots in ascending expert id of weights[t][slot] ·

@@ -211,11 +211,13 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
     DeviceBuffer d_shared_logits = to_device(shared_logits);
     DeviceBuffer d_offsets = DeviceBuffer::allocate((s.num_experts + 1) * 4).value();
     DeviceBuffer d_pairs = DeviceBuffer::allocate(num_pairs * 4).value();
+    DeviceBuffer d_active = DeviceBuffer::allocate((s.num_experts + 1) * 4).value();
     DeviceBuffer d_act = DeviceBuffer::allocate(size_t(num_pairs) * s.inter * 4).value();
     DeviceBuffer d_y = DeviceBuffer::allocate(size_t(num_pairs) * s.hidden * 4).value();
     DeviceBuffer d_out = DeviceBuffer::allocate(size_t(s.num_tokens) * s.hidden * 4).value();
     ASSERT_EQ(detail::launch_moe_group(d_ids.as<int32_t>(), num_pairs, s.num_experts,
-                                       d_offsets.as<int32_t>(), d_pairs.as<int32_t>(), nullptr),
+                                       d_offsets.as<int32_t>(), d_pairs.as<int32_t>(),
+                                       d_active.as<int32_t>(), nullptr),
               cudaSuccess);
     detail::MoeExpertArgs a{};
     a.x = d_x.data();
@@ -223,6 +225,8 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
     a.down = d_down.data();
     a.offsets = d_offsets.as<int32_t>();
     a.pairs = d_pairs.as<int32_t>();
+    a.active = d_active.as<int32_t>();
+    a.num_pairs = num_pairs;
     a.num_experts = s.num_experts;
     a.top_k = s.top_k;
     a.hidden = s.hidden;
@@ -253,6 +257,14 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
     for (int32_t p = 0; p < num_pairs; ++p) ASSERT_EQ(seen[p], 1) << "pair " << p;
     EXPECT_EQ(offsets[3] - offsets[2], s.num_tokens) << "expert 2 has every token";
     EXPECT_EQ(offsets[7] - offsets[4], 0) << "experts 4, 5, 6 have none";
+    const auto active = to_host<int32_t>(d_active, s.num_experts + 1);
+    std::vector<int32_t> want_active;
+    for (int32_t e = 0; e < s.num_experts; ++e) {
+      if (offsets[e + 1] > offsets[e]) want_active.push_back(e);
+    }
+    ASSERT_EQ(active[0], static_cast<int32_t>(want_active.size()));
+    EXPECT_EQ(std::vector<int32_t>(active.begin() + 1, active.begin() + 1 + active[0]),
+              want_active);
 
     const auto out = to_host<float>(d_out, want.size());
     double worst = 0, ref_max = 0;
