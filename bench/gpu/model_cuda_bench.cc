@@ -2,7 +2,11 @@
 //
 //   model_cuda_bench OUT.csv [--quick]
 //   model_cuda_bench OUT.csv --tensor-parallel N   # the 8B shape whole and split over GPUs
-//                                                 # 0 … N-1 (model/tensor_parallel.h)
+//                                                 # 0 … N-1 (model/tensor_parallel.h), NCCL
+//                                                 # then peer all-reduces, and the all-reduce
+//                                                 # alone (all_reduce_rows)
+//   model_cuda_bench OUT.csv --tensor-parallel N --70b   # the 70B shape, split only
+//   model_cuda_bench OUT.csv --moe             # the mixture-of-experts shapes only
 //   model_cuda_bench OUT.csv --profile-decode   # one eager 8B decode step (batch 1, context
 //                                               # 512) between cudaProfilerStart/Stop, for ncu
 //
@@ -12,6 +16,10 @@
 //                vocab 128256, untied
 //   smollm2-135m shape : 30 layers, hidden 576, 9 q / 3 KV heads, head dim 64, intermediate 1536,
 //                vocab 49152, tied
+//   qwen3-30b-a3b, qwen1.5-moe-a2.7b (--moe): model/random_model.h's shapes; decode floors count
+//                the attention and shared weights and the experts a step can touch at least
+//                (min(experts, batch x top-k) per layer), prefill ceilings the active experts'
+//                FLOPs
 // Cases: decode steps (one new token per sequence, logits for each) at batch {1, 4, 64} x
 // context {512, 4096}, launched eagerly and as CUDA graphs; batch 64 with logits for one row
 // (the cost of the 33 MB of logits); prefill of 2048 tokens in one sequence (logits for its last
@@ -43,6 +51,7 @@
 #include "model/cuda/cuda_forward_backend.h"
 #include "model/cuda/nccl_library.h"
 #include "model/cuda/peer_all_reduce.h"
+#include "model/random_model.h"
 #include "model/tensor_parallel.h"
 
 namespace kvp::cuda {
@@ -194,11 +203,29 @@ ModelSpec smollm2_135m() {
 }
 
 // FLOPs of the weight matrices for one token (2 per multiply-add), lm_head excluded.
+// Mixture-of-experts layers count the router, the token's top-k experts and a shared expert.
 double matmul_flops_per_token(const ModelSpec& s) {
   const double h = s.hidden_size, d = s.head_dim, i = s.intermediate_size;
-  const double per_layer =
-      h * (s.num_q_heads + 2.0 * s.num_kv_heads) * d + s.num_q_heads * d * h + 3.0 * h * i;
-  return 2.0 * per_layer * s.num_layers;
+  const double attention = h * (s.num_q_heads + 2.0 * s.num_kv_heads) * d + s.num_q_heads * d * h;
+  const double moe = h * s.num_experts + 3.0 * h * s.moe_intermediate_size * s.num_experts_per_tok +
+                     3.0 * h * s.shared_expert_intermediate_size;
+  double total = 0;
+  for (int32_t l = 0; l < s.num_layers; ++l)
+    total += attention + (s.layer_moe(l) ? moe : 3.0 * h * i);
+  return 2.0 * total;
+}
+
+// Bytes of the routed experts' bf16 weights a decode step of `batch` tokens does not need to
+// read even when every token picks other experts (0 for dense models).
+double untouched_expert_bytes(const ModelSpec& s, int batch) {
+  if (!s.is_moe()) return 0;
+  const double per_expert = 3.0 * s.hidden_size * s.moe_intermediate_size * 2.0;
+  const int touched = std::min(s.num_experts, batch * s.num_experts_per_tok);
+  double bytes = 0;
+  for (int32_t l = 0; l < s.num_layers; ++l) {
+    if (s.layer_moe(l)) bytes += (s.num_experts - touched) * per_expert;
+  }
+  return bytes;
 }
 
 struct Row {
@@ -276,6 +303,7 @@ class ModelBench {
         spec_.tie_word_embeddings
             ? weight_bytes_
             : weight_bytes_ - ranks_.size() * embed_bytes + 2.0 * batch * spec_.hidden_size;
+    const double expert_bytes_skipped = untouched_expert_bytes(spec_, batch);
     const double kv_read =
         2.0 * batch * context * spec_.num_layers * 2.0 * spec_.num_kv_heads * spec_.head_dim;
     Row r;
@@ -288,7 +316,7 @@ class ModelBench {
     r.tokens = batch;
     r.step_us = us;
     r.tok_per_s = batch / (us * 1e-6);
-    r.bound_us = (weights_read + kv_read) / bandwidth_ * 1e6;
+    r.bound_us = (weights_read - expert_bytes_skipped + kv_read) / bandwidth_ * 1e6;
     r.ratio = us / r.bound_us;
     r.bound = "floor: (weights + KV bytes) / copy bandwidth";
     return r;
@@ -478,12 +506,14 @@ void all_reduce_rows(int32_t n) {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: model_cuda_bench OUT.csv [--quick | --tensor-parallel N [--70b]]\n");
+    std::fprintf(
+        stderr,
+        "usage: model_cuda_bench OUT.csv [--quick | --moe | --tensor-parallel N [--70b]]\n");
     return 2;
   }
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
   const bool profile = argc > 2 && std::string(argv[2]) == "--profile-decode";
+  const bool moe = argc > 2 && std::string(argv[2]) == "--moe";
   const int32_t tensor_parallel =
       argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
   const bool shape_70b = tensor_parallel > 1 && argc > 4 && std::string(argv[4]) == "--70b";
@@ -508,7 +538,7 @@ int run(int argc, char** argv) {
   std::vector<Row> rows;
   const auto print = [](const Row& r) {
     std::printf(
-        "%-13s %-7s %-5s batch %3d ctx %5d rows %3d : %9.1f us %9.0f tok/s  %s %8.1f us  ratio "
+        "%-17s %-7s %-5s batch %3d ctx %5d rows %3d : %9.1f us %9.0f tok/s  %s %8.1f us  ratio "
         "%.2f\n",
         r.model.c_str(), r.kind.c_str(), r.mode.c_str(), r.batch, r.context, r.logit_rows,
         r.step_us, r.tok_per_s, r.kind == "decode" ? "floor  " : "ceiling", r.bound_us, r.ratio);
@@ -549,7 +579,21 @@ int run(int argc, char** argv) {
       print(rows.back());
     }
   }
-  if (tensor_parallel == 1) {
+  if (moe) {
+    for (const char* name : {"qwen3-30b-a3b", "qwen1.5-moe-a2.7b"}) {
+      const ModelSpec spec = value_or_die(random_model_spec(name), "random_model_spec");
+      ModelBench bench(name, spec, 64 * 512 + 2048, bandwidth, matmul, quick);
+      for (int batch : {1, 4, 64}) {
+        rows.push_back(bench.decode(batch, 512, true));
+        print(rows.back());
+      }
+      rows.push_back(bench.decode(1, 512, false));
+      print(rows.back());
+      rows.push_back(bench.prefill(2048));
+      print(rows.back());
+    }
+  }
+  if (tensor_parallel == 1 && !moe) {
     ModelBench bench("llama31-8b", llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, quick);
     for (int batch : {1, 4, 64}) {
       for (int context : {512, 4096}) {
@@ -565,7 +609,7 @@ int run(int argc, char** argv) {
     rows.push_back(bench.prefill(2048));
     print(rows.back());
   }
-  if (tensor_parallel == 1) {
+  if (tensor_parallel == 1 && !moe) {
     ModelBench bench("smollm2-135m", smollm2_135m(), 4096, bandwidth, matmul, quick);
     for (bool graphs : {false, true}) {
       rows.push_back(bench.decode(1, 512, graphs));

@@ -36,6 +36,24 @@ constexpr NamedConfig kConfigs[] = {
       "num_attention_heads": 9, "num_key_value_heads": 3, "rms_norm_eps": 1e-05,
       "max_position_embeddings": 8192, "rope_theta": 100000,
       "tie_word_embeddings": true, "vocab_size": 49152})"},
+    {"qwen3-30b-a3b", R"({
+      "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+      "attention_bias": false, "hidden_act": "silu", "bos_token_id": 151643,
+      "eos_token_id": 151645, "hidden_size": 2048, "intermediate_size": 6144,
+      "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+      "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+      "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+      "head_dim": 128, "rms_norm_eps": 1e-06, "max_position_embeddings": 40960,
+      "rope_theta": 1000000.0, "tie_word_embeddings": false, "vocab_size": 151936})"},
+    {"qwen1.5-moe-a2.7b", R"({
+      "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+      "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151643,
+      "hidden_size": 2048, "intermediate_size": 5632, "moe_intermediate_size": 1408,
+      "shared_expert_intermediate_size": 5632, "num_experts": 60, "num_experts_per_tok": 4,
+      "norm_topk_prob": false, "decoder_sparse_step": 1, "mlp_only_layers": [],
+      "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+      "rms_norm_eps": 1e-06, "max_position_embeddings": 8192, "rope_theta": 1000000.0,
+      "tie_word_embeddings": false, "vocab_size": 151936})"},
 };
 
 uint64_t splitmix64(uint64_t* state) {
@@ -85,11 +103,19 @@ uint64_t model_f32_weight_bytes(const ModelSpec& spec) {
   const uint64_t hidden = spec.hidden_size;
   const uint64_t q_dim = uint64_t(spec.num_q_heads) * spec.head_dim;
   const uint64_t kv_dim = uint64_t(spec.num_kv_heads) * spec.head_dim;
-  const uint64_t per_layer = (q_dim + 2 * kv_dim) * hidden + hidden * q_dim +
-                             3 * uint64_t(spec.intermediate_size) * hidden + 4 * hidden;
+  const uint64_t attention = (q_dim + 2 * kv_dim) * hidden + hidden * q_dim + 4 * hidden;
+  const uint64_t dense_mlp = 3 * uint64_t(spec.intermediate_size) * hidden;
+  // a mixture-of-experts layer: router, experts, and (Qwen2-MoE) the shared expert and its gate
+  const uint64_t shared = spec.shared_expert_intermediate_size;
+  const uint64_t moe_mlp = uint64_t(spec.num_experts) * hidden +
+                           3 * uint64_t(spec.num_experts) * spec.moe_intermediate_size * hidden +
+                           (shared > 0 ? 3 * shared * hidden + hidden : 0);
+  uint64_t layers = 0;
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
+    layers += attention + (spec.layer_moe(l) ? moe_mlp : dense_mlp);
+  }
   const uint64_t embeddings = uint64_t(spec.vocab_size) * hidden;
-  const uint64_t elems =
-      embeddings * (spec.tie_word_embeddings ? 1 : 2) + per_layer * spec.num_layers + hidden;
+  const uint64_t elems = embeddings * (spec.tie_word_embeddings ? 1 : 2) + layers + hidden;
   return elems * sizeof(float);
 }
 

@@ -4,6 +4,9 @@
 //   "llama3-8b"     Llama-3.1-8B  (config.json as tests/cache/fixtures/llama-3.1-8b.json)
 //   "smollm2-135m"  SmolLM2-135M  (config.json of HuggingFaceTB/SmolLM2-135M-Instruct; the same
 //                                  geometry as models/SmolLM2-135M-Instruct.Q4_1.gguf)
+//   "qwen3-30b-a3b" Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B: 128 experts, top 8)
+//   "qwen1.5-moe-a2.7b" Qwen1.5-MoE-A2.7B (config.json of Qwen/Qwen1.5-MoE-A2.7B: 60 experts,
+//                                  top 4, a shared expert)
 //
 // Random weights give meaningless but finite logits: enough to time a forward pass and to
 // exercise the engine, never to compare outputs across backends.

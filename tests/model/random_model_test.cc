@@ -54,6 +54,28 @@ TEST(RandomModel, SmolLm2ShapeIsTheGgufsGeometry) {
   EXPECT_NEAR(static_cast<double>(model_f32_weight_bytes(*shape)) / 4, 134.5e6, 0.5e6);
 }
 
+// The mixture-of-experts shapes: their experts and routing as the model cards give them, and
+// their parameter counts (every expert, the routers and Qwen1.5-MoE's shared expert counted)
+// the cards' 30.5B and 14.3B.
+TEST(RandomModel, MoeShapesAreTheModelCards) {
+  auto qwen3 = random_model_spec("qwen3-30b-a3b");
+  ASSERT_TRUE(qwen3.is_ok()) << qwen3.status().to_string();
+  EXPECT_EQ(qwen3->architecture, Architecture::kQwen3Moe);
+  EXPECT_EQ(qwen3->num_experts, 128);
+  EXPECT_EQ(qwen3->num_experts_per_tok, 8);
+  EXPECT_TRUE(qwen3->norm_topk_prob);
+  EXPECT_EQ(qwen3->layer_is_moe, std::vector<bool>(48, true));
+  EXPECT_NEAR(static_cast<double>(model_f32_weight_bytes(*qwen3)) / 4, 30.5e9, 0.05e9);
+  auto qwen15 = random_model_spec("qwen1.5-moe-a2.7b");
+  ASSERT_TRUE(qwen15.is_ok()) << qwen15.status().to_string();
+  EXPECT_EQ(qwen15->architecture, Architecture::kQwen2Moe);
+  EXPECT_EQ(qwen15->num_experts, 60);
+  EXPECT_EQ(qwen15->num_experts_per_tok, 4);
+  EXPECT_EQ(qwen15->shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(qwen15->norm_topk_prob);
+  EXPECT_NEAR(static_cast<double>(model_f32_weight_bytes(*qwen15)) / 4, 14.3e9, 0.05e9);
+}
+
 TEST(RandomModel, UnknownShapesAreRefusedNamingTheKnownOnes) {
   auto shape = random_model_spec("gpt-5");
   EXPECT_EQ(shape.status().code(), StatusCode::kNotFound);

@@ -286,6 +286,19 @@ TEST(TensorParallel, BlockImagesAreTheWholeModelsAtAnyRankCount) {
   EXPECT_LE(diff, 1e-4f * std::max(1.0f, max_abs(expected)));
 }
 
+// Experts are not split: a mixture-of-experts model over more than one rank is refused (the CPU
+// and CUDA split backends both check this first), naming the architecture.
+TEST(TensorParallel, MixtureOfExpertsModelsAreRefused) {
+  for (const char* name : {"qwen2_moe", "qwen3_moe"}) {
+    const OpenedModel model = open_tiny(name);
+    const Status st = check_tensor_parallel(model.spec, 2);
+    EXPECT_EQ(st.code(), StatusCode::kUnsupported) << name;
+    EXPECT_NE(st.message().find(name), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("experts"), std::string::npos) << st.message();
+    EXPECT_TRUE(check_tensor_parallel(model.spec, 1).is_ok()) << name;
+  }
+}
+
 TEST(TensorParallel, SizesThatDoNotSplitAndBadBatchesAreRefused) {
   const OpenedModel model = open_tiny("llama");  // 4 heads, 2 kv heads, intermediate 160
   for (int32_t n : {0, 3, 4, 9}) {

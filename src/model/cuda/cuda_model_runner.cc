@@ -108,11 +108,7 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
         "biases, which run on the CPU backend only",
         architecture_name(spec.architecture));
   }
-  if (spec.is_moe()) {
-    return Status::unsupported(
-        "cuda model runner: {} is a mixture-of-experts model; experts run on the CPU backend only",
-        architecture_name(spec.architecture));
-  }
+  if (spec.is_moe()) KVP_RETURN_IF_ERROR(check_moe_supported(spec));
   if (spec.head_dim > 256 || spec.head_dim % 2 != 0) {
     return Status::unsupported("cuda model runner: head dim {} (even and at most 256)",
                                spec.head_dim);
@@ -232,6 +228,10 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::load(const ModelSpec& 
       KVP_ASSIGN_OR_RETURN(
           lw.mlp_norm, upload_norm(source, p + "post_attention_layernorm.weight", hidden, style));
     }
+    if (spec.layer_moe(l)) {
+      KVP_RETURN_IF_ERROR(load_moe_weights(spec, source, l, &lw.moe, &lw.gate_up, &lw.down));
+      continue;
+    }
     KVP_ASSIGN_OR_RETURN(lw.gate_up, DeviceBuffer::allocate(2 * inter * hidden * 2));
     offset = 0;
     KVP_RETURN_IF_ERROR(
@@ -293,7 +293,8 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
   KVP_ASSIGN_OR_RETURN(r->final_norm_, ones_of(hidden));
   const int64_t q_share = q_rows / n, kv_share = kv_rows / n, inter_share = inter / n;
   const int64_t o_cols = spec.num_q_heads * dp, o_share = o_cols / n;
-  for (DeviceLayerWeights& lw : r->layers_) {
+  for (int32_t l = 0; l < spec.num_layers; ++l) {
+    DeviceLayerWeights& lw = r->layers_[l];
     KVP_ASSIGN_OR_RETURN(lw.attn_norm, ones_of(hidden));
     KVP_ASSIGN_OR_RETURN(lw.mlp_norm, ones_of(hidden));
     KVP_RETURN_IF_ERROR(random_matrix(hidden,
@@ -303,12 +304,17 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
                                       &lw.qkv));
     // pad columns of o meet only zero attention lanes (v's pad lanes are zero): any value works
     KVP_RETURN_IF_ERROR(random_matrix(o_cols, {{0, hidden, rank * o_share, o_share}}, &lw.o));
-    KVP_RETURN_IF_ERROR(random_matrix(hidden,
-                                      {{rank * inter_share, inter_share, 0, hidden},
-                                       {inter + rank * inter_share, inter_share, 0, hidden}},
-                                      &lw.gate_up));
-    KVP_RETURN_IF_ERROR(
-        random_matrix(inter, {{0, hidden, rank * inter_share, inter_share}}, &lw.down));
+    if (spec.layer_moe(l)) {  // not split (check_tensor_parallel)
+      KVP_RETURN_IF_ERROR(
+          random_moe_weights(spec, &stream_seed, r->stream_, &lw.moe, &lw.gate_up, &lw.down));
+    } else {
+      KVP_RETURN_IF_ERROR(random_matrix(hidden,
+                                        {{rank * inter_share, inter_share, 0, hidden},
+                                         {inter + rank * inter_share, inter_share, 0, hidden}},
+                                        &lw.gate_up));
+      KVP_RETURN_IF_ERROR(
+          random_matrix(inter, {{0, hidden, rank * inter_share, inter_share}}, &lw.down));
+    }
     if (spec.qkv_bias) {
       KVP_ASSIGN_OR_RETURN(lw.qkv_bias,
                            upload_f32(std::vector<float>((q_rows + 2 * kv_rows) / n, 0.0f)));
@@ -335,6 +341,7 @@ size_t CudaModelRunner::count_weight_bytes() const {
           &lw.mlp_norm, &lw.gate_up, &lw.down, &lw.post_mlp_norm}) {
       bytes += b->size_bytes();
     }
+    bytes += lw.moe.size_bytes();
   }
   return bytes;
 }
@@ -445,7 +452,9 @@ Status CudaModelRunner::reserve(int64_t num_tokens, int64_t num_rows, size_t met
     KVP_ASSIGN_OR_RETURN(meta_host_, PinnedBuffer::allocate(2 * meta_bytes));
     KVP_ASSIGN_OR_RETURN(meta_device_, DeviceBuffer::allocate(2 * meta_bytes));
   }
-  const int64_t hidden = spec_.hidden_size, inter = spec_.intermediate_size;
+  const int64_t hidden = spec_.hidden_size;
+  // dense MLPs and (Qwen2-MoE) shared experts share xn_ and gate_up_
+  const int64_t inter = std::max(spec_.intermediate_size, spec_.shared_expert_intermediate_size);
   const int64_t dp = padded_head_dim_;
   if (num_tokens > token_capacity_) {
     KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -462,6 +471,7 @@ Status CudaModelRunner::reserve(int64_t num_tokens, int64_t num_rows, size_t met
     KVP_ASSIGN_OR_RETURN(attn_bf16_, DeviceBuffer::allocate(t * spec_.num_q_heads * dp * 2));
     KVP_ASSIGN_OR_RETURN(proj_, DeviceBuffer::allocate(t * hidden * 4));
     KVP_ASSIGN_OR_RETURN(gate_up_, DeviceBuffer::allocate(t * 2 * inter * 2));
+    if (spec_.is_moe()) KVP_RETURN_IF_ERROR(moe_buffers_.allocate(spec_, t));
     token_capacity_ = t;
   }
   if (num_rows > row_capacity_) {
@@ -872,15 +882,19 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
                              spec_.num_q_heads * dp, hidden, "o_proj"));
     KVP_RETURN_IF_ERROR(
         reduce_residual_norm(lw.post_attn_norm.as<float>(), lw.mlp_norm.as<float>(), T, eps));
-    KVP_RETURN_IF_ERROR(gemm(xn_.data(), lw.gate_up.data(), gate_up_.data(), false, num_tokens,
-                             hidden, 2 * inter, "gate_up"));
-    KVP_RETURN_IF_ERROR(cuda_status(
-        detail::launch_gated_activation(gate_up_.data(), num_tokens, spec_.intermediate_size,
-                                        spec_.activation == cpu::Activation::kGeluTanh, xn_.data(),
-                                        stream_),
-        "gated_activation_kernel"));
-    KVP_RETURN_IF_ERROR(
-        gemm(xn_.data(), lw.down.data(), proj_.data(), true, num_tokens, inter, hidden, "down"));
+    if (spec_.layer_moe(l)) {
+      KVP_RETURN_IF_ERROR(enqueue_moe_mlp(l, T));
+    } else {
+      KVP_RETURN_IF_ERROR(gemm(xn_.data(), lw.gate_up.data(), gate_up_.data(), false, num_tokens,
+                               hidden, 2 * inter, "gate_up"));
+      KVP_RETURN_IF_ERROR(cuda_status(
+          detail::launch_gated_activation(gate_up_.data(), num_tokens, spec_.intermediate_size,
+                                          spec_.activation == cpu::Activation::kGeluTanh,
+                                          xn_.data(), stream_),
+          "gated_activation_kernel"));
+      KVP_RETURN_IF_ERROR(
+          gemm(xn_.data(), lw.down.data(), proj_.data(), true, num_tokens, inter, hidden, "down"));
+    }
     const float* next_norm =
         l + 1 < spec_.num_layers ? layers_[l + 1].attn_norm.as<float>() : nullptr;
     KVP_RETURN_IF_ERROR(reduce_residual_norm(lw.post_mlp_norm.as<float>(), next_norm, T, eps));

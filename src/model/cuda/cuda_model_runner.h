@@ -10,6 +10,8 @@
 //                PeerAllReduce for decode-sized ones)
 //               → residual_norm: (+post norm) x += o, xn = norm(x)
 //               → GEMM gate_up (bf16 out) → gated activation → GEMM down (f32 out)
+//                 (mixture-of-experts layers: router, top-k and the chosen experts instead,
+//                  cuda_moe_layer.h; TP-split models have none)
 //               (→ NCCL all-reduce of down when split)
 //               → residual_norm: (+post norm) x += down, xn = next layer's norm(x)
 //   logit rows: gather + final norm → GEMM lm_head (f32 out) → soft cap → host
@@ -35,6 +37,7 @@
 #include "backend/cuda/kv_pool.h"
 #include "backend/cuda/paged_attention.h"
 #include "model/cuda/cuda_device_sampler.h"
+#include "model/cuda/cuda_moe_layer.h"
 #include "model/cuda/nccl_library.h"
 #include "model/cuda/peer_all_reduce.h"
 #include "model/forward_backend.h"
@@ -53,9 +56,12 @@ struct DeviceLayerWeights {
   DeviceBuffer o;               // [hidden][num_q_heads * padded_head_dim] bf16, pad columns 0
   DeviceBuffer post_attn_norm;  // [hidden] f32 or empty
   DeviceBuffer mlp_norm;        // [hidden] f32
-  DeviceBuffer gate_up;         // [2 * intermediate][hidden] bf16: gate rows, then up rows
-  DeviceBuffer down;            // [hidden][intermediate] bf16
-  DeviceBuffer post_mlp_norm;   // [hidden] f32 or empty
+  // The dense MLP; in a mixture-of-experts layer the shared expert's (intermediate:
+  // shared_expert_intermediate_size), empty where it has none.
+  DeviceBuffer gate_up;        // [2 * intermediate][hidden] bf16: gate rows, then up rows
+  DeviceBuffer down;           // [hidden][intermediate] bf16
+  DeviceBuffer post_mlp_norm;  // [hidden] f32 or empty
+  DeviceMoeWeights moe;        // the router and experts of a mixture-of-experts layer, else empty
 };
 
 class CudaModelRunner {
@@ -195,6 +201,9 @@ class CudaModelRunner {
                               float eps);
   // Runs `launch` (a collective) between the eager steps' drain-and-meet (all_reduce in the .cc).
   Status meet_around(const std::function<Status()>& launch);
+  // The mixture-of-experts MLP of `layer` (cuda_moe_layer.cc): xn_ (and x_ for the router) in,
+  // proj_ out, as the dense MLP's GEMMs. Clobbers xn_ and gate_up_.
+  Status enqueue_moe_mlp(int32_t layer, int32_t num_tokens);
   // Grows the attention workspace to what the step's attention launches need (so that nothing is
   // allocated once launches begin).
   Status reserve_attention_workspace(const StepShape& shape, std::span<DeviceKvPool> pools);
@@ -230,6 +239,7 @@ class CudaModelRunner {
   DeviceBuffer proj_;            // [tokens][hidden] f32
   DeviceBuffer gate_up_;         // [tokens][2 * intermediate] bf16
   DeviceBuffer logits_;          // [rows][vocab] f32
+  MoeBuffers moe_buffers_;       // mixture-of-experts models: the experts' per-step buffers
   PinnedBuffer logits_host_;     // [rows][vocab] f32
   DeviceBuffer summaries_;       // [rows] detail::RowSummary
   PinnedBuffer summaries_host_;  // [rows] detail::RowSummary

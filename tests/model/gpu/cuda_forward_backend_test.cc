@@ -39,6 +39,11 @@ constexpr double kSameDeviceTolerance = 1e-2;
 // A teacher-forced greedy step may pick another token than transformers only where the f32
 // reference's top-2 margin is below this (a near-tie that bf16 rounding can flip).
 constexpr float kNearTieMargin = 0.05f;
+// Mixture-of-experts models: where a token's k-th and (k+1)-th router probabilities are within
+// bf16 rounding of each other, the GPU may route it to another expert than the f32 CPU runner
+// and that row's logits move by more than kBf16LogitTolerance. A few such rows per test are
+// allowed (one in 50 decode rows, at least one), each still within this.
+constexpr double kRoutingFlipTolerance = 0.25;
 
 struct Tiny {
   ModelSpec spec;
@@ -229,8 +234,8 @@ TEST_P(CudaTinyModel, TeacherForcedGreedyAgreesWithTransformers) {
     last_row[i] = prefill.query_start[i + 1] - 1;
     cached[i] = static_cast<int32_t>(probe.prompts[i].size());
   }
-  int32_t agree = 0, total = 0, near_ties = 0;
-  double worst_err = 0;
+  int32_t agree = 0, total = 0, near_ties = 0, rows_over = 0;
+  double worst_err = 0, worst_row_err = 0;
   for (int32_t step = 0; step < new_tokens; ++step) {
     for (int32_t i = 0; i < n; ++i) {
       const auto g = masked(std::span(gpu).subspan(last_row[i] * vocab, vocab), probe.spec);
@@ -255,15 +260,29 @@ TEST_P(CudaTinyModel, TeacherForcedGreedyAgreesWithTransformers) {
     cpu = pair.run_cpu(s);
     worst_err = std::max(worst_err, relative_error(gpu, cpu));
     for (int32_t i = 0; i < n; ++i) {
+      const double row_err = relative_error(std::span(gpu).subspan(size_t(i) * vocab, vocab),
+                                            std::span(cpu).subspan(size_t(i) * vocab, vocab));
+      worst_row_err = std::max(worst_row_err, row_err);
+      if (row_err >= kBf16LogitTolerance) {
+        ++rows_over;
+        std::printf("[ teacher ] %s: decode step %d prompt %d: row rel err vs cpu %.3e\n",
+                    GetParam(), step + 1, i, row_err);
+      }
       last_row[i] = i;
       cached[i] += 1;
     }
   }
   std::printf(
       "[ teacher ] %s: %d/%d greedy steps agree with transformers (%d near-ties), worst "
-      "decode-step rel err vs cpu %.3e\n",
-      GetParam(), agree, total, near_ties, worst_err);
-  EXPECT_LT(worst_err, kBf16LogitTolerance);
+      "decode-step rel err vs cpu %.3e, worst row %.3e (%d rows over %.0e)\n",
+      GetParam(), agree, total, near_ties, worst_err, worst_row_err, rows_over,
+      kBf16LogitTolerance);
+  if (!probe.spec.is_moe()) {
+    EXPECT_LT(worst_err, kBf16LogitTolerance);
+  } else {
+    EXPECT_LE(rows_over, std::max(1, (new_tokens - 1) * n / 50));
+    EXPECT_LT(worst_row_err, kRoutingFlipTolerance);
+  }
 }
 
 // Free-running greedy decoding, all prompts batched: reported, and checked against
@@ -332,7 +351,8 @@ TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyModel,
-                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen2_moe",
+                                           "qwen3_moe"));
 
 // int8 KV on both sides: the CUDA backend (bf16 K/V rows quantised by the KV write, int8
 // attention kernels) against the CPU runner's int8 pool (f32 rows quantised), all prompts in one
@@ -433,13 +453,77 @@ TEST_P(CudaMixedBatch, PrefillPlusDecodeEqualsEachAlone) {
   EXPECT_LT(err_b, kSameDeviceTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, CudaMixedBatch, ::testing::Values("llama", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaMixedBatch,
+                         ::testing::Values("llama", "gemma3", "qwen2_moe", "qwen3_moe"));
+
+// Mixture-of-experts models, each prompt alone: prefilled in chunks of 5 tokens (each chunk
+// attends to the cached ones), every chunk's logits against transformers', then 32 greedy tokens
+// decoded alone (CUDA graphs), equal to transformers' up to the first near-tie of the f32 CPU
+// runner.
+class CudaMoeAlone : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaMoeAlone, ChunkedPrefillAndGreedyDecodeMatchTransformers) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny(GetParam());
+  const int32_t new_tokens = static_cast<int32_t>(probe.greedy[0].size());
+  constexpr int32_t kChunk = 5;
+  int32_t exact = 0;
+  for (size_t p = 0; p < probe.prompts.size(); ++p) {
+    const auto& prompt = probe.prompts[p];
+    const auto len = static_cast<int32_t>(prompt.size());
+    Tables t(groups_of(probe.spec), 1, len + new_tokens, 4, 31 + p);
+    Pair pair(GetParam(), t);
+    const int32_t vocab = pair.vocab();
+    std::vector<float> logits;
+    for (int32_t begin = 0; begin < len; begin += kChunk) {
+      const int32_t end = std::min(len, begin + kChunk);
+      Step s(t, {0}, {std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end)}, {begin});
+      const auto part = pair.run_gpu(s);
+      logits.insert(logits.end(), part.begin(), part.end());
+    }
+    const double err = relative_error(logits, probe.logits[p]);
+    std::printf(
+        "[ chunked ] %s prompt %zu (%d tokens, chunks of %d): rel err vs transformers %.3e\n",
+        GetParam(), p, len, kChunk, err);
+    EXPECT_LT(err, kBf16LogitTolerance) << GetParam() << " prompt " << p;
+    std::vector<int32_t> out;
+    int32_t next =
+        argmax(masked(std::span(logits).subspan(size_t(len - 1) * vocab, vocab), probe.spec));
+    for (int32_t step = 0; step < new_tokens; ++step) {
+      out.push_back(next);
+      if (step + 1 == new_tokens) break;
+      Step s(t, {0}, {{next}}, {len + step});
+      next = argmax(masked(pair.run_gpu(s), probe.spec));
+    }
+    size_t first_diff = 0;
+    while (first_diff < out.size() && out[first_diff] == probe.greedy[p][first_diff]) ++first_diff;
+    if (first_diff == out.size()) {
+      ++exact;
+      continue;
+    }
+    std::vector<int32_t> prefix = prompt;
+    prefix.insert(prefix.end(), probe.greedy[p].begin(), probe.greedy[p].begin() + first_diff);
+    Tables tc(groups_of(probe.spec), 1, static_cast<int32_t>(prefix.size()), 16, 11);
+    Pair ref(GetParam(), tc);
+    Step s(tc, {0}, {prefix}, {0});
+    const auto c = ref.run_cpu(s);
+    const float margin =
+        top2_margin(masked(std::span(c).subspan((prefix.size() - 1) * vocab, vocab), probe.spec));
+    std::printf("[ alone   ] %s prompt %zu: diverges at step %zu, f32 top-2 margin there %.4f\n",
+                GetParam(), p, first_diff, margin);
+    EXPECT_LT(margin, kNearTieMargin) << GetParam() << " prompt " << p << " step " << first_diff;
+  }
+  std::printf("[ alone   ] %s: %d/%zu prompts give transformers' greedy tokens exactly\n",
+              GetParam(), exact, probe.prompts.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaMoeAlone, ::testing::Values("qwen2_moe", "qwen3_moe"));
 
 // Decode-only batches run as CUDA graphs (padded to 4 sequences here, and re-captured as the
 // context crosses powers of two): the same steps eagerly give the same logits.
 TEST(CudaForwardBackendGraphs, DecodeGraphsMatchEagerSteps) {
   SKIP_WITHOUT_GPU();
-  for (const char* name : {"llama", "gemma3"}) {
+  for (const char* name : {"llama", "gemma3", "qwen3_moe"}) {
     const Tiny probe = load_tiny(name);
     const std::vector<int32_t> members = {1, 2, 3};  // 3 sequences: one padding sequence
     const int32_t steps = 24;

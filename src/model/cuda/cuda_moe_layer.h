@@ -1,0 +1,78 @@
+// The mixture-of-experts MLP of the CUDA model runner (Qwen2-MoE, Qwen3-MoE): its device weights,
+// its per-step buffers, and how they are loaded or made up. The launch sequence is
+// CudaModelRunner::enqueue_moe_mlp (cuda_moe_layer.cc), the kernels moe_kernels.h.
+//
+//   x (f32 residual) ─ rms_norm f32 ─ cuBLAS f32 GEMM router ─▶ logits [T][E (+1)]
+//      ─ route (softmax, top-k, renormalise) ─▶ ids, weights [T][k] ─ group ─▶ pairs by expert
+//   xn (bf16) ─ experts: gate_up · act · down per pair ─▶ y [T * k][hidden] f32
+//   (Qwen2-MoE) xn ─ shared expert, the dense MLP path (cuBLAS) ─▶ shared [T][hidden] f32
+//   combine ─▶ proj [T][hidden] f32 (the same slot the dense MLP's down output takes)
+//
+// The router runs in f32 as the CPU layer's does (model/moe_layer.h), so that both pick the
+// same experts wherever the f32 probabilities are not within rounding of a tie; the experts run
+// on bf16 weights with f32 accumulation, as the dense projections do.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/device_buffer.h"
+#include "common/status.h"
+#include "model/model_spec.h"
+#include "model/weight_source.h"
+
+namespace kvp::cuda {
+
+struct DeviceMoeWeights {
+  // [num_experts + shared][hidden] f32: the router's rows, then (Qwen2-MoE, shared = 1) the
+  // shared expert's gate row, so one GEMM gives both
+  DeviceBuffer router;
+  DeviceBuffer gate_up;  // [num_experts][2 * moe_intermediate][hidden] bf16: gate rows, up rows
+  DeviceBuffer down;     // [num_experts][hidden][moe_intermediate] bf16
+
+  size_t size_bytes() const {
+    return router.size_bytes() + gate_up.size_bytes() + down.size_bytes();
+  }
+};
+
+// Per-step buffers of the MoE layers (shared by all of them), sized for a number of tokens.
+struct MoeBuffers {
+  DeviceBuffer xn_f32;      // [tokens][hidden] f32: the router's input
+  DeviceBuffer logits;      // [tokens][router_rows] f32
+  DeviceBuffer expert_ids;  // [tokens][top_k] int32
+  DeviceBuffer weights;     // [tokens][top_k] f32
+  DeviceBuffer offsets;     // [num_experts + 1] int32
+  DeviceBuffer active;      // [1 + num_experts] int32: count, experts with pairs
+  DeviceBuffer pairs;       // [tokens * top_k] int32, grouped by expert
+  DeviceBuffer act;         // [tokens * top_k][moe_intermediate] f32
+  DeviceBuffer y;           // [tokens * top_k][hidden] f32
+  DeviceBuffer shared;      // [tokens][hidden] f32 (Qwen2-MoE's shared expert) or empty
+
+  // (Re)allocates every buffer for `num_tokens`; contents undefined.
+  Status allocate(const ModelSpec& spec, int64_t num_tokens);
+};
+
+// Rows of the router matrix: the experts', plus one for a shared expert's gate.
+int32_t moe_router_rows(const ModelSpec& spec);
+
+// Whether the CUDA runner runs this model's experts: qwen2_moe and qwen3_moe shapes within the
+// kernels' limits. gpt_oss (expert biases, clamped SwiGLU) is refused by the runner before.
+Status check_moe_supported(const ModelSpec& spec);
+
+// Layer `layer`'s router, experts and (Qwen2-MoE) shared expert from `source` (Hugging Face names;
+// experts through WeightSource::read_experts, dequantised to f32 one expert at a time, converted
+// to bf16, uploaded). The shared expert's gate and up go to shared_gate_up ([2 * shared_inter]
+// [hidden] bf16, gate rows then up rows) and its down to shared_down ([hidden][shared_inter]),
+// the dense MLP's buffers. requires: spec.layer_moe(layer).
+Status load_moe_weights(const ModelSpec& spec, const WeightSource& source, int32_t layer,
+                        DeviceMoeWeights* moe, DeviceBuffer* shared_gate_up,
+                        DeviceBuffer* shared_down);
+
+// Random weights of the same shapes made on the device (uniform in ±1/sqrt(fan-in); the router
+// made on the host), deterministic in seed; *seed advances once per tensor.
+Status random_moe_weights(const ModelSpec& spec, uint64_t* seed, cudaStream_t stream,
+                          DeviceMoeWeights* moe, DeviceBuffer* shared_gate_up,
+                          DeviceBuffer* shared_down);
+
+}  // namespace kvp::cuda

@@ -1,0 +1,368 @@
+// The CUDA mixture-of-experts kernels (launchers and contracts in moe_kernels.h).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <climits>
+
+#include "model/cuda/moe_kernels.h"
+
+namespace kvp::cuda::detail {
+namespace {
+
+constexpr int kWarpsPerCta = 8;  // expert kernels: one weight row per warp
+constexpr int kRouteWarps = 4;   // route kernel: one token per warp
+
+__device__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+__global__ void rms_norm_f32_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                    int32_t hidden, float eps, float* __restrict__ out) {
+  __shared__ float scratch[32];
+  const int64_t r = blockIdx.x;
+  const float* in = x + r * hidden;
+  float ss = 0.0f;
+  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) ss += in[i] * in[i];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    ss = warp_sum(threadIdx.x < blockDim.x / 32 ? scratch[threadIdx.x] : 0.0f);
+    if (threadIdx.x == 0) scratch[0] = ss;
+  }
+  __syncthreads();
+  const float inv = rsqrtf(scratch[0] / hidden + eps);
+  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x)
+    out[r * hidden + i] = in[i] * inv * w[i];
+}
+
+// One warp per token; the token's probabilities sit in shared memory while k rounds of a warp
+// arg-max take the largest (ties to the lower id) and knock it out. Probabilities are >= 0, so
+// -1 marks a chosen expert.
+__global__ void moe_route_kernel(const float* __restrict__ logits, int32_t logits_stride,
+                                 int32_t num_tokens, int32_t num_experts, int32_t top_k,
+                                 bool normalize, int32_t* __restrict__ expert_ids,
+                                 float* __restrict__ weights) {
+  extern __shared__ float probs_all[];  // [kRouteWarps][num_experts]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t t = int64_t{blockIdx.x} * kRouteWarps + warp;
+  if (t >= num_tokens) return;
+  float* probs = probs_all + warp * num_experts;
+  const float* row = logits + t * logits_stride;
+  float max_logit = -INFINITY;
+  for (int32_t e = lane; e < num_experts; e += 32) max_logit = fmaxf(max_logit, row[e]);
+  max_logit = warp_max(max_logit);
+  float sum = 0.0f;
+  for (int32_t e = lane; e < num_experts; e += 32) {
+    const float p = expf(row[e] - max_logit);
+    probs[e] = p;
+    sum += p;
+  }
+  sum = warp_sum(sum);
+  for (int32_t e = lane; e < num_experts; e += 32) probs[e] /= sum;
+  __syncwarp();
+  float chosen = 0.0f;
+  for (int32_t k = 0; k < top_k; ++k) {
+    float best = -1.0f;
+    int32_t best_id = INT_MAX;
+    for (int32_t e = lane; e < num_experts; e += 32) {
+      const float p = probs[e];
+      if (p > best) {  // lanes visit ids in increasing order: the first maximum is kept
+        best = p;
+        best_id = e;
+      }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      const int32_t other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
+      if (other > best || (other == best && other_id < best_id)) {
+        best = other;
+        best_id = other_id;
+      }
+    }
+    if (best_id == INT_MAX) best_id = 0;  // NaN probabilities: keep the writes in bounds
+    chosen += best;
+    if (lane == 0) {
+      expert_ids[t * top_k + k] = best_id;
+      weights[t * top_k + k] = best;
+      probs[best_id] = -1.0f;
+    }
+    __syncwarp();
+  }
+  if (normalize && lane == 0) {
+    for (int32_t k = 0; k < top_k; ++k) weights[t * top_k + k] /= chosen;
+  }
+}
+
+__global__ void moe_group_kernel(const int32_t* __restrict__ expert_ids, int32_t num_pairs,
+                                 int32_t num_experts, int32_t* __restrict__ offsets,
+                                 int32_t* __restrict__ pairs, int32_t* __restrict__ active) {
+  extern __shared__ int32_t counts[];  // [num_experts], then the cursors [num_experts]
+  int32_t* cursor = counts + num_experts;
+  for (int32_t e = threadIdx.x; e < num_experts; e += blockDim.x) counts[e] = 0;
+  __syncthreads();
+  for (int32_t i = threadIdx.x; i < num_pairs; i += blockDim.x)
+    atomicAdd(&counts[expert_ids[i]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t running = 0, num_active = 0;
+    for (int32_t e = 0; e < num_experts; ++e) {
+      offsets[e] = running;
+      cursor[e] = running;
+      running += counts[e];
+      if (counts[e] > 0) active[1 + num_active++] = e;
+    }
+    offsets[num_experts] = running;
+    active[0] = num_active;
+  }
+  __syncthreads();
+  // the order within an expert varies from run to run; every pair's result is computed alone and
+  // the combine sums in a fixed order, so outputs do not
+  for (int32_t i = threadIdx.x; i < num_pairs; i += blockDim.x) {
+    pairs[atomicAdd(&cursor[expert_ids[i]], 1)] = i;
+  }
+}
+
+__device__ void bf16x8_to_float(uint4 v, float* f) {
+  const auto* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __bfloat1622float2(h[i]);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+template <bool kGelu>
+__device__ float activate(float g) {
+  if constexpr (kGelu) {
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+  } else {
+    return g / (1.0f + expf(-g));
+  }
+}
+
+// CTA = (row tile, y-th expert with pairs): warp w owns row r = tile * kWarpsPerCta + w of the
+// expert's gate and the same row of its up projection, and runs it over the expert's pairs
+// kMoeChunkTokens at a time, so the two weight rows are read from memory once per chunk (once per
+// step at decode). The x rows of a chunk are shared by the CTA's warps through L1.
+template <bool kGelu>
+__global__ void __launch_bounds__(kWarpsPerCta * 32)
+    moe_gate_up_kernel(const __nv_bfloat16* __restrict__ x,
+                       const __nv_bfloat16* __restrict__ gate_up,
+                       const int32_t* __restrict__ offsets, const int32_t* __restrict__ pairs,
+                       const int32_t* __restrict__ active, int32_t top_k, int32_t hidden,
+                       int32_t inter, float* __restrict__ act) {
+  if (static_cast<int32_t>(blockIdx.y) >= active[0]) return;
+  const int32_t e = active[1 + blockIdx.y];
+  const int32_t begin = offsets[e], end = offsets[e + 1];
+  if (begin == end) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t row = blockIdx.x * kWarpsPerCta + warp;
+  if (row >= inter) return;
+  const auto* g_row =
+      reinterpret_cast<const uint4*>(gate_up + (int64_t{e} * 2 * inter + row) * hidden);
+  const auto* u_row = g_row + int64_t{inter} * hidden / 8;
+  const int32_t vecs = hidden / 8;
+  for (int32_t c = begin; c < end; c += kMoeChunkTokens) {
+    const int32_t n = min(kMoeChunkTokens, end - c);
+    const uint4* xr[kMoeChunkTokens];
+    float ga[kMoeChunkTokens], ua[kMoeChunkTokens];
+#pragma unroll
+    for (int j = 0; j < kMoeChunkTokens; ++j) {
+      const int32_t p = pairs[c + min(j, n - 1)];
+      xr[j] = reinterpret_cast<const uint4*>(x + int64_t{p / top_k} * hidden);
+      ga[j] = 0.0f;
+      ua[j] = 0.0f;
+    }
+    for (int32_t v = lane; v < vecs; v += 32) {
+      float gw[8], uw[8];
+      bf16x8_to_float(g_row[v], gw);
+      bf16x8_to_float(u_row[v], uw);
+#pragma unroll
+      for (int j = 0; j < kMoeChunkTokens; ++j) {
+        if (j < n) {
+          float xv[8];
+          bf16x8_to_float(xr[j][v], xv);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            ga[j] += gw[i] * xv[i];
+            ua[j] += uw[i] * xv[i];
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMoeChunkTokens; ++j) {
+      if (j < n) {  // n is the same for the whole warp
+        const float g = warp_sum(ga[j]), u = warp_sum(ua[j]);
+        if (lane == 0) act[int64_t{pairs[c + j]} * inter + row] = activate<kGelu>(g) * u;
+      }
+    }
+  }
+}
+
+// CTA = (row tile, y-th expert with pairs): warp w owns row r of the expert's down projection and
+// runs it over the expert's pairs' activations, kMoeChunkTokens at a time.
+__global__ void __launch_bounds__(kWarpsPerCta * 32)
+    moe_down_kernel(const __nv_bfloat16* __restrict__ down, const int32_t* __restrict__ offsets,
+                    const int32_t* __restrict__ pairs, const int32_t* __restrict__ active,
+                    int32_t hidden, int32_t inter, const float* __restrict__ act,
+                    float* __restrict__ y) {
+  if (static_cast<int32_t>(blockIdx.y) >= active[0]) return;
+  const int32_t e = active[1 + blockIdx.y];
+  const int32_t begin = offsets[e], end = offsets[e + 1];
+  if (begin == end) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t row = blockIdx.x * kWarpsPerCta + warp;
+  if (row >= hidden) return;
+  const auto* w_row = reinterpret_cast<const uint4*>(down + (int64_t{e} * hidden + row) * inter);
+  const int32_t vecs = inter / 8;
+  for (int32_t c = begin; c < end; c += kMoeChunkTokens) {
+    const int32_t n = min(kMoeChunkTokens, end - c);
+    const float4* ar[kMoeChunkTokens];
+    float acc[kMoeChunkTokens];
+#pragma unroll
+    for (int j = 0; j < kMoeChunkTokens; ++j) {
+      ar[j] = reinterpret_cast<const float4*>(act + int64_t{pairs[c + min(j, n - 1)]} * inter);
+      acc[j] = 0.0f;
+    }
+    for (int32_t v = lane; v < vecs; v += 32) {
+      float w[8];
+      bf16x8_to_float(w_row[v], w);
+#pragma unroll
+      for (int j = 0; j < kMoeChunkTokens; ++j) {
+        if (j < n) {
+          const float4 a0 = ar[j][2 * v], a1 = ar[j][2 * v + 1];
+          acc[j] += w[0] * a0.x + w[1] * a0.y + w[2] * a0.z + w[3] * a0.w + w[4] * a1.x +
+                    w[5] * a1.y + w[6] * a1.z + w[7] * a1.w;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMoeChunkTokens; ++j) {
+      if (j < n) {
+        const float s = warp_sum(acc[j]);
+        if (lane == 0) y[int64_t{pairs[c + j]} * hidden + row] = s;
+      }
+    }
+  }
+}
+
+// One CTA per token: its slots ordered by expert id once (top_k <= kMoeMaxTopK), then every
+// thread sums its columns in that order.
+__global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
+                                   const float* __restrict__ weights, int32_t top_k, int32_t hidden,
+                                   const float* __restrict__ shared,
+                                   const float* __restrict__ shared_logits, int32_t shared_stride,
+                                   float* __restrict__ out) {
+  __shared__ int32_t order[kMoeMaxTopK];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x == 0) {
+    for (int32_t s = 0; s < top_k; ++s) order[s] = s;
+    for (int32_t i = 1; i < top_k; ++i) {  // insertion sort by expert id
+      const int32_t s = order[i];
+      int32_t j = i;
+      for (; j > 0 && ids[t * top_k + order[j - 1]] > ids[t * top_k + s]; --j) {
+        order[j] = order[j - 1];
+      }
+      order[j] = s;
+    }
+  }
+  __syncthreads();
+  float scale = 0.0f;
+  if (shared != nullptr) scale = 1.0f / (1.0f + expf(-shared_logits[t * shared_stride]));
+  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float sum = 0.0f;
+    for (int32_t s = 0; s < top_k; ++s) {
+      const int64_t p = t * top_k + order[s];
+      sum += weights[p] * y[p * hidden + i];
+    }
+    if (shared != nullptr) sum += scale * shared[t * hidden + i];
+    out[t * hidden + i] = sum;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_rms_norm_f32(const float* x, const float* w, int32_t num_rows, int32_t hidden,
+                                float eps, float* out, cudaStream_t stream) {
+  if (num_rows == 0) return cudaGetLastError();
+  rms_norm_f32_kernel<<<num_rows, 256, 0, stream>>>(x, w, hidden, eps, out);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_route(const float* logits, int32_t logits_stride, int32_t num_tokens,
+                             int32_t num_experts, int32_t top_k, bool normalize,
+                             int32_t* expert_ids, float* weights, cudaStream_t stream) {
+  if (top_k <= 0 || top_k > num_experts || top_k > kMoeMaxTopK || num_experts > kMoeMaxExperts ||
+      logits_stride < num_experts) {
+    return cudaErrorInvalidValue;
+  }
+  if (num_tokens == 0) return cudaGetLastError();
+  const unsigned grid = (num_tokens + kRouteWarps - 1) / kRouteWarps;
+  const size_t smem = size_t{kRouteWarps} * num_experts * sizeof(float);
+  moe_route_kernel<<<grid, kRouteWarps * 32, smem, stream>>>(
+      logits, logits_stride, num_tokens, num_experts, top_k, normalize, expert_ids, weights);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_group(const int32_t* expert_ids, int32_t num_pairs, int32_t num_experts,
+                             int32_t* offsets, int32_t* pairs, int32_t* active,
+                             cudaStream_t stream) {
+  if (num_experts <= 0 || num_experts > kMoeMaxExperts) return cudaErrorInvalidValue;
+  const size_t smem = size_t{2} * num_experts * sizeof(int32_t);
+  moe_group_kernel<<<1, 1024, smem, stream>>>(expert_ids, num_pairs, num_experts, offsets, pairs,
+                                              active);
+  return cudaGetLastError();
+}
+
+bool moe_experts_support(int32_t hidden, int32_t inter) {
+  return hidden > 0 && inter > 0 && hidden % 8 == 0 && inter % 8 == 0;
+}
+
+cudaError_t launch_moe_experts(const MoeExpertArgs& a, cudaStream_t stream) {
+  if (!moe_experts_support(a.hidden, a.inter) || a.top_k <= 0) return cudaErrorInvalidValue;
+  const auto* x = static_cast<const __nv_bfloat16*>(a.x);
+  const auto* gate_up = static_cast<const __nv_bfloat16*>(a.gate_up);
+  const auto* down = static_cast<const __nv_bfloat16*>(a.down);
+  // at most num_pairs experts have pairs: a decode step's grid covers only those that can
+  const unsigned max_active = static_cast<unsigned>(std::min(a.num_experts, a.num_pairs));
+  if (max_active == 0) return cudaGetLastError();
+  const dim3 up_grid((a.inter + kWarpsPerCta - 1) / kWarpsPerCta, max_active);
+  if (a.gelu) {
+    moe_gate_up_kernel<true><<<up_grid, kWarpsPerCta * 32, 0, stream>>>(
+        x, gate_up, a.offsets, a.pairs, a.active, a.top_k, a.hidden, a.inter, a.act);
+  } else {
+    moe_gate_up_kernel<false><<<up_grid, kWarpsPerCta * 32, 0, stream>>>(
+        x, gate_up, a.offsets, a.pairs, a.active, a.top_k, a.hidden, a.inter, a.act);
+  }
+  const cudaError_t up_status = cudaGetLastError();
+  if (up_status != cudaSuccess) return up_status;
+  const dim3 down_grid((a.hidden + kWarpsPerCta - 1) / kWarpsPerCta, max_active);
+  moe_down_kernel<<<down_grid, kWarpsPerCta * 32, 0, stream>>>(down, a.offsets, a.pairs, a.active,
+                                                               a.hidden, a.inter, a.act, a.y);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_combine(const float* y, const int32_t* expert_ids, const float* weights,
+                               int32_t num_tokens, int32_t top_k, int32_t hidden,
+                               const float* shared, const float* shared_logits,
+                               int32_t shared_stride, float* out, cudaStream_t stream) {
+  if (top_k <= 0 || top_k > kMoeMaxTopK) return cudaErrorInvalidValue;
+  if (num_tokens == 0) return cudaGetLastError();
+  moe_combine_kernel<<<num_tokens, 256, 0, stream>>>(y, expert_ids, weights, top_k, hidden, shared,
+                                                     shared_logits, shared_stride, out);
+  return cudaGetLastError();
+}
+
+}  // namespace kvp::cuda::detail

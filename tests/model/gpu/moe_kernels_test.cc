@@ -1,0 +1,287 @@
+// The CUDA mixture-of-experts kernels (model/cuda/moe_kernels.h) against host computations
+// written here: routing (softmax, top-k with ties to the lower id, renormalisation) on logits
+// with many exact ties, the counting sort by expert, and the experts' gated MLPs plus the
+// weighted combine against a double-precision reference over the same bf16 values, with one
+// expert chosen by every token, several sharing others, and some chosen by none. Skips without a
+// CUDA device.
+#include "model/cuda/moe_kernels.h"
+#include "support/gpu_skip.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/device_buffer.h"
+#include "common/dtype.h"
+#include "model/moe_layer.h"
+
+namespace kvp::cuda {
+namespace {
+
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& host) {
+  DeviceBuffer b = DeviceBuffer::allocate(std::max<size_t>(host.size(), 1) * sizeof(T)).value();
+  if (!host.empty()) {
+    EXPECT_EQ(cudaMemcpy(b.data(), host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  return b;
+}
+
+template <typename T>
+std::vector<T> to_host(const DeviceBuffer& b, size_t count) {
+  std::vector<T> host(count);
+  EXPECT_EQ(cudaMemcpy(host.data(), b.data(), count * sizeof(T), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  return host;
+}
+
+// Each token's top_k by probability, ties to the lower id, written from the definition: sort all
+// experts by (probability desc, id asc) and take the first top_k.
+void host_route(const std::vector<float>& logits, int32_t stride, int32_t num_tokens,
+                int32_t num_experts, int32_t top_k, bool normalize, std::vector<int32_t>* ids,
+                std::vector<float>* weights) {
+  ids->assign(size_t(num_tokens) * top_k, -1);
+  weights->assign(size_t(num_tokens) * top_k, 0.0f);
+  for (int32_t t = 0; t < num_tokens; ++t) {
+    const float* row = logits.data() + size_t(t) * stride;
+    double max_logit = row[0];
+    for (int32_t e = 1; e < num_experts; ++e) max_logit = std::max<double>(max_logit, row[e]);
+    std::vector<double> p(num_experts);
+    double sum = 0;
+    for (int32_t e = 0; e < num_experts; ++e) sum += p[e] = std::exp(row[e] - max_logit);
+    for (double& v : p) v /= sum;
+    std::vector<int32_t> order(num_experts);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    double chosen = 0;
+    for (int32_t k = 0; k < top_k; ++k) chosen += p[order[k]];
+    for (int32_t k = 0; k < top_k; ++k) {
+      (*ids)[size_t(t) * top_k + k] = order[k];
+      (*weights)[size_t(t) * top_k + k] =
+          static_cast<float>(normalize ? p[order[k]] / chosen : p[order[k]]);
+    }
+  }
+}
+
+struct RouteCase {
+  int32_t num_experts, top_k;
+  bool normalize;
+};
+
+// Logits on a grid of 1/16 in [-4, 4): many exact ties in every row, and distinct values far
+// enough apart (a probability ratio of e^(1/16)) that rounding cannot reorder them. Token 0's
+// logits are all equal (top-k = the k lowest ids), token 1's are equal in pairs.
+TEST(CudaMoeRoute, TopKMatchesTheHostWithTiesToTheLowerId) {
+  SKIP_WITHOUT_GPU();
+  for (const RouteCase c : {RouteCase{60, 4, false}, RouteCase{128, 8, true},
+                            RouteCase{6, 2, false}, RouteCase{4, 2, true}}) {
+    const int32_t num_tokens = 37, stride = c.num_experts + 1;  // + a shared-gate column
+    std::mt19937_64 rng(c.num_experts);
+    std::uniform_int_distribution<int> grid(-64, 63);
+    std::vector<float> logits(size_t(num_tokens) * stride);
+    for (float& v : logits) v = grid(rng) / 16.0f;
+    for (int32_t e = 0; e < stride; ++e) logits[e] = 0.5f;
+    for (int32_t e = 0; e < c.num_experts; ++e) logits[stride + e] = float((c.num_experts - e) / 2);
+    std::vector<int32_t> want_ids;
+    std::vector<float> want_w;
+    host_route(logits, stride, num_tokens, c.num_experts, c.top_k, c.normalize, &want_ids, &want_w);
+
+    DeviceBuffer d_logits = to_device(logits);
+    DeviceBuffer d_ids = DeviceBuffer::allocate(want_ids.size() * 4).value();
+    DeviceBuffer d_w = DeviceBuffer::allocate(want_w.size() * 4).value();
+    ASSERT_EQ(
+        detail::launch_moe_route(d_logits.as<float>(), stride, num_tokens, c.num_experts, c.top_k,
+                                 c.normalize, d_ids.as<int32_t>(), d_w.as<float>(), nullptr),
+        cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto ids = to_host<int32_t>(d_ids, want_ids.size());
+    const auto w = to_host<float>(d_w, want_w.size());
+    // the CPU layer's routing (the oracle of the runners) agrees with both
+    std::vector<float> dense(size_t(num_tokens) * c.num_experts);
+    for (int32_t t = 0; t < num_tokens; ++t) {
+      std::copy_n(logits.begin() + size_t(t) * stride, c.num_experts,
+                  dense.begin() + size_t(t) * c.num_experts);
+    }
+    std::vector<int32_t> cpu_ids(want_ids.size());
+    std::vector<float> cpu_w(want_w.size());
+    route_top_k(dense.data(), num_tokens, c.num_experts, c.top_k, c.normalize, cpu_ids.data(),
+                cpu_w.data());
+    double worst = 0;
+    size_t worst_at = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_EQ(ids[i], want_ids[i])
+          << c.num_experts << " experts, token " << i / c.top_k << " slot " << i % c.top_k;
+      ASSERT_EQ(cpu_ids[i], want_ids[i]) << "cpu route_top_k, token " << i / c.top_k;
+      const double d = std::abs(double(w[i]) - want_w[i]);
+      if (d > worst) worst = d, worst_at = i;
+    }
+    std::printf("[ route   ] %d experts top %d%s: ids equal, largest weight diff %.2e at %zu\n",
+                c.num_experts, c.top_k, c.normalize ? " normalised" : "", worst, worst_at);
+    EXPECT_LT(worst, 1e-6);
+  }
+}
+
+struct Experts {
+  int32_t num_experts, top_k, hidden, inter, num_tokens;
+};
+
+// Tokens' experts: slot 0 is expert 2 for every token; the other slots cycle over {0, 1, 3, 7}
+// (so 4, 5 and 6 receive nothing).
+std::vector<int32_t> chosen_experts(const Experts& s) {
+  const int32_t others[] = {0, 1, 3, 7};
+  std::vector<int32_t> ids(size_t(s.num_tokens) * s.top_k);
+  for (int32_t t = 0; t < s.num_tokens; ++t) {
+    ids[size_t(t) * s.top_k] = 2;
+    for (int32_t k = 1; k < s.top_k; ++k) ids[size_t(t) * s.top_k + k] = others[(t + k) % 4];
+  }
+  return ids;
+}
+
+std::vector<uint16_t> random_bf16(size_t count, float scale, std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<uint16_t> out(count);
+  for (uint16_t& v : out) v = f32_to_bf16(u(rng)).bits;
+  return out;
+}
+
+double bf(uint16_t bits) { return bf16_to_f32(Bf16{bits}); }
+
+TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
+  SKIP_WITHOUT_GPU();
+  for (const Experts s :
+       {Experts{8, 2, 64, 32, 20}, Experts{8, 3, 512, 136, 13}, Experts{8, 4, 2048, 768, 3}}) {
+    std::mt19937_64 rng(s.hidden);
+    const int32_t num_pairs = s.num_tokens * s.top_k;
+    const auto x = random_bf16(size_t(s.num_tokens) * s.hidden, 1.0f, rng);
+    const auto gate_up = random_bf16(size_t(s.num_experts) * 2 * s.inter * s.hidden,
+                                     1.0f / std::sqrt(s.hidden), rng);
+    const auto down =
+        random_bf16(size_t(s.num_experts) * s.hidden * s.inter, 1.0f / std::sqrt(s.inter), rng);
+    const auto ids = chosen_experts(s);
+    std::uniform_real_distribution<float> u01(0.05f, 1.0f);
+    std::vector<float> weights(num_pairs), shared(size_t(s.num_tokens) * s.hidden),
+        shared_logits(size_t(s.num_tokens) * 3);
+    for (float& v : weights) v = u01(rng);
+    for (float& v : shared) v = u01(rng) - 0.5f;
+    for (float& v : shared_logits) v = 4 * u01(rng) - 2;
+
+    // reference: double over the same bf16 values; experts added in ascending id, then shared
+    std::vector<double> want(size_t(s.num_tokens) * s.hidden, 0.0);
+    for (int32_t t = 0; t < s.num_tokens; ++t) {
+      const uint16_t* xt = x.data() + size_t(t) * s.hidden;
+      std::vector<int32_t> slots(s.top_k);
+      std::iota(slots.begin(), slots.end(), 0);
+      std::sort(slots.begin(), slots.end(),
+                [&](int32_t a, int32_t b) { return ids[t * s.top_k + a] < ids[t * s.top_k + b]; });
+      for (int32_t k : slots) {
+        const int32_t e = ids[size_t(t) * s.top_k + k];
+        std::vector<double> act(s.inter);
+        for (int32_t r = 0; r < s.inter; ++r) {
+          const uint16_t* g = gate_up.data() + (size_t(e) * 2 * s.inter + r) * s.hidden;
+          const uint16_t* up = g + size_t(s.inter) * s.hidden;
+          double gd = 0, ud = 0;
+          for (int32_t i = 0; i < s.hidden; ++i) {
+            gd += bf(g[i]) * bf(xt[i]);
+            ud += bf(up[i]) * bf(xt[i]);
+          }
+          act[r] = gd / (1 + std::exp(-gd)) * ud;
+        }
+        for (int32_t j = 0; j < s.hidden; ++j) {
+          const uint16_t* d = down.data() + (size_t(e) * s.hidden + j) * s.inter;
+          double y = 0;
+          for (int32_t r = 0; r < s.inter; ++r) y += bf(d[r]) * act[r];
+          want[size_t(t) * s.hidden + j] += weights[size_t(t) * s.top_k + k] * y;
+        }
+      }
+      const double scale = 1 / (1 + std::exp(-double(shared_logits[size_t(t) * 3])));
+      for (int32_t j = 0; j < s.hidden; ++j) {
+        want[size_t(t) * s.hidden + j] += scale * shared[size_t(t) * s.hidden + j];
+      }
+    }
+
+    DeviceBuffer d_x = to_device(x), d_gate_up = to_device(gate_up), d_down = to_device(down);
+    DeviceBuffer d_ids = to_device(ids), d_w = to_device(weights), d_shared = to_device(shared);
+    DeviceBuffer d_shared_logits = to_device(shared_logits);
+    DeviceBuffer d_offsets = DeviceBuffer::allocate((s.num_experts + 1) * 4).value();
+    DeviceBuffer d_pairs = DeviceBuffer::allocate(num_pairs * 4).value();
+    DeviceBuffer d_active = DeviceBuffer::allocate((s.num_experts + 1) * 4).value();
+    DeviceBuffer d_act = DeviceBuffer::allocate(size_t(num_pairs) * s.inter * 4).value();
+    DeviceBuffer d_y = DeviceBuffer::allocate(size_t(num_pairs) * s.hidden * 4).value();
+    DeviceBuffer d_out = DeviceBuffer::allocate(size_t(s.num_tokens) * s.hidden * 4).value();
+    ASSERT_EQ(detail::launch_moe_group(d_ids.as<int32_t>(), num_pairs, s.num_experts,
+                                       d_offsets.as<int32_t>(), d_pairs.as<int32_t>(),
+                                       d_active.as<int32_t>(), nullptr),
+              cudaSuccess);
+    detail::MoeExpertArgs a{};
+    a.x = d_x.data();
+    a.gate_up = d_gate_up.data();
+    a.down = d_down.data();
+    a.offsets = d_offsets.as<int32_t>();
+    a.pairs = d_pairs.as<int32_t>();
+    a.active = d_active.as<int32_t>();
+    a.num_pairs = num_pairs;
+    a.num_experts = s.num_experts;
+    a.top_k = s.top_k;
+    a.hidden = s.hidden;
+    a.inter = s.inter;
+    a.gelu = false;
+    a.act = d_act.as<float>();
+    a.y = d_y.as<float>();
+    ASSERT_EQ(detail::launch_moe_experts(a, nullptr), cudaSuccess);
+    ASSERT_EQ(
+        detail::launch_moe_combine(d_y.as<float>(), d_ids.as<int32_t>(), d_w.as<float>(),
+                                   s.num_tokens, s.top_k, s.hidden, d_shared.as<float>(),
+                                   d_shared_logits.as<float>(), 3, d_out.as<float>(), nullptr),
+        cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+    // the grouping: every pair listed once, under its expert
+    const auto offsets = to_host<int32_t>(d_offsets, s.num_experts + 1);
+    const auto pairs = to_host<int32_t>(d_pairs, num_pairs);
+    ASSERT_EQ(offsets[0], 0);
+    ASSERT_EQ(offsets[s.num_experts], num_pairs);
+    std::vector<int32_t> seen(num_pairs, 0);
+    for (int32_t e = 0; e < s.num_experts; ++e) {
+      for (int32_t i = offsets[e]; i < offsets[e + 1]; ++i) {
+        ASSERT_EQ(ids[pairs[i]], e) << "pair " << pairs[i] << " listed under expert " << e;
+        ++seen[pairs[i]];
+      }
+    }
+    for (int32_t p = 0; p < num_pairs; ++p) ASSERT_EQ(seen[p], 1) << "pair " << p;
+    EXPECT_EQ(offsets[3] - offsets[2], s.num_tokens) << "expert 2 has every token";
+    EXPECT_EQ(offsets[7] - offsets[4], 0) << "experts 4, 5, 6 have none";
+    const auto active = to_host<int32_t>(d_active, s.num_experts + 1);
+    std::vector<int32_t> want_active;
+    for (int32_t e = 0; e < s.num_experts; ++e) {
+      if (offsets[e + 1] > offsets[e]) want_active.push_back(e);
+    }
+    ASSERT_EQ(active[0], static_cast<int32_t>(want_active.size()));
+    EXPECT_EQ(std::vector<int32_t>(active.begin() + 1, active.begin() + 1 + active[0]),
+              want_active);
+
+    const auto out = to_host<float>(d_out, want.size());
+    double worst = 0, ref_max = 0;
+    size_t worst_at = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const double d = std::abs(out[i] - want[i]);
+      ref_max = std::max(ref_max, std::abs(want[i]));
+      if (d > worst) worst = d, worst_at = i;
+    }
+    std::printf(
+        "[ experts ] %d experts top %d, hidden %d, inter %d, %d tokens: largest |diff| %.2e at "
+        "token %zu col %zu (got %.6f, want %.6f; max |ref| %.3f)\n",
+        s.num_experts, s.top_k, s.hidden, s.inter, s.num_tokens, worst, worst_at / s.hidden,
+        worst_at % s.hidden, out[worst_at], want[worst_at], ref_max);
+    EXPECT_LT(worst, 1e-4 * std::max(1.0, ref_max));
+  }
+}
+
+}  // namespace
+}  // namespace kvp::cuda
