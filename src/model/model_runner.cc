@@ -42,12 +42,11 @@ Status add_stacked_experts(const ModelSpec& spec, const WeightSource& source, in
                            ExpertWeights* experts, ModelWeights* w) {
   const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
   const int32_t num_experts = spec.num_experts;
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> gate,
-                       source.read_experts(layer, "gate_proj", num_experts, inter, hidden));
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> up,
-                       source.read_experts(layer, "up_proj", num_experts, inter, hidden));
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> down,
-                       source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  KVP_ASSIGN_OR_RETURN(StackedExperts stacked,
+                       read_stacked_experts(source, layer, num_experts, inter, hidden));
+  auto& gate = stacked.gate;
+  auto& up = stacked.up;
+  auto& down = stacked.down;
   for (int32_t e = 0; e < num_experts; ++e) {
     experts->gate_up.push_back(gate[e].matrix);
     experts->gate_up.push_back(up[e].matrix);

@@ -37,4 +37,13 @@ Result<std::vector<StoredMatrix>> WeightSource::read_experts(int32_t layer,
   return experts;
 }
 
+Result<StackedExperts> read_stacked_experts(const WeightSource& source, int32_t layer,
+                                            int32_t num_experts, int64_t inter, int64_t hidden) {
+  StackedExperts e;
+  KVP_ASSIGN_OR_RETURN(e.gate, source.read_experts(layer, "gate_proj", num_experts, inter, hidden));
+  KVP_ASSIGN_OR_RETURN(e.up, source.read_experts(layer, "up_proj", num_experts, inter, hidden));
+  KVP_ASSIGN_OR_RETURN(e.down, source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  return e;
+}
+
 }  // namespace kvp

@@ -58,4 +58,12 @@ class WeightSource {
 // An owned f32 matrix as a StoredMatrix. requires: values.size() == rows * cols.
 StoredMatrix owned_f32_matrix(std::vector<float> values, int64_t rows, int64_t cols);
 
+// Every routed expert's gate [inter][hidden], up [inter][hidden] and down [hidden][inter] of a
+// mixture-of-experts layer (read_experts of each projection): what the CPU and CUDA runners load.
+struct StackedExperts {
+  std::vector<StoredMatrix> gate, up, down;  // [num_experts] each
+};
+Result<StackedExperts> read_stacked_experts(const WeightSource& source, int32_t layer,
+                                            int32_t num_experts, int64_t inter, int64_t hidden);
+
 }  // namespace kvp

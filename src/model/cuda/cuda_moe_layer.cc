@@ -109,12 +109,11 @@ Status load_moe_weights(const ModelSpec& spec, const WeightSource& source, int32
     KVP_ASSIGN_OR_RETURN(moe->router, DeviceBuffer::allocate(router.size() * 4));
     KVP_RETURN_IF_ERROR(upload_bytes(&moe->router, 0, router.data(), router.size() * 4));
   }
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> gate,
-                       source.read_experts(layer, "gate_proj", num_experts, inter, hidden));
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> up,
-                       source.read_experts(layer, "up_proj", num_experts, inter, hidden));
-  KVP_ASSIGN_OR_RETURN(std::vector<StoredMatrix> down,
-                       source.read_experts(layer, "down_proj", num_experts, hidden, inter));
+  KVP_ASSIGN_OR_RETURN(StackedExperts stacked,
+                       read_stacked_experts(source, layer, num_experts, inter, hidden));
+  auto& gate = stacked.gate;
+  auto& up = stacked.up;
+  auto& down = stacked.down;
   KVP_ASSIGN_OR_RETURN(moe->gate_up, DeviceBuffer::allocate(num_experts * 2 * inter * hidden * 2));
   KVP_ASSIGN_OR_RETURN(moe->down, DeviceBuffer::allocate(num_experts * hidden * inter * 2));
   size_t gate_up_offset = 0, down_offset = 0;
