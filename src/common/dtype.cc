@@ -1,6 +1,18 @@
 #include "common/dtype.h"
 
 namespace kvp {
+namespace {
+
+// value >> shift, rounded to nearest, ties to even. requires: 1 <= shift <= 31.
+uint32_t shift_right_nearest_even(uint32_t value, uint32_t shift) {
+  uint32_t out = value >> shift;
+  const uint32_t rem = value & ((1u << shift) - 1);
+  const uint32_t halfway = 1u << (shift - 1);
+  if (rem > halfway || (rem == halfway && (out & 1u))) ++out;
+  return out;
+}
+
+}  // namespace
 
 std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "f32" || name == "float32" || name == "float") return DType::F32;
@@ -49,16 +61,11 @@ F16 f32_to_f16(float f) {
     if (abs < 0x33000000u) return F16{static_cast<uint16_t>(sign)};
     const uint32_t exponent = abs >> 23;
     const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exponent;  // value = mantissa * 2^(exponent-150); unit 2^-24
-    uint32_t half = mantissa >> shift;
-    const uint32_t rem = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
-    return F16{static_cast<uint16_t>(sign | half)};
+    // value = mantissa * 2^(exponent-150); unit 2^-24
+    return F16{static_cast<uint16_t>(sign | shift_right_nearest_even(mantissa, 126 - exponent))};
   }
-  uint32_t half = ((abs >> 13) - ((127 - 15) << 10));
-  const uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  // The rebased exponent is a multiple of 2^10, so it can be subtracted after rounding.
+  const uint32_t half = shift_right_nearest_even(abs, 13) - ((127u - 15u) << 10);
   return F16{static_cast<uint16_t>(sign | half)};
 }
 
@@ -72,19 +79,12 @@ uint8_t f32_to_e4m3(float f) {
     if (abs <= 0x3a800000u) return sign;  // <= 2^-10, half the smallest subnormal: ties to 0
     const uint32_t exponent = abs >> 23;
     const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 141 - exponent;  // value = mantissa * 2^(exponent-150); unit 2^-9
-    uint32_t code = mantissa >> shift;
-    const uint32_t rem = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (code & 1u))) ++code;  // 8 carries into 2^-6: right
-    return static_cast<uint8_t>(sign | code);
+    // value = mantissa * 2^(exponent-150); unit 2^-9; a result of 8 is 2^-6, the first normal
+    return static_cast<uint8_t>(sign | shift_right_nearest_even(mantissa, 141 - exponent));
   }
   // Normal: exponent rebased from 127 to 7, top 3 mantissa bits; a carry out of the mantissa
   // moves to the next exponent, and below 448 it never reaches the NaN code.
-  uint32_t code = (abs >> 20) - ((127u - 7u) << 3);
-  const uint32_t rem = abs & 0xfffffu;
-  if (rem > 0x80000u || (rem == 0x80000u && (code & 1u))) ++code;
-  return static_cast<uint8_t>(sign | code);
+  return static_cast<uint8_t>(sign | (shift_right_nearest_even(abs, 20) - ((127u - 7u) << 3)));
 }
 
 float e4m3_to_f32(uint8_t code) {
