@@ -12,7 +12,8 @@
 // 3 = variant 2 without its software prefetch (to measure what the prefetch buys), 4 = variant 2
 // widening bf16 KV with PromoteTo instead of in paired order (to measure what pairing buys).
 //
-//   attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32,f16,int8] [--batch 1,8,32]
+//   attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32,f16,int8,fp8] [--batch
+//   1,8,32]
 //                       [--ctx 512,4096,16384] [--no-decode] [--no-prefill] [--min-time S]
 //                       [--rotate-mb MB] [--tile-rows N] [--csv FILE]
 // --rotate-mb (default 512) sets the KV footprint the calls rotate through; a small value keeps
@@ -95,16 +96,19 @@ void fill_fast(void* data, DType t, size_t count, uint64_t seed) {
   }
 }
 
-// int8 KV: random values in [-127, 127] and every row's scale 1/127 (a finite f16).
-void fill_int8(const KvLayout& layout, std::byte* slab) {
+// 8-bit KV: random codes (int8 in [-127, 127]; fp8: every e4m3 code but the NaNs) and every
+// row's scale 1 / kv8_max_value (a finite f16).
+void fill_kv8(const KvLayout& layout, std::byte* slab) {
   uint64_t x = 0x9E3779B97F4A7C15ull;
   for (int64_t i = 0; i < layout.size_elems(); ++i) {
     x ^= x << 13;
     x ^= x >> 7;
     x ^= x << 17;
-    slab[i] = static_cast<std::byte>(static_cast<int8_t>(int64_t(x >> 40) % 255 - 127));
+    auto code = static_cast<uint8_t>(static_cast<int8_t>(int64_t(x >> 40) % 255 - 127));
+    if (layout.dtype == DType::FP8 && (code & 0x7fu) == 0x7fu) code ^= 1u;  // not NaN
+    slab[i] = static_cast<std::byte>(code);
   }
-  const F16 scale = f32_to_f16(1.0f / 127.0f);
+  const F16 scale = f32_to_f16(1.0f / kv8_max_value(layout.dtype));
   for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
     for (int32_t block = 0; block < layout.num_blocks; ++block) {
       for (int32_t kv = 0; kv < 2; ++kv) {
@@ -179,8 +183,8 @@ class Case {
       std::exit(1);
     }
     madvise(slab_.get(), slab_bytes, MADV_HUGEPAGE);
-    if (kv_dtype == DType::I8) {
-      fill_int8(layout_, slab_.get());
+    if (is_kv8(kv_dtype)) {
+      fill_kv8(layout_, slab_.get());
     } else {
       fill_fast(slab_.get(), kv_dtype, size_t(layout_.size_elems()), 1);
     }
@@ -232,7 +236,7 @@ class Case {
     }
   }
 
-  // KV bytes one call reads (every sequence's K and V, all KV heads; int8: with the scales).
+  // KV bytes one call reads (every sequence's K and V, all KV heads; 8-bit: with the scales).
   double kv_bytes() const {
     return double(batch_.num_seqs) * batch_.max_kv_len * kNumKvHeads * 2.0 *
            double(kv_vector_bytes(layout_.dtype, kHeadDim));
@@ -278,7 +282,7 @@ int usage(const char* why) {
   std::fprintf(
       stderr,
       "attention_cpu_bench: %s\n"
-      "usage: attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32,f16,int8]\n"
+      "usage: attention_cpu_bench [--variant 1,2,3,4] [--threads N] [--kv bf16,f32,f16,int8,fp8]\n"
       "       [--batch 1,8,32] [--ctx 512,4096,16384] [--no-decode] [--no-prefill]\n"
       "       [--min-time S] [--rotate-mb MB] [--tile-rows N] [--csv FILE]\n",
       why);
@@ -328,7 +332,7 @@ int main(int argc, char** argv) {
       while (pos <= list.size()) {
         const size_t comma = std::min(list.find(',', pos), list.size());
         const auto t = parse_kv_cache_dtype(list.substr(pos, comma - pos));
-        if (!t) return usage("--kv takes f32, f16, bf16, int8");
+        if (!t) return usage("--kv takes f32, f16, bf16, int8, fp8");
         kv_dtypes.push_back(*t);
         pos = comma + 1;
       }

@@ -71,8 +71,8 @@ Status check_engine_options(const EngineOptions& o);
 Result<int64_t> parse_size(const std::string& text, const std::string& option,
                            bool allow_zero = false);
 
-// --kv-dtype: "f32", "bf16", "f16" (or their long names), "int8"; "auto": f32 on cpu, bf16 on cuda
-// (the CUDA backend holds no f32 KV). invalid_argument naming the option otherwise.
+// --kv-dtype: "f32", "bf16", "f16" (or their long names), "int8", "fp8"; "auto": f32 on cpu, bf16
+// on cuda (the CUDA backend holds no f32 KV). invalid_argument naming the option otherwise.
 Result<DType> parse_kv_dtype(const std::string& text, const std::string& device);
 
 // The CPU threads the options ask for (all cores for 0).

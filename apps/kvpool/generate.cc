@@ -300,8 +300,8 @@ int run_inspect(const InspectOptions& o) {
   std::printf("\nkvpool runner: %s, %d layers (%d global, %d sliding-window of %d tokens)\n",
               architecture_name(s.architecture), s.num_layers, s.num_layers - sliding, sliding,
               s.sliding_window);
-  for (DType dtype : {DType::F32, DType::BF16, DType::I8}) {
-    // K and V bytes of one token in one layer (int8: a scale per head vector included)
+  for (DType dtype : {DType::F32, DType::BF16, DType::I8, DType::FP8}) {
+    // K and V bytes of one token in one layer (8-bit: a scale per head vector included)
     const auto per_layer_token =
         static_cast<int64_t>(2 * s.num_kv_heads * kv_vector_bytes(dtype, s.head_dim));
     std::printf(

@@ -177,7 +177,7 @@ void print_table(const std::vector<PlannedModel>& models, const PlanOptions& opt
   for (int32_t b : options.block_sizes) header.push_back(fmt::format("block {}", b));
   for (int32_t b : options.block_sizes) header.push_back(fmt::format("agent (b{})", b));
   for (int32_t b : options.block_sizes) header.push_back(fmt::format("agents (b{})", b));
-  for (int32_t b : options.block_sizes) header.push_back(fmt::format("int8 (b{})", b));
+  for (int32_t b : options.block_sizes) header.push_back(fmt::format("8-bit (b{})", b));
 
   std::vector<std::vector<std::string>> rows = {header};
   for (const PlannedModel& m : models) {
@@ -200,9 +200,10 @@ void print_table(const std::vector<PlannedModel>& models, const PlanOptions& opt
           m.spec.with_block_size(b).plan_pool(budget_bytes, options.context_tokens).num_seqs));
     }
     for (int32_t b : options.block_sizes) {
-      const CacheSpec int8 = m.spec.with_dtype(DType::I8).with_block_size(b);
+      // int8 and fp8 take the same bytes
+      const CacheSpec kv8 = m.spec.with_dtype(DType::I8).with_block_size(b);
       row.push_back(
-          fmt::format("{}", int8.plan_pool(budget_bytes, options.context_tokens).num_seqs));
+          fmt::format("{}", kv8.plan_pool(budget_bytes, options.context_tokens).num_seqs));
     }
     rows.push_back(std::move(row));
   }
@@ -258,7 +259,8 @@ void print_adr_notes(const std::vector<PlannedModel>& models) {
         const double pool = 4 * kGiB;
         notes.push_back(fmt::format(
             "{}: ADR-002 fits ~{} agents at 8K with 8-bit KV in a 4 GB pool; at half the 16-bit "
-            "bytes that is {} (its cap) or {} (+1 cap); with kvpool's int8 KV (--kv-dtype int8, "
+            "bytes that is {} (its cap) or {} (+1 cap); with kvpool's 8-bit KV (--kv-dtype int8 or "
+            "fp8, "
             "an f16 scale per head vector included), {}; with 16-bit KV, {}.",
             m.name, adr.agents_8bit_in_4gb,
             static_cast<int64_t>(pool / (static_cast<double>(adr_cap_bytes) / 2)),
@@ -514,8 +516,9 @@ int run_plan(const PlanOptions& options) {
       "of N tokens in every "
       "layer.\nagent (bN): one agent's blocks at that context (a window of W tokens holds at "
       "most ceil(W/N)+1 blocks).\nagents (bN): agents that fit the pool, split between cache "
-      "groups in proportion to one agent's need.\nint8 (bN): the same with --kv-dtype int8 (8-bit "
-      "KV, an f16 scale per head vector: 0.508x of bf16 at head dim 128).\nSizes in B, KiB, MiB, "
+      "groups in proportion to one agent's need.\n8-bit (bN): the same with --kv-dtype int8 or fp8 "
+      "(8-bit KV, an f16 scale per head vector: 0.508x of bf16 at head dim 128).\nSizes in B, KiB, "
+      "MiB, "
       "GiB (powers of "
       "1024).\n\n");
   print_table(*models, options, budget_bytes);

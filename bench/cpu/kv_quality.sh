@@ -3,9 +3,9 @@
 # divergence of next-token distributions, each tool's 8-bit KV against its own 16-bit (and f32)
 # baseline, on the same model file and text, windows of 512 tokens with the second half scored.
 #
-#   kvpool:    kvpool perplexity --kv-dtype f32 (baseline, --logits-out), f16, bf16 and int8
-#              (--kl-base of the f32 run; KL over the base's top-1024 tokens + a rest bucket),
-#              and int8 against the f16 run
+#   kvpool:    kvpool perplexity --kv-dtype f32 (baseline, --logits-out), f16, bf16, int8 and
+#              fp8 (--kl-base of the f32 run; KL over the base's top-1024 tokens + a rest
+#              bucket), and int8 and fp8 against the f16 run
 #   llama.cpp: llama-perplexity -fa on with f16 KV (--kl-divergence-base) and with
 #              -ctk q8_0 -ctv q8_0 (--kl-divergence against the f16 run; full vocabulary)
 #
@@ -48,13 +48,15 @@ echo "== kvpool ($model, $text, ctx $ctx, $threads threads)"
 "$kvpool" perplexity --model "$model" --text-file "$text" --ctx $ctx --threads "$threads" \
   --kv-dtype f16 --kl-base "$out/kvpool_f32.logp" --logits-out "$out/kvpool_f16.logp" |
   tee "$out/kvpool_f16.txt"
-for dtype in bf16 int8; do
+for dtype in bf16 int8 fp8; do
   "$kvpool" perplexity --model "$model" --text-file "$text" --ctx $ctx --threads "$threads" \
     --kv-dtype $dtype --kl-base "$out/kvpool_f32.logp" | tee "$out/kvpool_$dtype.txt"
 done
-# int8 against 16-bit KV (f16, as llama.cpp's baseline)
-"$kvpool" perplexity --model "$model" --text-file "$text" --ctx $ctx --threads "$threads" \
-  --kv-dtype int8 --kl-base "$out/kvpool_f16.logp" | tee "$out/kvpool_int8_vs_f16.txt"
+# 8-bit against 16-bit KV (f16, as llama.cpp's baseline)
+for dtype in int8 fp8; do
+  "$kvpool" perplexity --model "$model" --text-file "$text" --ctx $ctx --threads "$threads" \
+    --kv-dtype $dtype --kl-base "$out/kvpool_f16.logp" | tee "$out/kvpool_${dtype}_vs_f16.txt"
+done
 
 ppl="$llama_dir/build/bin/llama-perplexity"
 if [ ! -x "$ppl" ]; then

@@ -24,6 +24,7 @@
 
 #include "cache/block_ops.h"
 #include "cache/kv_layout.h"
+#include "cache/kv_quant.h"
 #include "common/dtype.h"
 #include "common/status.h"
 
@@ -31,7 +32,8 @@ namespace kvp {
 
 // One layer's K and V inside a slab (cache/kv_layout.h), as kernels see them.
 //   K of (block b, head h, token t) starts at element k + b * block_pitch + h * head_pitch() +
-//   t * head_dim; int8: its f16 scale is at byte k + b * block_pitch + scale_offset(h, t).
+//   t * head_dim; 8-bit (is_kv8): its f16 scale is at byte k + b * block_pitch + scale_offset(h,
+//   t).
 struct PagedKv {
   void* k = nullptr;
   void* v = nullptr;
@@ -44,28 +46,28 @@ struct PagedKv {
 
   // Elements of one head's run in a block (KvLayout::head_pitch).
   int64_t head_pitch() const {
-    return int64_t{block_size} * head_dim + (dtype == DType::I8 ? int64_t{2} * block_size : 0);
+    return int64_t{block_size} * head_dim + (is_kv8(dtype) ? int64_t{2} * block_size : 0);
   }
   // Element offset of (block, head, token)'s row from k (or v).
   int64_t row_offset(int64_t block, int32_t head, int32_t token) const {
     return block * block_pitch + head * head_pitch() + int64_t{token} * head_dim;
   }
-  // int8: byte offset of (block, head, token)'s f16 scale from k (or v).
+  // 8-bit: byte offset of (block, head, token)'s f16 scale from k (or v).
   int64_t scale_offset(int64_t block, int32_t head, int32_t token) const {
     return block * block_pitch + head * head_pitch() + int64_t{block_size} * head_dim +
            int64_t{2} * token;
   }
 };
-// Element `elem` of K or V (base = kv.k or kv.v) as f32; for int8 the stored value, not yet
-// multiplied by its row's scale.
+// Element `elem` of K or V (base = kv.k or kv.v) as f32; for 8-bit KV the value of its code,
+// not yet multiplied by its row's scale.
 inline float kv_element(const PagedKv& kv, const void* base, int64_t elem) {
-  if (kv.dtype == DType::I8) return static_cast<const int8_t*>(base)[elem];
+  if (is_kv8(kv.dtype)) return kv8_decode(kv.dtype, static_cast<const uint8_t*>(base)[elem]);
   return load_as_f32(base, kv.dtype, static_cast<size_t>(elem));
 }
-// The scale of (block, head, token)'s row of K or V: its f16 scale for int8, 1 otherwise.
+// The scale of (block, head, token)'s row of K or V: its f16 scale for 8-bit KV, 1 otherwise.
 inline float kv_row_scale(const PagedKv& kv, const void* base, int64_t block, int32_t head,
                           int32_t token) {
-  if (kv.dtype != DType::I8) return 1.0f;
+  if (!is_kv8(kv.dtype)) return 1.0f;
   F16 scale;
   std::memcpy(&scale, static_cast<const std::byte*>(base) + kv.scale_offset(block, head, token),
               sizeof scale);
@@ -133,8 +135,8 @@ void reference_paged_attention(const AttentionParams& params, const AttentionBat
                                const PagedKv& kv, const void* q, DType q_dtype, void* out);
 
 // New tokens' K and V, to be written into their slots.
-//   k, v : [num_tokens][num_kv_heads][head_dim] of dtype kv.dtype; f32 when kv.dtype is int8
-//          (each row is quantised on the way in, cache/kv_quant.h)
+//   k, v : [num_tokens][num_kv_heads][head_dim] of dtype kv.dtype; f32 when kv.dtype is 8-bit
+//          (is_kv8: each row is quantised on the way in, cache/kv_quant.h)
 //   slot_mapping : [num_tokens]; slot = block * block_size + token_in_block; a negative slot
 //                  means "skip this row" (padding)
 struct KvWrite {

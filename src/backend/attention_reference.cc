@@ -26,7 +26,7 @@ void reference_paged_attention(const AttentionParams& params, const AttentionBat
         const int64_t block = table[j / kv.block_size];
         const int32_t token = j % kv.block_size;
         const int64_t base = kv.row_offset(block, kvh, token);
-        // int8: the dequantised cache, value times its row's scale
+        // 8-bit: the dequantised cache, value times its row's scale
         const double k_scale = kv_row_scale(kv, kv.k, block, kvh, token);
         const double v_scale = kv_row_scale(kv, kv.v, block, kvh, token);
         for (int32_t d = 0; d < head_dim; ++d) {

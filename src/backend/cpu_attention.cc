@@ -335,7 +335,7 @@ Status write_kv(const KvWrite& write, const PagedKv& kv) {
   if (write.num_tokens > 0 && (kv.k == nullptr || kv.v == nullptr)) {
     return Status::invalid_argument("kv write: KV pointer is null");
   }
-  const bool quantise = kv.dtype == DType::I8;  // f32 rows in, int8 rows and scales out
+  const bool quantise = is_kv8(kv.dtype);  // f32 rows in, 8-bit rows and scales out
   const size_t in_bytes = quantise ? sizeof(float) : dtype_size_bytes(kv.dtype);
   const size_t elem_bytes = dtype_size_bytes(kv.dtype);
   const size_t row_bytes = size_t(kv.head_dim) * elem_bytes;
@@ -354,8 +354,8 @@ Status write_kv(const KvWrite& write, const PagedKv& kv) {
         auto* out = static_cast<std::byte*>(outs[which]);
         if (quantise) {
           F16 scale;
-          quantize_kv_int8(reinterpret_cast<const float*>(in), kv.head_dim,
-                           reinterpret_cast<int8_t*>(out + dst), &scale);
+          quantize_kv8(kv.dtype, reinterpret_cast<const float*>(in), kv.head_dim,
+                       reinterpret_cast<uint8_t*>(out + dst), &scale);
           std::memcpy(out + kv.scale_offset(block, h, token), &scale, sizeof scale);
         } else {
           std::memcpy(out + size_t(dst) * elem_bytes, in, row_bytes);

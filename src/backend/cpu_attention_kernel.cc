@@ -12,10 +12,11 @@
 //   2. soft cap, causal/window mask, online softmax update of (m, l) and rescale of o
 //   3. o_r += sum_t P[r][t] v_t: 4 rows x 4 (AVX-512) or 2 vectors of head_dim per pass, V
 //      widened like K
-// KV is read straight from the pool in its own dtype; everything accumulates in f32. int8 KV
-// (cache/kv_quant.h) is widened like f16 (int8 -> int32 -> f32 in registers), and its per-row
-// scales are applied per key, not per element: K's multiply the logits after step 1, V's the
-// probabilities before step 3.
+// KV is read straight from the pool in its own dtype; everything accumulates in f32. 8-bit KV
+// (cache/kv_quant.h) is widened in registers: int8 like f16 (int8 -> int32 -> f32), fp8 e4m3 by
+// moving its bits into an f16 (e4m3 -> f16 -> f32, see load_row), and its per-row scales are
+// applied per key, not per element: K's multiply the logits after step 1, V's the probabilities
+// before step 3.
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "backend/cpu_attention_kernel.cc"
@@ -44,8 +45,31 @@ using VF = hn::Vec<DF>;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// One vector of f32 from a K or V row of element type T (float, bfloat16_t, float16_t, or
-// int8_t: the stored values, the row's scale applied by the caller).
+// One fp8 (OCP e4m3fn) code of a K or V row in the pool.
+struct E4m3Code {
+  uint8_t bits;
+};
+static_assert(sizeof(E4m3Code) == 1, "rows of codes are addressed as bytes");
+
+// The 8-bit row types, whose rows carry an f16 scale (cache/kv_quant.h).
+template <typename T>
+constexpr bool kIsKv8 = std::is_same_v<T, int8_t> || std::is_same_v<T, E4m3Code>;
+
+// An e4m3 code's bits moved into an f16: the sign to bit 15, exponent and mantissa to bits 7..13.
+// The f16 exponent's bias is 15 against e4m3's 7, so the f16 is the code's value / 256, exactly,
+// subnormals included (the NaN codes, which quantisation never writes, read as ±480 / 256).
+// The 256 is folded into the row scales (kKv8ScaleFactor).
+HWY_INLINE uint16_t e4m3_as_f16_bits(uint8_t code) {
+  return static_cast<uint16_t>(((code & 0x80u) << 8) | ((code & 0x7fu) << 7));
+}
+
+// What an 8-bit row's scale is multiplied by before it scales logits or probabilities: 1 for
+// int8 (load_row gives the values), 256 for fp8 (load_row gives value / 256).
+template <typename T>
+constexpr float kKv8ScaleFactor = std::is_same_v<T, E4m3Code> ? 256.0f : 1.0f;
+
+// One vector of f32 from a K or V row of element type T (float, bfloat16_t, float16_t, or an
+// 8-bit type: the values before the row's scale, which the caller applies; fp8 / 256).
 template <typename T>
 HWY_INLINE VF load_row(DF df, const T* HWY_RESTRICT p) {
   if constexpr (std::is_same_v<T, float>) {
@@ -54,6 +78,15 @@ HWY_INLINE VF load_row(DF df, const T* HWY_RESTRICT p) {
     const hn::Rebind<int32_t, DF> di;
     const hn::Rebind<int8_t, DF> d8;
     return hn::ConvertTo(df, hn::PromoteTo(di, hn::LoadU(d8, p)));
+  } else if constexpr (std::is_same_v<T, E4m3Code>) {
+    // e4m3_as_f16_bits a vector at a time: sign-extended to 16 bits, shifted left by 7 the sign
+    // lands in bits 14 and 15; clearing bit 14 leaves the f16.
+    const hn::Rebind<int16_t, DF> d16;
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    const auto wide = hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
+    const auto bits = hn::And(hn::ShiftLeft<7>(wide), hn::Set(d16, static_cast<int16_t>(0xbf80)));
+    return hn::PromoteTo(df, hn::BitCast(dh, bits));
   } else {
     const hn::Rebind<T, DF> dt;
     return hn::PromoteTo(df, hn::LoadU(dt, p));
@@ -67,6 +100,8 @@ HWY_INLINE float scalar_of(const T* p, int32_t i) {
     return p[i];
   } else if constexpr (std::is_same_v<T, int8_t>) {
     return static_cast<float>(p[i]);
+  } else if constexpr (std::is_same_v<T, E4m3Code>) {
+    return f16_to_f32(F16{e4m3_as_f16_bits(p[i].bits)});
   } else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) {
     return bf16_to_f32(Bf16{std::bit_cast<uint16_t>(p[i])});
   } else {
@@ -290,7 +325,7 @@ HWY_INLINE void dot_rows(DF df, const float* const* q, const T* const* k, int32_
 }
 
 // Element offsets of the rows of keys [j0, j0 + num_keys) in KV head 0 (one division per chunk,
-// not per key); key_scale (int8, else null): byte offsets of their scales in KV head 0.
+// not per key); key_scale (8-bit, else null): byte offsets of their scales in KV head 0.
 HWY_INLINE void key_offsets(const TileTask& task, int32_t j0, int32_t num_keys,
                             int64_t* HWY_RESTRICT key_elem, int64_t* HWY_RESTRICT key_scale) {
   const PagedKv& kv = *task.kv;
@@ -388,10 +423,11 @@ HWY_INLINE void widen_rows(DF df, const T* const* rows, int32_t num_keys, int32_
   }
 }
 
-// int8: scale[t] = the f16 scale of key t's row of one KV head (key_scale from key_offsets),
-// widened a vector at a time; scale[t] = 1 for t in [num_keys, kChunkKeys).
+// 8-bit: scale[t] = the f16 scale of key t's row of one KV head (key_scale from key_offsets)
+// times factor (kKv8ScaleFactor), widened a vector at a time; scale[t] = factor for t in
+// [num_keys, kChunkKeys).
 HWY_INLINE void gather_scales(DF df, const TileTask& task, int32_t kv_head, const void* kv_base,
-                              const int64_t* key_scale, int32_t num_keys,
+                              const int64_t* key_scale, int32_t num_keys, float factor,
                               float* HWY_RESTRICT scale) {
   const hn::Rebind<hwy::float16_t, DF> dh;
   const auto* base =
@@ -402,11 +438,11 @@ HWY_INLINE void gather_scales(DF df, const TileTask& task, int32_t kv_head, cons
   const int32_t lanes = static_cast<int32_t>(hn::Lanes(df));
   for (int32_t t = 0; t < kChunkKeys; t += lanes) {
     const auto* h = reinterpret_cast<const hwy::float16_t*>(bits + t);
-    hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, h)), df, scale + t);
+    hn::StoreU(hn::Mul(hn::PromoteTo(df, hn::LoadU(dh, h)), hn::Set(df, factor)), df, scale + t);
   }
 }
 
-// s[r][t] *= scale[t] for rows [row_begin, row_end), all kChunkKeys columns: an int8 row's
+// s[r][t] *= scale[t] for rows [row_begin, row_end), all kChunkKeys columns: an 8-bit row's
 // scale, applied once per (query row, key) after its dot product rather than per element.
 HWY_INLINE void scale_columns(DF df, float* s, const float* HWY_RESTRICT scale, int32_t row_begin,
                               int32_t row_end) {
@@ -439,9 +475,9 @@ void attend_tile_typed(const TileTask& task) {
   const T* v_rows[kChunkKeys];        // [num_keys] -> V row [head_dim] in the pool
   int64_t key_elem[kChunkKeys];       // element offset of each key's row in KV head 0
   int64_t next_key_elem[kChunkKeys];  // the same for the next chunk (prefetch)
-  constexpr bool kScaled = std::is_same_v<T, int8_t>;
-  int64_t key_scale[kChunkKeys];          // int8: byte offset of each key's scale in KV head 0
-  HWY_ALIGN float row_scale[kChunkKeys];  // int8: one head's K (then V) row scales of the chunk
+  constexpr bool kScaled = kIsKv8<T>;
+  int64_t key_scale[kChunkKeys];          // 8-bit: byte offset of each key's scale in KV head 0
+  HWY_ALIGN float row_scale[kChunkKeys];  // 8-bit: one head's K (then V) row scales of the chunk
   const PagedKv& kv = *task.kv;
 
   for (int32_t j0 = task.kv_begin; j0 < task.kv_end; j0 += kChunkKeys) {
@@ -492,7 +528,7 @@ void attend_tile_typed(const TileTask& task) {
         logits_for_rows<T, kPaired>(df, q, k_rows, row_begin, row_end, num_keys, head_dim, s);
       }
       if constexpr (kScaled) {
-        gather_scales(df, task, kv_head, kv.k, key_scale, num_keys, row_scale);
+        gather_scales(df, task, kv_head, kv.k, key_scale, num_keys, kKv8ScaleFactor<T>, row_scale);
         scale_columns(df, s, row_scale, row_begin, row_end);
       }
 
@@ -559,10 +595,10 @@ void attend_tile_typed(const TileTask& task) {
           prefetch_unit(task, kv.k, task.kv_head, next_key_elem, next_num_keys);
         }
       }
-      // 3. values (int8: each probability times its V row's scale first)
+      // 3. values (8-bit: each probability times its V row's scale first)
       gather_rows(task, kv_head, kv.v, key_elem, num_keys, v_rows);
       if constexpr (kScaled) {
-        gather_scales(df, task, kv_head, kv.v, key_scale, num_keys, row_scale);
+        gather_scales(df, task, kv_head, kv.v, key_scale, num_keys, kKv8ScaleFactor<T>, row_scale);
         scale_columns(df, s, row_scale, row_begin, row_end);
       }
       if (widen_once) {
@@ -615,6 +651,8 @@ void attend_tile(const TileTask& task) {
       return attend_tile_typed<hwy::float16_t, false>(task);
     case DType::I8:
       return attend_tile_typed<int8_t, false>(task);
+    case DType::FP8:
+      return attend_tile_typed<E4m3Code, false>(task);
   }
 }
 

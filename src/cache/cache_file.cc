@@ -296,7 +296,7 @@ Result<CacheFile> CacheFile::read(const std::filesystem::path& path,
   if (h.head_dim == 0 || h.head_dim > kMaxHeadDim) {
     return corrupt(fmt::format("head_dim {} (1..{})", h.head_dim, kMaxHeadDim));
   }
-  if (h.dtype_code > static_cast<uint32_t>(DType::I8)) {
+  if (h.dtype_code > static_cast<uint32_t>(DType::FP8)) {
     return corrupt(fmt::format("unknown dtype code {}", h.dtype_code));
   }
   for (uint32_t l = 0; l < h.num_layers; ++l) {

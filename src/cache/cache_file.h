@@ -3,11 +3,11 @@
 //
 //   magic · version · model fingerprint (architecture, weight hash) · cache spec (layers, KV
 //   heads, head_dim, dtype, per-layer attention) · token ids · per layer K then V of every kept
-//   token, contiguous [tokens][kv_heads] head vectors (int8: [head_dim] values, then the f16
+//   token, contiguous [tokens][kv_heads] head vectors (int8 / fp8: [head_dim] codes, then the f16
 //   scale; cache/kv_quant.h) · xxh3-64 of everything before it
 //
 // The file's KV dtype need not be the pool's: scatter_into converts each head vector through f32
-// (f32, bf16, f16, int8 in any direction); a file of the pool's dtype is copied exactly.
+// (f32, bf16, f16, int8, fp8 in any direction); a file of the pool's dtype is copied exactly.
 //
 // No block size is stored: a file written from a pool of block size 16 loads into a pool of
 // block size 256 (or 1) through HostKvStorage::scatter_layer. A windowed layer stores only the

@@ -137,7 +137,7 @@ void HostKvStorage::check_table(int32_t group, std::span<const BlockId> block_ta
   }
 }
 
-// One token's head vectors are head_dim elements at (block, head, slot) (int8: and the scale at
+// One token's head vectors are head_dim elements at (block, head, slot) (8-bit: and the scale at
 // scale_offset); a dense row is [num_kv_heads] dense head vectors (cache/kv_quant.h). Gather and
 // scatter move one head vector at a time.
 void HostKvStorage::gather_layer(int32_t layer, std::span<const BlockId> block_table,
@@ -153,7 +153,7 @@ void HostKvStorage::gather_layer(int32_t layer, std::span<const BlockId> block_t
   const size_t elem_bytes = dtype_size_bytes(l.dtype);
   const size_t row_bytes = static_cast<size_t>(l.head_dim) * elem_bytes;
   const size_t vec_bytes = kv_vector_bytes(l.dtype, l.head_dim);
-  const bool scaled = l.dtype == DType::I8;
+  const bool scaled = is_kv8(l.dtype);
   const std::byte* base = slabs_[group].get();
   std::span<std::byte> outs[2] = {k_out, v_out};
   size_t row = 0;
@@ -188,7 +188,7 @@ void HostKvStorage::scatter_layer(int32_t layer, std::span<const BlockId> block_
   const size_t elem_bytes = dtype_size_bytes(l.dtype);
   const size_t row_bytes = static_cast<size_t>(l.head_dim) * elem_bytes;
   const size_t vec_bytes = kv_vector_bytes(l.dtype, l.head_dim);
-  const bool scaled = l.dtype == DType::I8;
+  const bool scaled = is_kv8(l.dtype);
   std::byte* base = slabs_[group].get();
   std::span<const std::byte> ins[2] = {k_in, v_in};
   size_t row = 0;

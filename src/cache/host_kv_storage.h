@@ -6,7 +6,7 @@
 //   group g slab (4096-byte aligned, KvLayout::size_bytes() of spec.group_layout(g, n_g)):
 //   ┌──── layer 0 of the group ─────┬──── layer 1 ──── …
 //   │ b0.K b0.V b1.K b1.V …          │ b0.K b0.V …
-//   b.K = [num_kv_heads][block_size][head_dim] (int8: each head's rows followed by their scales)
+//   b.K = [num_kv_heads][block_size][head_dim] (8-bit: each head's rows followed by their scales)
 //
 // A block table here is logical: entry i holds the block of tokens [i * block_size,
 // (i + 1) * block_size) of the sequence. Gather and scatter read only the entries that cover
@@ -14,7 +14,7 @@
 // in entries for tokens that fell behind the window.
 //
 // Dense tensors are one layer's K (or V) of a token range: [num_tokens][num_kv_heads] head
-// vectors of the spec's dtype, tokens in order; a head vector is [head_dim] elements, for int8
+// vectors of the spec's dtype, tokens in order; a head vector is [head_dim] elements, for 8-bit KV
 // followed by its f16 scale (cache/kv_quant.h kv_vector_bytes).
 //
 // Block ids and table shapes come from bookkeeping, so violations are programming errors

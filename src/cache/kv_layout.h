@@ -6,7 +6,7 @@
 //   └─────────────────────────────────┴─────────────────────────────────┴── …
 //   blkB.K = [num_kv_heads][head_pitch]  (one KV head's block is one contiguous run)
 //   f32 / bf16 / f16: head run = [block_size][head_dim] elements (head_pitch = block_size*head_dim)
-//   int8:             head run = [block_size][head_dim] int8 values, then [block_size] f16 scales
+//   int8 / fp8:       head run = [block_size][head_dim] 8-bit codes, then [block_size] f16 scales
 //                     (head_pitch = block_size * (head_dim + 2) bytes); see cache/kv_quant.h
 //
 //   offset of K/V (kv = 0/1) of (layer, block, head, token, dim) =
@@ -14,9 +14,9 @@
 //       + head * head_pitch + token * head_dim + dim
 //   with block_stride = num_kv_heads * head_pitch.
 //
-// Offsets and sizes count elements; for int8 an element is one byte, so an offset times
-// dtype_size_bytes(dtype) is a byte offset for every dtype, and the scales sit inside the block
-// (every whole-block byte move carries them).
+// Offsets and sizes count elements; for int8 and fp8 (is_kv8) an element is one byte, so an offset
+// times dtype_size_bytes(dtype) is a byte offset for every dtype, and the scales sit inside the
+// block (every whole-block byte move carries them).
 //
 // A slot is block * block_size + token_in_block; the slot mapping of a batch maps each new
 // token to its slot. Kernels receive strides from here, not assumptions.
@@ -37,9 +37,9 @@ struct KvLayout {
   int32_t head_dim = 0;
   DType dtype = DType::BF16;
 
-  // Elements of one KV head's K (or V) run in one block: its rows, then (int8) its scales.
+  // Elements of one KV head's K (or V) run in one block: its rows, then (8-bit) its scales.
   int64_t head_pitch() const {
-    return int64_t{block_size} * head_dim + (dtype == DType::I8 ? int64_t{2} * block_size : 0);
+    return int64_t{block_size} * head_dim + (is_kv8(dtype) ? int64_t{2} * block_size : 0);
   }
   // Elements of one block's K (or V) in one layer: [num_kv_heads][head_pitch].
   int64_t block_stride() const { return int64_t{num_kv_heads} * head_pitch(); }
@@ -62,7 +62,7 @@ struct KvLayout {
     return block_offset(layer, block, kv) + int64_t{head} * head_pitch() +
            int64_t{token} * head_dim;
   }
-  // int8 only: byte offset of one token's f16 scale of a head vector.
+  // 8-bit only (is_kv8): byte offset of one token's f16 scale of a head vector.
   int64_t scale_offset(int32_t layer, int32_t block, int32_t kv, int32_t head,
                        int32_t token) const {
     return block_offset(layer, block, kv) + int64_t{head} * head_pitch() +

@@ -1,6 +1,18 @@
 #include "common/dtype.h"
 
 namespace kvp {
+namespace {
+
+// value >> shift, rounded to nearest, ties to even. requires: 1 <= shift <= 31.
+uint32_t shift_right_nearest_even(uint32_t value, uint32_t shift) {
+  uint32_t out = value >> shift;
+  const uint32_t rem = value & ((1u << shift) - 1);
+  const uint32_t halfway = 1u << (shift - 1);
+  if (rem > halfway || (rem == halfway && (out & 1u))) ++out;
+  return out;
+}
+
+}  // namespace
 
 std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "f32" || name == "float32" || name == "float") return DType::F32;
@@ -11,6 +23,7 @@ std::optional<DType> parse_dtype(std::string_view name) {
 
 std::optional<DType> parse_kv_cache_dtype(std::string_view name) {
   if (name == "int8" || name == "i8") return DType::I8;
+  if (name == "fp8" || name == "fp8_e4m3" || name == "float8_e4m3fn") return DType::FP8;
   return parse_dtype(name);
 }
 
@@ -48,17 +61,42 @@ F16 f32_to_f16(float f) {
     if (abs < 0x33000000u) return F16{static_cast<uint16_t>(sign)};
     const uint32_t exponent = abs >> 23;
     const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - exponent;  // value = mantissa * 2^(exponent-150); unit 2^-24
-    uint32_t half = mantissa >> shift;
-    const uint32_t rem = mantissa & ((1u << shift) - 1);
-    const uint32_t halfway = 1u << (shift - 1);
-    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
-    return F16{static_cast<uint16_t>(sign | half)};
+    // value = mantissa * 2^(exponent-150); unit 2^-24
+    return F16{static_cast<uint16_t>(sign | shift_right_nearest_even(mantissa, 126 - exponent))};
   }
-  uint32_t half = ((abs >> 13) - ((127 - 15) << 10));
-  const uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  // The rebased exponent is a multiple of 2^10, so it can be subtracted after rounding.
+  const uint32_t half = shift_right_nearest_even(abs, 13) - ((127u - 15u) << 10);
   return F16{static_cast<uint16_t>(sign | half)};
+}
+
+uint8_t f32_to_e4m3(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
+  if (abs >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448, inf: 448
+  if (abs < 0x3c800000u) {                // below 2^-6: subnormal (m * 2^-9) or zero
+    if (abs <= 0x3a800000u) return sign;  // <= 2^-10, half the smallest subnormal: ties to 0
+    const uint32_t exponent = abs >> 23;
+    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
+    // value = mantissa * 2^(exponent-150); unit 2^-9; a result of 8 is 2^-6, the first normal
+    return static_cast<uint8_t>(sign | shift_right_nearest_even(mantissa, 141 - exponent));
+  }
+  // Normal: exponent rebased from 127 to 7, top 3 mantissa bits; a carry out of the mantissa
+  // moves to the next exponent, and below 448 it never reaches the NaN code.
+  return static_cast<uint8_t>(sign | (shift_right_nearest_even(abs, 20) - ((127u - 7u) << 3)));
+}
+
+float e4m3_to_f32(uint8_t code) {
+  const uint32_t sign = uint32_t{code & 0x80u} << 24;
+  const uint32_t exponent = (code >> 3) & 0xfu;
+  const uint32_t mantissa = code & 0x7u;
+  if (exponent == 0xf && mantissa == 0x7) return std::bit_cast<float>(sign | 0x7fc00000u);
+  if (exponent == 0) {  // subnormal: mantissa * 2^-9, exact in f32
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-9f;
+    return sign != 0 ? -magnitude : magnitude;
+  }
+  return std::bit_cast<float>(sign | ((exponent + 127 - 7) << 23) | (mantissa << 20));
 }
 
 }  // namespace kvp

@@ -43,10 +43,11 @@ Status CpuForwardBackend::check_kv_dtype(DType dtype) const {
     case DType::BF16:
     case DType::F16:
     case DType::I8:
+    case DType::FP8:
       return Status::ok();
   }
   return Status::invalid_argument(
-      "KV dtype {} is not one the cpu backend holds (f32, bf16, f16, int8)",
+      "KV dtype {} is not one the cpu backend holds (f32, bf16, f16, int8, fp8)",
       static_cast<int>(dtype));
 }
 

@@ -509,7 +509,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     write.v = v.data();
     write.slot_mapping = group.slot_mapping.data();
     write.num_tokens = static_cast<int32_t>(num_tokens);
-    if (kv.dtype == DType::F32 || kv.dtype == DType::I8) {  // int8: quantised by write_kv
+    if (kv.dtype == DType::F32 || is_kv8(kv.dtype)) {  // 8-bit: quantised by write_kv
       KVP_RETURN_IF_ERROR(cpu::write_kv(write, kv));
     } else {  // the pool holds bf16/f16: convert the new rows first
       const size_t count = static_cast<size_t>(num_tokens * kv_dim);

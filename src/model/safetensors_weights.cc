@@ -57,7 +57,8 @@ Result<StoredMatrix> SafetensorsWeights::read_matrix(const std::string& name, in
     case DType::BF16:
       type = GgmlType::BF16;
       break;
-    case DType::I8:  // a KV-cache-only dtype; safetensors_file never yields it
+    case DType::I8:  // KV-cache-only dtypes; safetensors_file never yields them
+    case DType::FP8:
       return WeightSource::read_matrix(name, rows, cols);
   }
   StoredMatrix m;

@@ -4,10 +4,10 @@
 // forced KV splits; plus 32K contexts and bad arguments. Outputs are poisoned with NaN before
 // every call, so an element left unwritten shows as non-finite.
 //
-// int8 KV: random f32 rows (of varied magnitude) are quantised into the pool; the reference reads
-// the dequantised cache (value times its row's scale), so the kernels meet the f32 tolerance; and
-// against attention over the original f32 rows they stay within a bound derived from the
-// quantisation steps (Int8WithinQuantisationBoundOfUnquantisedAttention).
+// 8-bit KV (int8, fp8): random f32 rows (of varied magnitude) are quantised into the pool; the
+// reference reads the dequantised cache (value times its row's scale), so the kernels meet the
+// f32 tolerance; and against attention over the original f32 rows they stay within a bound
+// derived from the quantisation steps (Int8 / Fp8MixedBatchMatchesReference).
 #include "backend/cpu_attention.h"
 
 #include <fmt/format.h>
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cache/kv_quant.h"
+#include "support/kv8_check.h"
 #include "support/tensor_check.h"
 
 namespace kvp {
@@ -75,7 +76,7 @@ class PagedProblem {
     layout_ = KvLayout{
         2, blocks_needed + 5, spec.num_kv_heads, spec.block_size, spec.head_dim, spec.kv_dtype};
     slab_.resize(layout_.size_bytes());
-    if (spec.kv_dtype == DType::I8) {
+    if (is_kv8(spec.kv_dtype)) {
       fill_quantised(rng);
     } else {
       testing::fill_random(slab_.data(), spec.kv_dtype, static_cast<size_t>(layout_.size_elems()),
@@ -138,7 +139,7 @@ class PagedProblem {
     return out;
   }
 
-  // int8 only: the oracle's answer on the f32 rows before quantisation.
+  // 8-bit only: the oracle's answer on the f32 rows before quantisation.
   std::vector<float> reference_unquantised() const {
     std::vector<float> ref(out_elems(), std::numeric_limits<float>::quiet_NaN());
     std::vector<float> q32(out_elems());
@@ -148,10 +149,11 @@ class PagedProblem {
     reference_paged_attention(params_, batch_, original, q32.data(), DType::F32, ref.data());
     return ref;
   }
-  // int8 only: per output row (token, query head), the bound on |out - out_unquantised| that
+  // 8-bit only: per output row (token, query head), the bound on |out - out_unquantised| that
   // the quantisation steps of the keys and values the row sees allow (see
-  // Int8MixedBatchMatchesReference). [num_tokens * num_q_heads]
-  std::vector<double> int8_row_bounds() const {
+  // expect_kv8_within_quantisation_bound). [num_tokens * num_q_heads]
+  std::vector<double> kv8_row_bounds() const {
+    const double half_step = testing::kv8_max_half_step(layout_.dtype);  // in units of a scale
     const KvLayout& l = layout_;
     // Per pool row (block, head, token) of layer 1: K scale, V scale, max |v| of the original.
     const size_t num_rows = size_t(l.num_blocks) * l.num_kv_heads * l.block_size;
@@ -197,8 +199,8 @@ class PagedProblem {
             max_v_scale = std::max(max_v_scale, v_scale[i]);
             max_v = std::max(max_v, v_max[i]);
           }
-          const double logit_error = double(params_.scale) * q_l1 * max_k_scale / 2;
-          bounds[row] = std::expm1(2 * logit_error) * max_v + max_v_scale / 2;
+          const double logit_error = double(params_.scale) * q_l1 * max_k_scale * half_step;
+          bounds[row] = std::expm1(2 * logit_error) * max_v + max_v_scale * half_step;
         }
       }
     }
@@ -224,12 +226,12 @@ class PagedProblem {
   std::vector<int32_t> kv_lens_;      // [num_seqs]
   std::vector<std::byte> q_;          // [num_tokens][num_q_heads][head_dim] of q_dtype
   AttentionBatch batch_;
-  // int8: the f32 rows the pool was quantised from, in an f32 layout of the same geometry.
+  // 8-bit: the f32 rows the pool was quantised from, in an f32 layout of the same geometry.
   KvLayout original_layout_;
   std::vector<float> original_;
 
   // Random f32 rows, each scaled by a random magnitude in [0.05, 4] (keys and values vary per
-  // token), quantised row by row into the int8 pool.
+  // token), quantised row by row into the 8-bit pool.
   void fill_quantised(std::mt19937_64& rng) {
     original_layout_ = layout_;
     original_layout_.dtype = DType::F32;
@@ -247,10 +249,10 @@ class PagedProblem {
               const float m = magnitude(rng);
               for (int32_t d = 0; d < l.head_dim; ++d) row[d] *= m;
               F16 scale;
-              quantize_kv_int8(row, l.head_dim,
-                               reinterpret_cast<int8_t*>(
-                                   slab_.data() + l.elem_offset(layer, block, kv, head, token)),
-                               &scale);
+              quantize_kv8(l.dtype, row, l.head_dim,
+                           reinterpret_cast<uint8_t*>(slab_.data() +
+                                                      l.elem_offset(layer, block, kv, head, token)),
+                           &scale);
               std::memcpy(slab_.data() + l.scale_offset(layer, block, kv, head, token), &scale,
                           sizeof scale);
             }
@@ -272,6 +274,7 @@ double tolerance(DType out_dtype) {
     case DType::BF16:
       return 1e-2;
     case DType::I8:
+    case DType::FP8:
       break;
   }
   return 0.0;
@@ -378,23 +381,24 @@ TEST_P(CpuAttentionMatrix, MixedBatchMatchesReference) {
   expect_matches_reference(spec, rng, /*also_scalar=*/combo % 6 == 0);
 }
 
-// The same matrix with an int8 pool: against the reference on the dequantised cache (f32
+// The same matrix with an 8-bit pool: against the reference on the dequantised cache (f32
 // tolerance), and against the reference on the unquantised rows within the bound the
 // quantisation steps allow, per output row over the keys it sees. With s_k the largest of their
-// K scales, a key element is off by at most s_k / 2, so a logit by D = scale * |q|_1 * s_k / 2
-// (the soft cap only shrinks it); each probability then moves by a factor within e^(+-2D), and a
-// value element is off by at most s_v / 2 (s_v the largest V scale):
-//   |out - out_unquantised| <= (e^(2D) - 1) * max|v| + s_v / 2.
-TEST_P(CpuAttentionMatrix, Int8MixedBatchMatchesReference) {
-  const auto [block_size, head_dim, group] = GetParam();
+// K scales and h the format's largest half step (int8 1/2, fp8 16, in units of a scale), a key
+// element is off by at most h * s_k, so a logit by D = scale * |q|_1 * h * s_k (the soft cap only
+// shrinks it); each probability then moves by a factor within e^(+-2D), and a value element is
+// off by at most h * s_v (s_v the largest V scale):
+//   |out - out_unquantised| <= (e^(2D) - 1) * max|v| + h * s_v.
+void expect_kv8_matches_reference(int32_t block_size, int32_t head_dim, int32_t group,
+                                  DType kv_dtype) {
   std::mt19937_64 rng(matrix_seed(block_size, head_dim, group) + 7);
-  const CaseSpec spec = matrix_case(block_size, head_dim, group, DType::I8);
+  const CaseSpec spec = matrix_case(block_size, head_dim, group, kv_dtype);
   std::cout << "[ sampled  ] " << describe(spec) << "\n";
   expect_matches_reference(spec, rng, /*also_scalar=*/(block_size + group) % 3 == 0);
 
   PagedProblem problem(spec, rng);
   const std::vector<float> unquantised = problem.reference_unquantised();
-  const std::vector<double> bounds = problem.int8_row_bounds();
+  const std::vector<double> bounds = problem.kv8_row_bounds();
   std::vector<std::byte> out = problem.poisoned_out();
   ASSERT_TRUE(cpu::paged_attention(problem.params(), problem.batch(), problem.kv(), problem.q(),
                                    problem.q_dtype(), out.data(), nullptr)
@@ -410,8 +414,20 @@ TEST_P(CpuAttentionMatrix, Int8MixedBatchMatchesReference) {
     worst_ratio = std::max(worst_ratio, difference / (bound + slack));
     ASSERT_LE(difference, bound + slack) << "element " << i << " of row " << i / size_t(head_dim);
   }
-  std::cout << "[ int8     ] largest difference from unquantised attention: " << worst_ratio
-            << " of its row's quantisation bound\n";
+  std::cout << fmt::format(
+      "[ {:<8} ] largest difference from unquantised attention: {} of its "
+      "row's quantisation bound\n",
+      dtype_name(kv_dtype), worst_ratio);
+}
+
+TEST_P(CpuAttentionMatrix, Int8MixedBatchMatchesReference) {
+  const auto [block_size, head_dim, group] = GetParam();
+  expect_kv8_matches_reference(block_size, head_dim, group, DType::I8);
+}
+
+TEST_P(CpuAttentionMatrix, Fp8MixedBatchMatchesReference) {
+  const auto [block_size, head_dim, group] = GetParam();
+  expect_kv8_matches_reference(block_size, head_dim, group, DType::FP8);
 }
 
 INSTANTIATE_TEST_SUITE_P(BlockHeadGroup, CpuAttentionMatrix,
@@ -499,7 +515,7 @@ TEST(CpuAttention, LongContextsUpTo32K) {
 TEST(CpuAttention, SinksMatchReference) {
   std::mt19937_64 rng(41);
   const std::vector<float> sinks = {-3.0f, 0.0f, 0.7f, 2.5f, -0.4f, 30.0f, 1.0f, -20.0f};
-  for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16, DType::I8}) {
+  for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16, DType::I8, DType::FP8}) {
     for (int32_t window : {0, 8}) {
       CaseSpec spec;
       spec.block_size = kv_dtype == DType::BF16 ? 16 : 4;
@@ -577,11 +593,11 @@ TEST(CpuAttention, EveryCompiledTargetMatchesReference) {
     std::cout << "[ target   ] " << hwy::TargetName(target) << " -> kernel " << cpu::kernel_target()
               << "\n";
     EXPECT_STREQ(cpu::kernel_target(), hwy::TargetName(target));
-    for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16, DType::I8}) {
+    for (const DType kv_dtype : {DType::F32, DType::BF16, DType::F16, DType::I8, DType::FP8}) {
       CaseSpec spec;
       spec.block_size = 8;
       // 72: tails past the last vector
-      spec.head_dim = kv_dtype == DType::F16 || kv_dtype == DType::I8 ? 72 : 128;
+      spec.head_dim = kv_dtype == DType::F16 || is_kv8(kv_dtype) ? 72 : 128;
       spec.group = kv_dtype == DType::BF16 ? 3 : 4;
       spec.kv_dtype = kv_dtype;
       spec.params.scale = 0.3f;

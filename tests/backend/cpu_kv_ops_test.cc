@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <random>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu_attention.h"
+#include "support/kv8_check.h"
 #include "support/tensor_check.h"
 
 namespace kvp {
@@ -59,6 +61,63 @@ TEST(CpuWriteKv, RowsLandInTheirSlotsAndNothingElseChanges) {
       }
       EXPECT_TRUE(slab == expected) << dtype_name(dtype) << " block " << block_size;
       EXPECT_FALSE(slab == before);
+    }
+  }
+}
+
+// 8-bit pools take f32 rows: each (token, head) row lands in its slot as codes whose values times
+// the row's f16 scale (after the head's rows) are within half a grid step of the input, the
+// scale covering max|x| without clipping; every other byte of the slab stays as it was.
+TEST(CpuWriteKv, Kv8RowsAreQuantisedIntoTheirSlotsWithTheirScales) {
+  std::mt19937_64 rng(37);
+  std::uniform_real_distribution<float> value(-3.0f, 3.0f);
+  for (DType dtype : {DType::I8, DType::FP8}) {
+    const KvLayout layout{2, 7, 2, 16, 64, dtype};
+    std::vector<std::byte> slab(layout.size_bytes());
+    for (std::byte& b : slab) b = std::byte{0x5a};
+    const int32_t layer = 1;
+    const PagedKv kv = paged_kv_for_layer(layout, slab.data(), layer);
+    const int32_t num_tokens = 4;
+    const size_t row_elems = size_t(layout.num_kv_heads) * layout.head_dim;
+    std::vector<float> k(num_tokens * row_elems), v(k.size());  // [tokens][heads][dim] f32
+    for (float& x : k) x = value(rng);
+    for (float& x : v) x = value(rng) * 0.01f;
+    std::vector<int64_t> slots = {5, -1, 16 * 6 + 15, 17};
+    ASSERT_TRUE(cpu::write_kv({k.data(), v.data(), slots.data(), num_tokens}, kv).is_ok());
+
+    std::vector<bool> touched(slab.size(), false);
+    for (int32_t i = 0; i < num_tokens; ++i) {
+      if (slots[size_t(i)] < 0) continue;
+      const int32_t block = int32_t(slots[size_t(i)] / 16);
+      const int32_t token = int32_t(slots[size_t(i)] % 16);
+      for (int32_t h = 0; h < layout.num_kv_heads; ++h) {
+        for (int32_t which = 0; which < 2; ++which) {
+          const float* x = (which == 0 ? k : v).data() + (size_t(i) * 2 + h) * layout.head_dim;
+          const size_t row = size_t(layout.elem_offset(layer, block, which, h, token));
+          const size_t scale_at = size_t(layout.scale_offset(layer, block, which, h, token));
+          uint16_t bits = 0;
+          std::memcpy(&bits, slab.data() + scale_at, 2);
+          const double s = f16_to_f32(F16{bits});
+          touched[scale_at] = touched[scale_at + 1] = true;
+          double max_abs = 0;
+          for (int32_t d = 0; d < layout.head_dim; ++d)
+            max_abs = std::max(max_abs, double(std::fabs(x[d])));
+          EXPECT_GE(s * testing::kv8_max_code(dtype), max_abs);
+          EXPECT_LE(s, max_abs / testing::kv8_max_code(dtype) * (1 + 1.0 / 1024));
+          for (int32_t d = 0; d < layout.head_dim; ++d) {
+            touched[row + d] = true;
+            const double got = testing::kv8_code_value(dtype, uint8_t(slab[row + d])) * s;
+            ASSERT_LE(std::fabs(got - x[d]), testing::kv8_half_step(dtype, x[d] / s) * s * 1.0001)
+                << dtype_name(dtype) << " token " << i << " head " << h << " kv " << which
+                << " dim " << d;
+          }
+        }
+      }
+    }
+    for (size_t b = 0; b < slab.size(); ++b) {
+      if (!touched[b]) {
+        ASSERT_EQ(slab[b], std::byte{0x5a}) << dtype_name(dtype) << " byte " << b;
+      }
     }
   }
 }

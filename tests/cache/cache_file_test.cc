@@ -1,9 +1,10 @@
 // Cache files: the bytes on disk against docs/cache-files.md (checksum computed here with xxhash
 // itself), round trips that re-block between pools of block size 16, 256 and 1 with a windowed
 // group, and every refusal (truncated, flipped byte, wrong magic, future version, other model,
-// trailing bytes, tables too short) leaving the pool byte-for-byte as it was. KV dtypes: an int8
-// file round trips exactly; loading converts between dtypes within each direction's rounding
-// (bf16 <-> int8 within the quantisation step, f32 -> bf16 -> f32 within bf16 rounding); a
+// trailing bytes, tables too short) leaving the pool byte-for-byte as it was. KV dtypes: an 8-bit
+// (int8, fp8) file round trips exactly; loading converts between dtypes within each direction's
+// rounding (bf16 <-> int8 / fp8 and int8 <-> fp8 within the quantisation step, f32 -> bf16 -> f32
+// within bf16 rounding); a
 // corrupted scale is refused by the checksum, with or without a conversion.
 #include "cache/cache_file.h"
 
@@ -23,6 +24,7 @@
 #include <random>
 
 #include "cache/kv_quant.h"
+#include "support/kv8_check.h"
 #include "support/temp_dir.h"
 
 namespace kvp {
@@ -447,7 +449,7 @@ TEST_F(CacheFileRefusal, MissingFileAndShortTables) {
   EXPECT_EQ(pool.snapshot(), before);
 }
 
-// ---- KV dtypes: int8 files, conversion on load ----
+// ---- KV dtypes: 8-bit (int8, fp8) files, conversion on load ----
 
 // Dense K and V per layer as f32 values (the truth of the conversion tests): random in [-2, 2],
 // each head vector scaled by its own magnitude in [0.1, 8] (scales stay normal f16 numbers).
@@ -471,7 +473,7 @@ struct Values {
 };
 
 // A Sequence of the spec's dtype holding `values`, each head vector stored from f32 (bf16/f16
-// rounded, int8 quantised).
+// rounded, 8-bit quantised).
 Sequence sequence_of(const CacheSpec& spec, int64_t n, const Values& values) {
   Sequence seq(spec, n, 5);
   const int32_t head_dim = spec.head_dim();
@@ -489,11 +491,11 @@ Sequence sequence_of(const CacheSpec& spec, int64_t n, const Values& values) {
   return seq;
 }
 
-// The pool's sequence, read back: per layer K then V head vectors as stored (int8: the raw value
-// and the scale, read here byte by byte rather than through kv_quant.h).
+// The pool's sequence, read back: per layer K then V head vectors as stored (8-bit: the codes'
+// values and the scale, read here byte by byte rather than through kv_quant.h).
 struct StoredVector {
-  std::vector<float> values;  // int8: the integers
-  float scale = 1.0f;         // int8 only
+  std::vector<float> values;  // 8-bit: the codes' values, before the scale
+  float scale = 1.0f;         // 8-bit only
 };
 std::vector<std::vector<StoredVector>> read_back(const Pool& pool, int64_t n) {
   const CacheSpec& spec = pool.storage.spec();
@@ -511,13 +513,14 @@ std::vector<std::vector<StoredVector>> read_back(const Pool& pool, int64_t n) {
       for (size_t at = 0; at < dense.size(); at += vector_bytes) {
         StoredVector sv;
         for (int32_t d = 0; d < head_dim; ++d) {
-          if (spec.dtype() == DType::I8) {
-            sv.values.push_back(static_cast<float>(static_cast<int8_t>(dense[at + d])));
+          if (is_kv8(spec.dtype())) {
+            sv.values.push_back(static_cast<float>(
+                testing::kv8_code_value(spec.dtype(), static_cast<uint8_t>(dense[at + d]))));
           } else {
             sv.values.push_back(load_as_f32(dense.data() + at, spec.dtype(), size_t(d)));
           }
         }
-        if (spec.dtype() == DType::I8) {
+        if (is_kv8(spec.dtype())) {
           const uint16_t bits = static_cast<uint16_t>(uint16_t(dense[at + head_dim]) |
                                                       uint16_t(dense[at + head_dim + 1]) << 8);
           sv.scale = f16_to_f32(F16{bits});
@@ -544,29 +547,36 @@ Pool convert(const TempDir& dir, const Sequence& seq, DType from, DType to, int6
   return dst;
 }
 
-TEST(CacheFileDtypes, Int8FileRoundTripsExactlyWithItsScales) {
+// Each test runs for int8 and fp8.
+class CacheFileKv8 : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CacheFileKv8, FileRoundTripsExactlyWithItsScales) {
+  const DType kv8 = GetParam();
   TempDir dir;
   const int64_t n = 300;
-  const Sequence seq(test_spec(16, DType::I8), n, 21);  // random bytes: scales included
-  Pool p16 = Pool::make(test_spec(16, DType::I8), n);
+  const Sequence seq(test_spec(16, kv8), n, 21);  // random bytes: scales included
+  Pool p16 = Pool::make(test_spec(16, kv8), n);
   p16.put(seq);
-  const fs::path path = dir.path() / "int8.kvc";
+  const fs::path path = dir.path() / "kv8.kvc";
   ASSERT_TRUE(write_cache_file(path, kModel, p16.storage, seq.token_ids, p16.tables).is_ok());
   const std::vector<std::byte> b = read_bytes(path);
-  EXPECT_EQ(load_le<uint32_t>(b, 44), 3u);  // int8
+  EXPECT_EQ(load_le<uint32_t>(b, 44), kv8 == DType::I8 ? 3u : 4u);  // the dtype's code
   // per layer K and V of the kept tokens, a head vector of 8 values and a 2-byte scale
   EXPECT_EQ(b.size(), 88 + 4 * 300 + (300 + 40 + 300 + 40) * 2 * 2 * (8 + 2) + 8);
-  Pool p256 = Pool::make(test_spec(256, DType::I8), n);
+  Pool p256 = Pool::make(test_spec(256, kv8), n);
   ASSERT_TRUE(load_cache_file(path, kModel, p256.storage, p256.tables).is_ok());
   p256.expect_holds(seq);
-  Pool p1 = Pool::make(test_spec(1, DType::I8), n);
+  Pool p1 = Pool::make(test_spec(1, kv8), n);
   ASSERT_TRUE(load_cache_file(path, kModel, p1.storage, p1.tables).is_ok());
   p1.expect_holds(seq);
 }
 
-// bf16 -> int8: each vector's scale is its largest |x| / 127 (rounded up to f16), and every value
-// is within half a step of the bf16 value. int8 -> bf16: q * scale within bf16 rounding.
-TEST(CacheFileDtypes, Bf16AndInt8ConvertWithinTheQuantisationStep) {
+// bf16 -> 8-bit: each vector's scale is its largest |x| / kv8_max_value (rounded up to f16), and
+// every value is within half a grid step of the bf16 value. 8-bit -> bf16: value * scale within
+// bf16 rounding.
+TEST_P(CacheFileKv8, Bf16ConvertsBothWaysWithinTheQuantisationStep) {
+  const DType kv8 = GetParam();
+  const auto max_code = static_cast<float>(testing::kv8_max_code(kv8));
   TempDir dir;
   const int64_t n = 45;
   const Values values(test_spec(16), n, 31);
@@ -579,43 +589,71 @@ TEST(CacheFileDtypes, Bf16AndInt8ConvertWithinTheQuantisationStep) {
       }(),
       n);
 
-  const Pool as_int8 = convert(dir, bf16_seq, DType::BF16, DType::I8, n);
-  const auto int8 = read_back(as_int8, n);
-  ASSERT_EQ(int8.size(), bf16.size());
+  const Pool as_kv8 = convert(dir, bf16_seq, DType::BF16, kv8, n);
+  const auto quantised = read_back(as_kv8, n);
+  ASSERT_EQ(quantised.size(), bf16.size());
   double worst_steps = 0;
-  for (size_t i = 0; i < int8.size(); ++i) {
-    ASSERT_EQ(int8[i].size(), bf16[i].size());
-    for (size_t j = 0; j < int8[i].size(); ++j) {
-      const StoredVector& q = int8[i][j];
+  for (size_t i = 0; i < quantised.size(); ++i) {
+    ASSERT_EQ(quantised[i].size(), bf16[i].size());
+    for (size_t j = 0; j < quantised[i].size(); ++j) {
+      const StoredVector& q = quantised[i][j];
       float max_abs = 0;
       for (float x : bf16[i][j].values) max_abs = std::max(max_abs, std::fabs(x));
-      EXPECT_GE(q.scale * 127.0f, max_abs) << "vector " << j << " clips";
-      EXPECT_LE(q.scale, max_abs / 127.0f * (1.0f + 1.0f / 512)) << "vector " << j;
+      EXPECT_GE(q.scale * max_code, max_abs) << "vector " << j << " clips";
+      EXPECT_LE(q.scale, max_abs / max_code * (1.0f + 1.0f / 512)) << "vector " << j;
       for (size_t d = 0; d < q.values.size(); ++d) {
-        const double error = std::fabs(double(q.values[d]) * q.scale - bf16[i][j].values[d]);
-        worst_steps = std::max(worst_steps, error / q.scale);
-        ASSERT_LE(error, q.scale / 2 * (1 + 1e-5)) << "stream " << i << " vector " << j;
+        const double x = bf16[i][j].values[d];
+        const double step = testing::kv8_half_step(kv8, x / q.scale) * q.scale;
+        const double error = std::fabs(double(q.values[d]) * q.scale - x);
+        worst_steps = std::max(worst_steps, error / step);
+        ASSERT_LE(error, step * (1 + 1e-5)) << "stream " << i << " vector " << j;
       }
     }
   }
-  std::cout << "[ int8     ] largest error " << worst_steps << " quantisation steps\n";
+  std::cout << "[ " << dtype_name(kv8) << "     ] largest error " << worst_steps << " half steps\n";
 
-  // int8 -> bf16: the written int8 sequence, loaded into bf16
-  const Sequence int8_seq = sequence_of(test_spec(16, DType::I8), n, values);
-  const auto int8_src = read_back(
+  // 8-bit -> bf16: the written 8-bit sequence, loaded into bf16
+  const Sequence kv8_seq = sequence_of(test_spec(16, kv8), n, values);
+  const auto kv8_src = read_back(
       [&] {
-        Pool p = Pool::make(test_spec(16, DType::I8), n);
-        p.put(int8_seq);
+        Pool p = Pool::make(test_spec(16, kv8), n);
+        p.put(kv8_seq);
         return p;
       }(),
       n);
-  const auto back = read_back(convert(dir, int8_seq, DType::I8, DType::BF16, n), n);
+  const auto back = read_back(convert(dir, kv8_seq, kv8, DType::BF16, n), n);
   for (size_t i = 0; i < back.size(); ++i) {
     for (size_t j = 0; j < back[i].size(); ++j) {
       for (size_t d = 0; d < back[i][j].values.size(); ++d) {
-        const double exact = double(int8_src[i][j].values[d]) * int8_src[i][j].scale;
+        const double exact = double(kv8_src[i][j].values[d]) * kv8_src[i][j].scale;
         ASSERT_LE(std::fabs(back[i][j].values[d] - exact), std::fabs(exact) / 256)
             << "stream " << i << " vector " << j;
+      }
+    }
+  }
+}
+
+// int8 <-> fp8 on load: through f32, each within the target format's step of the source values.
+TEST(CacheFileDtypes, Int8AndFp8ConvertIntoEachOther) {
+  TempDir dir;
+  const int64_t n = 45;
+  const Values values(test_spec(16), n, 37);
+  for (const auto& [from, to] : {std::pair{DType::I8, DType::FP8}, {DType::FP8, DType::I8}}) {
+    SCOPED_TRACE(fmt::format("{} -> {}", dtype_name(from), dtype_name(to)));
+    const Sequence seq = sequence_of(test_spec(16, from), n, values);
+    Pool src_pool = Pool::make(test_spec(16, from), n);
+    src_pool.put(seq);
+    const auto src = read_back(src_pool, n);
+    const auto got = read_back(convert(dir, seq, from, to, n), n);
+    ASSERT_EQ(got.size(), src.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      for (size_t j = 0; j < got[i].size(); ++j) {
+        for (size_t d = 0; d < got[i][j].values.size(); ++d) {
+          const double x = double(src[i][j].values[d]) * src[i][j].scale;
+          const double step = testing::kv8_half_step(to, x / got[i][j].scale) * got[i][j].scale;
+          ASSERT_LE(std::fabs(double(got[i][j].values[d]) * got[i][j].scale - x), step * 1.0001)
+              << "stream " << i << " vector " << j << " element " << d;
+        }
       }
     }
   }
@@ -656,12 +694,13 @@ TEST(CacheFileDtypes, F32ToBf16AndBackWithinBf16Rounding) {
   }
 }
 
-TEST(CacheFileDtypes, CorruptedScaleIsRefusedWithThePoolUntouched) {
+TEST_P(CacheFileKv8, CorruptedScaleIsRefusedWithThePoolUntouched) {
+  const DType kv8 = GetParam();
   TempDir dir;
   const int64_t n = 45;
   const Values values(test_spec(16), n, 51);
-  const Sequence seq = sequence_of(test_spec(16, DType::I8), n, values);
-  Pool src = Pool::make(test_spec(16, DType::I8), n);
+  const Sequence seq = sequence_of(test_spec(16, kv8), n, values);
+  Pool src = Pool::make(test_spec(16, kv8), n);
   src.put(seq);
   const fs::path good = dir.path() / "good.kvc";
   ASSERT_TRUE(write_cache_file(good, kModel, src.storage, seq.token_ids, src.tables).is_ok());
@@ -673,7 +712,7 @@ TEST(CacheFileDtypes, CorruptedScaleIsRefusedWithThePoolUntouched) {
     bad[at] ^= std::byte{0x04};
     const fs::path path = dir.path() / "bad.kvc";
     write_bytes(path, bad);
-    for (DType running : {DType::I8, DType::BF16}) {  // with and without a conversion
+    for (DType running : {kv8, DType::BF16}) {  // with and without a conversion
       Pool pool = Pool::make(test_spec(4, running), n);
       const auto before = pool.snapshot();
       const Status s = load_cache_file(path, kModel, pool.storage, pool.tables);
@@ -683,6 +722,9 @@ TEST(CacheFileDtypes, CorruptedScaleIsRefusedWithThePoolUntouched) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Kv8, CacheFileKv8, ::testing::Values(DType::I8, DType::FP8),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 }  // namespace
 }  // namespace kvp

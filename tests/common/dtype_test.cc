@@ -65,15 +65,26 @@ TEST(DType, ParsesNames) {
   EXPECT_EQ(parse_dtype("f16"), DType::F16);
   EXPECT_EQ(parse_dtype("float32"), DType::F32);
   EXPECT_FALSE(parse_dtype("int8").has_value());
+  EXPECT_FALSE(parse_dtype("fp8").has_value());
 }
 
-TEST(DType, KvCacheNamesAddInt8) {
+TEST(DType, KvCacheNamesAddInt8AndFp8) {
   EXPECT_EQ(parse_kv_cache_dtype("int8"), DType::I8);
   EXPECT_EQ(parse_kv_cache_dtype("i8"), DType::I8);
   EXPECT_EQ(parse_kv_cache_dtype("bf16"), DType::BF16);
-  EXPECT_FALSE(parse_kv_cache_dtype("fp8").has_value());
+  EXPECT_EQ(parse_kv_cache_dtype("fp8"), DType::FP8);
+  EXPECT_EQ(parse_kv_cache_dtype("fp8_e4m3"), DType::FP8);
+  EXPECT_EQ(parse_kv_cache_dtype("float8_e4m3fn"), DType::FP8);
+  EXPECT_FALSE(parse_kv_cache_dtype("fp8_e5m2").has_value());
   EXPECT_EQ(dtype_name(DType::I8), "int8");
+  EXPECT_EQ(dtype_name(DType::FP8), "fp8");
   EXPECT_EQ(dtype_size_bytes(DType::I8), 1u);
+  EXPECT_EQ(dtype_size_bytes(DType::FP8), 1u);
+  EXPECT_TRUE(is_kv8(DType::I8) && is_kv8(DType::FP8));
+  EXPECT_FALSE(is_kv8(DType::BF16) || is_kv8(DType::F16) || is_kv8(DType::F32));
+  // stored in cache files and fingerprints: the values never change
+  EXPECT_EQ(static_cast<int>(DType::I8), 3);
+  EXPECT_EQ(static_cast<int>(DType::FP8), 4);
 }
 
 }  // namespace

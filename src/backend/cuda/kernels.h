@@ -62,7 +62,7 @@ cudaError_t launch_kv_write(const void* k_new, const void* v_new, const int64_t*
                             int64_t num_slots, cudaStream_t stream);
 // Quantising KV write into an int8 pool: rows of k_new/v_new ([num_tokens][num_kv_heads]
 // [head_dim] of bf16 if src_bf16, else f16) become int8 values and an f16 scale per row, exactly
-// as quantize_kv_int8 (cache/kv_quant.h) computes them from the same values widened to f32.
+// as quantize_kv8 for int8 (cache/kv_quant.h) computes them from the same values widened to f32.
 // block_pitch_bytes: from one block's K to the next; head runs are block_size * (head_dim + 2)
 // bytes. requires: head_dim % 32 == 0, head_dim <= 256.
 cudaError_t launch_kv_write_int8(const void* k_new, const void* v_new, bool src_bf16,

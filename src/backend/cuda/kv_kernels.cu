@@ -37,7 +37,7 @@ __global__ void kv_write_kernel(const uint4* __restrict__ k_new,  // [num_tokens
   }
 }
 
-// The f16 scale of a row whose largest magnitude is max_abs, bit for bit kv_int8_scale
+// The f16 scale of a row whose largest magnitude is max_abs, bit for bit kv8_scale for int8
 // (cache/kv_quant.h): max_abs / 127 (IEEE division) rounded to nearest f16, then one f16 step up
 // if that fell below.
 __device__ __forceinline__ uint16_t int8_scale_bits(float max_abs) {

@@ -19,8 +19,9 @@ Status check_layout(const KvLayout& layout) {
         layout.num_layers, layout.num_blocks, layout.num_kv_heads, layout.block_size,
         layout.head_dim);
   }
-  if (layout.dtype == DType::F32) {
-    return Status::unsupported("cuda kv pool: dtype f32 (bf16 and f16 are supported)");
+  if (layout.dtype == DType::F32 || layout.dtype == DType::FP8) {
+    return Status::unsupported("cuda kv pool: dtype {} (bf16, f16 and int8 are supported)",
+                               dtype_name(layout.dtype));
   }
   if (layout.head_dim % 8 != 0) {
     return Status::unsupported("cuda kv pool: head dim {} is not a multiple of 8", layout.head_dim);
@@ -171,6 +172,9 @@ Status DeviceKvPool::copy_blocks_from_host(const PinnedBuffer& host,
 
 Status launch_kv_write(const PagedKv& kv, const KvWrite& write, DType row_dtype,
                        cudaStream_t stream) {
+  if (kv.dtype == DType::FP8) {
+    return Status::unsupported("cuda kv write: fp8 KV is not supported on cuda (int8 is)");
+  }
   if (kv.dtype == DType::I8) {
     return cuda_status(
         detail::launch_kv_write_int8(write.k, write.v, row_dtype == DType::BF16, write.slot_mapping,
@@ -199,7 +203,7 @@ Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slo
 
 Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
                 DType row_dtype, cudaStream_t stream) {
-  if (kv.dtype == DType::F32 || kv.head_dim % 8 != 0) {
+  if (kv.dtype == DType::F32 || kv.dtype == DType::FP8 || kv.head_dim % 8 != 0) {
     return Status::unsupported("cuda kv write: dtype {} with head dim {}", dtype_name(kv.dtype),
                                kv.head_dim);
   }

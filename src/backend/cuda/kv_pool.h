@@ -71,7 +71,7 @@ class DeviceKvPool {
 // Writes new tokens' K and V (device pointers in `write`, rows of row_dtype:
 // [num_tokens][num_kv_heads][head_dim]) into their slots of one layer. row_dtype is kv.dtype for
 // a bf16/f16 pool; an int8 pool takes bf16 or f16 rows and quantises each (token, head) row as
-// quantize_kv_int8 does (cache/kv_quant.h), values and f16 scale, bit for bit.
+// quantize_kv8 does for int8 (cache/kv_quant.h), values and f16 scale, bit for bit.
 // host_slot_mapping is a host copy of write.slot_mapping ([write.num_tokens]); it is validated
 // with check_kv_write_args before the launch. Negative slots are skipped. Mutates kv.
 Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,

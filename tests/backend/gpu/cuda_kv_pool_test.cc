@@ -94,7 +94,7 @@ TEST_F(CudaKvPool, KvWritePlacesRowsInTheirSlotsAndSkipsNegativeSlots) {
   }
 }
 
-// The quantising write's bytes (int8 values and f16 scales) equal quantize_kv_int8 on the host
+// The quantising write's bytes (int8 values and f16 scales) equal quantize_kv8 (int8) on the host
 // for the same rows widened to f32, bit for bit: random rows of random magnitude, an all-zero
 // row, rows holding a NaN, an infinity, values near the f16 and bf16 limits and tiny ones (f16
 // subnormal scales), bf16 and f16 rows, two head dims and block sizes.
@@ -150,10 +150,10 @@ TEST_F(CudaKvPool, Int8KvWriteMatchesHostQuantisationBitForBit) {
             x[d] = load_as_f32(src.data(), row_dtype, (t * row_elems) + h * head_dim + d);
           }
           F16 scale;
-          quantize_kv_int8(x.data(), head_dim,
-                           reinterpret_cast<int8_t*>(
-                               expected.data() + layout.elem_offset(layer, block, kv, h, in_block)),
-                           &scale);
+          quantize_kv8(DType::I8, x.data(), head_dim,
+                       reinterpret_cast<uint8_t*>(
+                           expected.data() + layout.elem_offset(layer, block, kv, h, in_block)),
+                       &scale);
           std::memcpy(expected.data() + layout.scale_offset(layer, block, kv, h, in_block), &scale,
                       sizeof scale);
         }
