@@ -7,6 +7,8 @@
 //                                                 # alone (all_reduce_rows)
 //   model_cuda_bench OUT.csv --tensor-parallel N --70b   # the 70B shape, split only
 //   model_cuda_bench OUT.csv --moe             # the mixture-of-experts shapes only
+//   model_cuda_bench OUT.csv --gemm            # the decode products at 1…8 rows, cuBLAS against
+//                                               # skinny_gemm.h (skinny_rows), nothing else
 //   model_cuda_bench OUT.csv --profile-decode   # one eager 8B decode step (batch 1, context
 //                                               # 512) between cudaProfilerStart/Stop, for ncu
 //
@@ -51,6 +53,7 @@
 #include "model/cuda/cuda_forward_backend.h"
 #include "model/cuda/nccl_library.h"
 #include "model/cuda/peer_all_reduce.h"
+#include "model/cuda/skinny_gemm.h"
 #include "model/random_model.h"
 #include "model/tensor_parallel.h"
 
@@ -418,6 +421,107 @@ class ModelBench {
   double weight_bytes_ = 0;
 };
 
+// The decode step's products at 1…8 rows (the 8B shape's qkv, o, gate_up, down and lm-head),
+// cuBLAS against each skinny_gemm.h variant and its default (launched as programmatic
+// dependents, so one call's start overlaps the last's end, and not): 32 calls in a CUDA graph
+// cycling over enough copies of the weights (>= 256 MB) that L2 (50 MB) holds none of them between
+// uses, replayed 10 times; the median per call, and the ratio to weight bytes / copy bandwidth.
+void skinny_rows(double bandwidth) {
+  struct Product {
+    const char* name;
+    int64_t in, out;
+    bool y_f32;
+  };
+  const Product products[] = {{"qkv", 4096, 6144, true},
+                              {"o", 4096, 4096, true},
+                              {"gate_up", 4096, 28672, false},
+                              {"down", 14336, 4096, true},
+                              {"lm_head", 4096, 128256, true}};
+  cudaStream_t stream;
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  cublasHandle_t h;
+  cublasCreate(&h);
+  cublasSetStream(h, stream);
+  DeviceBuffer workspace = value_or_die(DeviceBuffer::allocate(32 << 20), "workspace");
+  cublasSetWorkspace(h, workspace.data(), 32 << 20);
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  for (const Product& p : products) {
+    const int64_t bytes = p.in * p.out * 2;
+    const int64_t copies = std::max<int64_t>(2, ((int64_t{256} << 20) + bytes - 1) / bytes);
+    std::vector<DeviceBuffer> weights;
+    for (int64_t c = 0; c < copies; ++c) {
+      weights.push_back(value_or_die(DeviceBuffer::allocate(bytes), "weights"));
+      check_cuda(detail::launch_fill_uniform(weights.back().data(), true, p.in * p.out, 3 + c,
+                                             -0.02f, 0.02f, stream),
+                 "fill");
+    }
+    DeviceBuffer x = value_or_die(DeviceBuffer::allocate(8 * p.in * 2), "x");
+    DeviceBuffer y = value_or_die(DeviceBuffer::allocate(8 * p.out * 4), "y");
+    check_cuda(detail::launch_fill_uniform(x.data(), true, 8 * p.in, 1, -1, 1, stream), "fill");
+    for (int64_t rows : {1, 2, 4, 8}) {
+      // variant -2: cuBLAS; -1: the default choice; 0…: each variant
+      const auto time = [&](int variant, bool dependent = true) {
+        const auto call = [&](int64_t i) {
+          const void* w = weights[size_t(i % copies)].data();
+          if (variant == -2) {
+            const float alpha = 1, beta = 0;
+            const cublasStatus_t st =
+                cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.out),
+                             static_cast<int>(rows), static_cast<int>(p.in), &alpha, w, CUDA_R_16BF,
+                             static_cast<int>(p.in), x.data(), CUDA_R_16BF, static_cast<int>(p.in),
+                             &beta, y.data(), p.y_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                             static_cast<int>(p.out), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+            if (st != CUBLAS_STATUS_SUCCESS) std::exit(1);
+          } else {
+            detail::SkinnyLaunch how;
+            how.variant = variant;
+            how.dependent = dependent;
+            check_cuda(detail::launch_skinny_gemm(x.data(), w, y.data(), p.y_f32, rows, p.in, p.out,
+                                                  stream, how),
+                       "skinny gemm");
+          }
+        };
+        for (int64_t i = 0; i < copies; ++i) call(i);  // eager warm-up (cuBLAS picks here)
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "capture");
+        for (int64_t i = 0; i < 32; ++i) call(i);
+        check_cuda(cudaStreamEndCapture(stream, &g), "end capture");
+        check_cuda(cudaGraphInstantiate(&exec, g, 0), "instantiate");
+        cudaGraphDestroy(g);
+        check_cuda(cudaGraphLaunch(exec, stream), "launch");
+        std::vector<double> us;
+        for (int rep = 0; rep < 10; ++rep) {
+          cudaEventRecord(start, stream);
+          check_cuda(cudaGraphLaunch(exec, stream), "launch");
+          cudaEventRecord(stop, stream);
+          check_cuda(cudaEventSynchronize(stop), "sync");
+          float ms = 0;
+          cudaEventElapsedTime(&ms, start, stop);
+          us.push_back(ms * 1e3 / 32);
+        }
+        cudaGraphExecDestroy(exec);
+        return median(us);
+      };
+      const double floor_us = double(bytes) / bandwidth * 1e6;
+      std::printf("gemm %-7s %5lld x %6lld rows %lld: floor %7.2f us  cublas %7.2f", p.name,
+                  static_cast<long long>(p.in), static_cast<long long>(p.out),
+                  static_cast<long long>(rows), floor_us, time(-2));
+      for (int v = 0; v < detail::kSkinnyVariants; ++v) std::printf("  v%d %7.2f", v, time(v));
+      const double chosen = time(-1);
+      std::printf("  default %7.2f us (%.2f of floor), not dependent %7.2f\n", chosen,
+                  chosen / floor_us, time(-1, false));
+      std::fflush(stdout);
+    }
+  }
+  cublasDestroy(h);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+}
+
 // One all-reduce's time over GPUs 0..n-1, NCCL and PeerAllReduce: 64 calls of `count` floats
 // captured in a CUDA graph per GPU (a decode step's 2 x 32 layers), replayed 20 times after 3
 // warm-ups; the median of 5 such timings, per call.
@@ -506,14 +610,15 @@ void all_reduce_rows(int32_t n) {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(
-        stderr,
-        "usage: model_cuda_bench OUT.csv [--quick | --moe | --tensor-parallel N [--70b]]\n");
+    std::fprintf(stderr,
+                 "usage: model_cuda_bench OUT.csv [--quick | --moe | --gemm | --tensor-parallel N "
+                 "[--70b]]\n");
     return 2;
   }
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
   const bool profile = argc > 2 && std::string(argv[2]) == "--profile-decode";
   const bool moe = argc > 2 && std::string(argv[2]) == "--moe";
+  const bool gemm_only = argc > 2 && std::string(argv[2]) == "--gemm";
   const int32_t tensor_parallel =
       argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
   const bool shape_70b = tensor_parallel > 1 && argc > 4 && std::string(argv[4]) == "--70b";
@@ -544,6 +649,10 @@ int run(int argc, char** argv) {
         r.step_us, r.tok_per_s, r.kind == "decode" ? "floor  " : "ceiling", r.bound_us, r.ratio);
     std::fflush(stdout);
   };
+  if (gemm_only) {
+    skinny_rows(bandwidth);
+    return 0;
+  }
   if (tensor_parallel > 1) all_reduce_rows(tensor_parallel);
   if (shape_70b) {
     // the 70B shape split only (it does not fit one GPU), NCCL then peer all-reduces; a pool of

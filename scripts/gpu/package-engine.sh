@@ -8,7 +8,8 @@ build=${KVP_BUILD:-build/cuda}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/lib" "$tmp/gpu" "$tmp/tests/model/fixtures" "$dest"
-for b in apps/kvpool tests/kvp_model_gpu_tests bench/model_cuda_bench bench/sampler_bench; do
+for b in apps/kvpool tests/kvp_model_gpu_tests tests/kvp_backend_gpu_tests \
+         bench/model_cuda_bench bench/sampler_bench; do
   [ -x "$build/$b" ] || continue
   cp "$build/$b" "$tmp/"
   strip --strip-debug "$tmp/$(basename "$b")"
@@ -22,7 +23,7 @@ for b in apps/kvpool tests/kvp_model_gpu_tests bench/model_cuda_bench bench/samp
 done
 cp -r tests/model/fixtures/tiny "$tmp/tests/model/fixtures/"
 cp scripts/gpu/engine-bench.sh scripts/gpu/server-bench.sh scripts/gpu/tp-bench.sh scripts/gpu/tier-bench.sh scripts/gpu/cuda-env.sh \
-  scripts/gpu/kv8-bench.sh \
+  scripts/gpu/kv8-bench.sh scripts/gpu/skinny-bench.sh \
   scripts/make_filler_tokenizer.py bench/server/compare_llama_server.py "$tmp/gpu/"
 tar -cJf "$dest/kvp-engine.tar.xz" -C "$tmp" .
 du -sh "$dest/kvp-engine.tar.xz"

@@ -29,6 +29,7 @@
 #include <cmath>
 
 #include "backend/cuda/attention_device.cuh"
+#include "backend/cuda/dependent_launch.cuh"
 
 namespace kvp::cuda::detail {
 namespace {
@@ -74,6 +75,7 @@ template <typename T, int D, int G, bool kI8>
 // Register budget: 4 CTAs per SM up to 4 heads per CTA (<= 128 registers), 2 with 8.
 __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     decode_attention_kernel(const AttentionKernelArgs a) {
+  allow_dependents();            // the o product (model runner) may start loading its weights
   constexpr int kLanes = D / 8;  // lanes per K/V row, 8 dims (16 bytes, int8: 8 bytes) each
   constexpr int kLaneBytes = kI8 ? 8 : 16;
   constexpr int kElemBytes = kI8 ? 1 : 2;
@@ -412,6 +414,7 @@ constexpr int kMergeParts = 4;  // thread groups that share one row's splits
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kMergeParts* D) merge_splits_kernel(const AttentionKernelArgs a) {
+  allow_dependents();                      // as decode_attention_kernel
   __shared__ float s_m[kMaxDecodeSplits];  // split maxima
   __shared__ float s_l[kMaxDecodeSplits];  // split sums
   __shared__ float s_w[kMaxDecodeSplits];  // split weights exp2(m_i - m_all)

@@ -122,6 +122,10 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   padded_head_dim_ = padded_head_dim_for(spec.head_dim);
   const char* graphs = std::getenv("KVP_CUDA_GRAPHS");
   graphs_enabled_ = graphs == nullptr || std::string(graphs) != "0";
+  // "0": cuBLAS for every product; "plain": the skinny product launched without dependence
+  const char* skinny = std::getenv("KVP_SKINNY_GEMM");
+  skinny_gemm_ = skinny == nullptr || std::string(skinny) != "0";
+  skinny_launch_.dependent = skinny == nullptr || std::string(skinny) != "plain";
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   KVP_RETURN_IF_ERROR(cublas_status(cublasCreate(&cublas_), "cublasCreate"));
@@ -489,6 +493,10 @@ Status CudaModelRunner::reserve(int64_t num_tokens, int64_t num_rows, size_t met
 
 Status CudaModelRunner::gemm(const void* x, const void* w, void* y, bool y_f32, int64_t rows,
                              int64_t in, int64_t out, const char* what) {
+  if (skinny_gemm_ && detail::skinny_gemm_fits(x, w, rows, in, out)) {
+    return cuda_status(
+        detail::launch_skinny_gemm(x, w, y, y_f32, rows, in, out, stream_, skinny_launch_), what);
+  }
   // row-major y[rows][out] = x[rows][in] · w[out][in]ᵀ is column-major yᵀ = wᵀ(op T) · xᵀ
   const float alpha = 1.0f, beta = 0.0f;
   return cublas_status(

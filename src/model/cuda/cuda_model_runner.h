@@ -40,6 +40,7 @@
 #include "model/cuda/cuda_moe_layer.h"
 #include "model/cuda/nccl_library.h"
 #include "model/cuda/peer_all_reduce.h"
+#include "model/cuda/skinny_gemm.h"
 #include "model/forward_backend.h"
 #include "model/model_runner.h"
 #include "model/model_spec.h"
@@ -253,6 +254,8 @@ class CudaModelRunner {
   int32_t rank_ = 0;
   std::shared_ptr<const void> comm_keep_alive_;
   bool graphs_enabled_ = true;
+  bool skinny_gemm_ = true;  // products of <= 8 rows through skinny_gemm.h, not cuBLAS
+  detail::SkinnyLaunch skinny_launch_;
   std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)
 };
 

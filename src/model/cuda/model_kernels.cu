@@ -7,6 +7,7 @@
 
 #include <climits>
 
+#include "backend/cuda/dependent_launch.cuh"
 #include "model/cuda/model_kernels.h"
 #include "model/cuda/peer_ll.cuh"
 
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
     rms_norm_rows_kernel(const float* __restrict__ x, const int32_t* __restrict__ rows,
                          int32_t hidden, const float* __restrict__ w, float eps,
                          __nv_bfloat16* __restrict__ out) {
+  allow_dependents();  // the product that reads `out` may start loading its weights
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   const float* in = x + int64_t{rows != nullptr ? rows[r] : static_cast<int32_t>(r)} * hidden;
@@ -88,6 +90,7 @@ __global__ void __launch_bounds__(kRowMaxThreads)
                          const float* __restrict__ post_w, const float* __restrict__ next_w,
                          int32_t hidden, float eps, __nv_bfloat16* __restrict__ xn,
                          PeerAllReduceArgs reduce) {
+  allow_dependents();  // the product that reads `xn` may start loading its weights
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   float* xr = x + r * hidden;
@@ -315,6 +318,7 @@ __global__ void __launch_bounds__(kSummaryThreads)
 template <bool kGelu>
 __global__ void gated_activation_kernel(const __nv_bfloat16* gate_up, int64_t num_rows, int32_t dim,
                                         __nv_bfloat16* out) {
+  allow_dependents();  // the down product may start loading its weights
   const int64_t count = num_rows * dim;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -340,6 +344,7 @@ __global__ void soft_cap_kernel(float* x, int64_t count, float cap) {
 }
 
 __global__ void f16_to_bf16_kernel(const __half* in, int64_t count, __nv_bfloat16* out) {
+  allow_dependents();  // the o product may start loading its weights
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
     out[i] = __float2bfloat16_rn(__half2float(in[i]));
