@@ -42,11 +42,17 @@ if want gemm; then
     || status=1
 fi
 if want steps; then
+  # a model_cuda_bench_prev beside the package's binary (an earlier build, copied in by hand) is
+  # run as a fourth mode, "prev"
+  modes="0 plain 1"
+  [ -x ./model_cuda_bench_prev ] && modes="prev $modes"
   for run in 1 2; do
-    for skinny in 0 plain 1; do
+    for skinny in $modes; do
       echo "== model_cuda_bench, KVP_SKINNY_GEMM=$skinny (run $run)"
-      KVP_SKINNY_GEMM=$skinny timeout 300 ./model_cuda_bench "$out/steps-$skinny-$run.csv" \
-        > "$out/steps-$skinny-$run.log" 2>&1 || status=1
+      bin=./model_cuda_bench
+      [ "$skinny" = prev ] && bin=./model_cuda_bench_prev
+      KVP_SKINNY_GEMM=$([ "$skinny" = prev ] && echo 1 || echo "$skinny") timeout 300 $bin \
+        "$out/steps-$skinny-$run.csv" > "$out/steps-$skinny-$run.log" 2>&1 || status=1
       grep -E "graph|prefill|ceilings" "$out/steps-$skinny-$run.log"
     done
   done

@@ -6,11 +6,47 @@
 // which returns once the earlier grid has completed and its writes are visible. Both are no-ops
 // before sm_90 and for kernels launched normally, so a kernel may call them whatever launches it.
 // Used by the decode step's matrix products (model/cuda/skinny_gemm.cu), whose weight reads need
-// nothing from the kernel before them, and by the kernels that precede them (norms, attention,
-// activation), which let them start early.
+// nothing from the kernel before them, by the kernels that precede them (norms, attention,
+// activation), which let them start early, and by the kernels that follow them (qkv_post,
+// residual_norm, gated_activation, row_summary), which are launched while they finish.
 #pragma once
 
+#include <cuda_runtime.h>
+
+#include <utility>
+
 namespace kvp::cuda {
+
+// Whether the current device runs programmatic dependent launches (compute capability 9+).
+inline bool device_has_dependent_launch() {
+  int device = 0, major = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return major >= 9;
+}
+
+// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the kernel before
+// it where `dependent` and the device allows; the kernel must call wait_for_prerequisites()
+// before it reads what earlier kernels wrote or writes anything they read.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(bool dependent, void (*kernel)(Params...), dim3 grid, dim3 block,
+                             cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  if (dependent && device_has_dependent_launch()) {
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
 
 __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

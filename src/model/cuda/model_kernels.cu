@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kRowMaxThreads)
                          const float* __restrict__ post_w, const float* __restrict__ next_w,
                          int32_t hidden, float eps, __nv_bfloat16* __restrict__ xn,
                          PeerAllReduceArgs reduce) {
-  allow_dependents();  // the product that reads `xn` may start loading its weights
+  wait_for_prerequisites();  // launched as a dependent of the product that wrote proj
+  allow_dependents();        // the product that reads `xn` may start loading its weights
   __shared__ float scratch[32];
   const int64_t r = blockIdx.x;
   float* xr = x + r * hidden;
@@ -186,6 +187,7 @@ __device__ __half from_float<__half>(float v) {
 // head_dim < 64).
 template <typename T>
 __global__ void qkv_post_kernel(QkvPostArgs a) {
+  wait_for_prerequisites();  // launched as a dependent of the qkv product
   constexpr int kWarps = kRowThreads / 32;
   __shared__ float stage[kWarps][256];
   const int32_t t = blockIdx.x;
@@ -283,6 +285,7 @@ template <bool kVec4>
 __global__ void __launch_bounds__(kSummaryThreads)
     row_summary_kernel(const float* __restrict__ logits, int32_t vocab,
                        RowSummary* __restrict__ summaries) {
+  wait_for_prerequisites();  // launched as a dependent of the lm-head product
   __shared__ RowState partial[kSummaryThreads / 32];
   const float* row = logits + int64_t{blockIdx.x} * vocab;
   RowState st{-__int_as_float(0x7f800000), 0.0f, INT_MAX};
@@ -318,7 +321,8 @@ __global__ void __launch_bounds__(kSummaryThreads)
 template <bool kGelu>
 __global__ void gated_activation_kernel(const __nv_bfloat16* gate_up, int64_t num_rows, int32_t dim,
                                         __nv_bfloat16* out) {
-  allow_dependents();  // the down product may start loading its weights
+  wait_for_prerequisites();  // launched as a dependent of the gate_up product
+  allow_dependents();        // the down product may start loading its weights
   const int64_t count = num_rows * dim;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -400,21 +404,17 @@ cudaError_t launch_residual_norm(float* x, const float* proj, const float* post_
   auto* o = static_cast<__nv_bfloat16*>(xn);
   switch (vecs) {
     case 1:
-      residual_norm_kernel<1>
-          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o, ar);
-      break;
+      return launch_dependent(true, residual_norm_kernel<1>, dim3(num_rows), dim3(threads), stream,
+                              x, proj, post_w, next_w, hidden, eps, o, ar);
     case 2:
-      residual_norm_kernel<2>
-          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o, ar);
-      break;
+      return launch_dependent(true, residual_norm_kernel<2>, dim3(num_rows), dim3(threads), stream,
+                              x, proj, post_w, next_w, hidden, eps, o, ar);
     case 3:
-      residual_norm_kernel<3>
-          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o, ar);
-      break;
+      return launch_dependent(true, residual_norm_kernel<3>, dim3(num_rows), dim3(threads), stream,
+                              x, proj, post_w, next_w, hidden, eps, o, ar);
     default:
-      residual_norm_kernel<4>
-          <<<num_rows, threads, 0, stream>>>(x, proj, post_w, next_w, hidden, eps, o, ar);
-      break;
+      return launch_dependent(true, residual_norm_kernel<4>, dim3(num_rows), dim3(threads), stream,
+                              x, proj, post_w, next_w, hidden, eps, o, ar);
   }
   return cudaGetLastError();
 }
@@ -431,11 +431,10 @@ cudaError_t launch_qkv_post(const QkvPostArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.num_tokens),
                   static_cast<unsigned>((num_heads + kRowThreads / 32 - 1) / (kRowThreads / 32)));
   if (args.out_bf16) {
-    qkv_post_kernel<__nv_bfloat16><<<grid, kRowThreads, 0, stream>>>(args);
-  } else {
-    qkv_post_kernel<__half><<<grid, kRowThreads, 0, stream>>>(args);
+    return launch_dependent(true, qkv_post_kernel<__nv_bfloat16>, grid, dim3(kRowThreads), stream,
+                            args);
   }
-  return cudaGetLastError();
+  return launch_dependent(true, qkv_post_kernel<__half>, grid, dim3(kRowThreads), stream, args);
 }
 
 cudaError_t launch_gated_activation(const void* gate_up, int64_t num_rows, int32_t dim, bool gelu,
@@ -444,25 +443,18 @@ cudaError_t launch_gated_activation(const void* gate_up, int64_t num_rows, int32
   if (count == 0) return cudaGetLastError();
   const auto* in = static_cast<const __nv_bfloat16*>(gate_up);
   auto* o = static_cast<__nv_bfloat16*>(out);
-  if (gelu) {
-    gated_activation_kernel<true>
-        <<<grid_for(count), kRowThreads, 0, stream>>>(in, num_rows, dim, o);
-  } else {
-    gated_activation_kernel<false>
-        <<<grid_for(count), kRowThreads, 0, stream>>>(in, num_rows, dim, o);
-  }
-  return cudaGetLastError();
+  return launch_dependent(true,
+                          gelu ? gated_activation_kernel<true> : gated_activation_kernel<false>,
+                          dim3(grid_for(count)), dim3(kRowThreads), stream, in, num_rows, dim, o);
 }
 
 cudaError_t launch_row_summary(const float* logits, int32_t num_rows, int32_t vocab,
                                RowSummary* summaries, cudaStream_t stream) {
   if (num_rows == 0) return cudaGetLastError();
-  if (vocab % 4 == 0) {  // rows start 16-byte aligned
-    row_summary_kernel<true><<<num_rows, kSummaryThreads, 0, stream>>>(logits, vocab, summaries);
-  } else {
-    row_summary_kernel<false><<<num_rows, kSummaryThreads, 0, stream>>>(logits, vocab, summaries);
-  }
-  return cudaGetLastError();
+  // rows start 16-byte aligned when vocab % 4 == 0
+  return launch_dependent(true,
+                          vocab % 4 == 0 ? row_summary_kernel<true> : row_summary_kernel<false>,
+                          dim3(num_rows), dim3(kSummaryThreads), stream, logits, vocab, summaries);
 }
 
 cudaError_t launch_soft_cap(float* x, int64_t count, float cap, cudaStream_t stream) {

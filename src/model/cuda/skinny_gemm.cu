@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
   }
   wait_for_prerequisites();
+  allow_dependents();  // the kernel after this one may be scheduled; it waits for this one
   // rows past `out` load the last row again (in bounds) and are not stored
   const uint4* wp[R][2];
 #pragma unroll
@@ -128,38 +129,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// Whether the current device runs programmatic dependent launches (compute capability 9+).
-bool device_has_dependent_launch() {
-  int device = 0, major = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return major >= 9;
-}
-
 template <int R, int U>
 cudaError_t launch(const void* x, const void* w, void* y, bool y_f32, int32_t rows, int32_t in,
                    int32_t out, cudaStream_t stream, const SkinnyLaunch& how) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((int64_t{out} + 16 * R - 1) / (16 * R)));
-  config.blockDim = dim3(kWarps * 32);
-  config.stream = stream;
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  if (how.dependent && device_has_dependent_launch()) {
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-  }
+  const dim3 grid(static_cast<unsigned>((int64_t{out} + 16 * R - 1) / (16 * R)));
   const auto* xb = static_cast<const __nv_bfloat16*>(x);
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   const int32_t prefetch = std::max(how.prefetch_bytes, 0);
-  return y_f32 ? cudaLaunchKernelEx(&config, skinny_gemm_kernel<R, U, true>, xb, wb, y, rows, in,
-                                    out, prefetch)
-               : cudaLaunchKernelEx(&config, skinny_gemm_kernel<R, U, false>, xb, wb, y, rows, in,
-                                    out, prefetch);
+  return y_f32 ? launch_dependent(how.dependent, skinny_gemm_kernel<R, U, true>, grid,
+                                  dim3(kWarps * 32), stream, xb, wb, y, rows, in, out, prefetch)
+               : launch_dependent(how.dependent, skinny_gemm_kernel<R, U, false>, grid,
+                                  dim3(kWarps * 32), stream, xb, wb, y, rows, in, out, prefetch);
 }
 
 }  // namespace
