@@ -35,6 +35,17 @@ if want tests; then
       || { echo "$tool FAILED"; status=1; }
     grep -E "ERROR SUMMARY|FAILED|PASSED" "$out/skinny-$tool.log" | tail -3
   done
+  if [ -x ./kvp_backend_gpu_tests ]; then
+    # the decode attention, its merge and the KV writes (dependent launches too)
+    bfilter='*block16_d*_gqa4_q*:*block1_d64_gqa8_q*:PagedAttention.Mixed*:PagedAttention.Window*:CudaKvPool.*:*Int8*'
+    echo "== compute-sanitizer over backend tests ($bfilter)"
+    for tool in memcheck racecheck synccheck; do
+      timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 ./kvp_backend_gpu_tests \
+        --gtest_filter="$bfilter" --gtest_brief=1 > "$out/skinny-backend-$tool.log" 2>&1 \
+        || { echo "backend $tool FAILED"; status=1; }
+      grep -E "ERROR SUMMARY|FAILED|PASSED" "$out/skinny-backend-$tool.log" | tail -3
+    done
+  fi
 fi
 if want gemm; then
   echo "== model_cuda_bench --gemm"

@@ -75,7 +75,8 @@ template <typename T, int D, int G, bool kI8>
 // Register budget: 4 CTAs per SM up to 4 heads per CTA (<= 128 registers), 2 with 8.
 __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     decode_attention_kernel(const AttentionKernelArgs a) {
-  allow_dependents();            // the o product (model runner) may start loading its weights
+  wait_for_prerequisites();      // launched as a dependent of the KV write (or the prefill kernel)
+  allow_dependents();            // the merge may be scheduled
   constexpr int kLanes = D / 8;  // lanes per K/V row, 8 dims (16 bytes, int8: 8 bytes) each
   constexpr int kLaneBytes = kI8 ? 8 : 16;
   constexpr int kElemBytes = kI8 ? 1 : 2;
@@ -414,7 +415,8 @@ constexpr int kMergeParts = 4;  // thread groups that share one row's splits
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kMergeParts* D) merge_splits_kernel(const AttentionKernelArgs a) {
-  allow_dependents();                      // as decode_attention_kernel
+  wait_for_prerequisites();  // launched as a dependent of decode_attention_kernel
+  allow_dependents();        // the o product (model runner) may start loading its weights
   __shared__ float s_m[kMaxDecodeSplits];  // split maxima
   __shared__ float s_l[kMaxDecodeSplits];  // split sums
   __shared__ float s_w[kMaxDecodeSplits];  // split weights exp2(m_i - m_all)
@@ -492,10 +494,10 @@ int decode_occupancy_kv(bool kv_int8, int32_t heads_per_cta) {
 }
 
 template <typename T, int D, int G, bool kI8>
-void launch_decode_one(const AttentionKernelArgs& args, cudaStream_t stream) {
+cudaError_t launch_decode_one(const AttentionKernelArgs& args, cudaStream_t stream) {
   const dim3 grid(args.num_splits, args.num_kv_heads * args.head_chunks, args.num_seqs);
-  decode_attention_kernel<T, D, G, kI8>
-      <<<grid, kDecodeThreads, decode_smem_bytes<kI8>(), stream>>>(args);
+  return launch_dependent(true, decode_attention_kernel<T, D, G, kI8>, grid, dim3(kDecodeThreads),
+                          decode_smem_bytes<kI8>(), stream, args);
 }
 
 template <typename T, int D, bool kI8>
@@ -503,17 +505,13 @@ cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_p
                                 cudaStream_t stream) {
   switch (heads_per_cta) {
     case 1:
-      launch_decode_one<T, D, 1, kI8>(args, stream);
-      break;
+      return launch_decode_one<T, D, 1, kI8>(args, stream);
     case 2:
-      launch_decode_one<T, D, 2, kI8>(args, stream);
-      break;
+      return launch_decode_one<T, D, 2, kI8>(args, stream);
     case 4:
-      launch_decode_one<T, D, 4, kI8>(args, stream);
-      break;
+      return launch_decode_one<T, D, 4, kI8>(args, stream);
     case 8:
-      launch_decode_one<T, D, 8, kI8>(args, stream);
-      break;
+      return launch_decode_one<T, D, 8, kI8>(args, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -541,14 +539,14 @@ cudaError_t launch_merge_dim(const AttentionKernelArgs& args, int32_t head_dim,
   const dim3 grid(args.num_seqs, args.num_q_heads);
   switch (head_dim) {
     case 64:
-      merge_splits_kernel<T, 64><<<grid, kMergeParts * 64, 0, stream>>>(args);
-      break;
+      return launch_dependent(true, merge_splits_kernel<T, 64>, grid, dim3(kMergeParts * 64), 0,
+                              stream, args);
     case 128:
-      merge_splits_kernel<T, 128><<<grid, kMergeParts * 128, 0, stream>>>(args);
-      break;
+      return launch_dependent(true, merge_splits_kernel<T, 128>, grid, dim3(kMergeParts * 128), 0,
+                              stream, args);
     case 256:
-      merge_splits_kernel<T, 256><<<grid, kMergeParts * 256, 0, stream>>>(args);
-      break;
+      return launch_dependent(true, merge_splits_kernel<T, 256>, grid, dim3(kMergeParts * 256), 0,
+                              stream, args);
     default:
       return cudaErrorInvalidValue;
   }

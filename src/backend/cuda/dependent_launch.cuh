@@ -7,8 +7,9 @@
 // before sm_90 and for kernels launched normally, so a kernel may call them whatever launches it.
 // Used by the decode step's matrix products (model/cuda/skinny_gemm.cu), whose weight reads need
 // nothing from the kernel before them, by the kernels that precede them (norms, attention,
-// activation), which let them start early, and by the kernels that follow them (qkv_post,
-// residual_norm, gated_activation, row_summary), which are launched while they finish.
+// activation), which let them start early, and by every kernel of a layer after them (qkv_post,
+// the KV write, attention and its merge, residual_norm, gated_activation, row_summary): each
+// waits first thing, so only its launch overlaps the end of the kernel before it.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,15 +29,16 @@ inline bool device_has_dependent_launch() {
   return major >= 9;
 }
 
-// kernel<<<grid, block, 0, stream>>>(args...), as a programmatic dependent of the kernel before
-// it where `dependent` and the device allows; the kernel must call wait_for_prerequisites()
-// before it reads what earlier kernels wrote or writes anything they read.
+// kernel<<<grid, block, smem, stream>>>(args...), as a programmatic dependent of the kernel
+// before it where `dependent` and the device allows; the kernel must call
+// wait_for_prerequisites() before it reads what earlier kernels wrote or writes anything they read.
 template <typename... Params, typename... Args>
 cudaError_t launch_dependent(bool dependent, void (*kernel)(Params...), dim3 grid, dim3 block,
-                             cudaStream_t stream, Args&&... args) {
+                             size_t smem, cudaStream_t stream, Args&&... args) {
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;

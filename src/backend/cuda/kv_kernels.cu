@@ -5,6 +5,7 @@
 
 #include <type_traits>
 
+#include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kernels.h"
 
 namespace kvp::cuda::detail {
@@ -18,6 +19,8 @@ __global__ void kv_write_kernel(const uint4* __restrict__ k_new,  // [num_tokens
                                 uint4* __restrict__ k, uint4* __restrict__ v,  // layer K, V
                                 int32_t num_kv_heads, int32_t block_size, int32_t row_vecs,
                                 int64_t block_pitch_vecs, int64_t num_slots) {
+  wait_for_prerequisites();  // launched as a dependent of the kernel that wrote k_new, v_new
+  allow_dependents();        // attention may be scheduled
   const int32_t token = blockIdx.x;
   const int64_t slot = slot_mapping[token];
   // negative slot: padding row; out-of-pool slots were rejected on the host, this guard keeps a
@@ -70,6 +73,8 @@ __global__ void __launch_bounds__(kWriteWarps * 32)
                          int8_t* __restrict__ k, int8_t* __restrict__ v, int32_t num_kv_heads,
                          int32_t block_size, int32_t head_dim, int64_t block_pitch_bytes,
                          int64_t num_slots) {
+  wait_for_prerequisites();  // as kv_write_kernel
+  allow_dependents();
   const int32_t token = blockIdx.x;
   const int64_t slot = slot_mapping[token];
   if (slot < 0 || slot >= num_slots) return;  // padding row (see kv_write_kernel)
@@ -132,11 +137,10 @@ cudaError_t launch_kv_write(const void* k_new, const void* v_new, const int64_t*
   if (num_tokens == 0) return cudaSuccess;
   const int32_t row_vecs = row_bytes / 16;
   const int32_t threads = min(256, max(32, num_kv_heads * row_vecs));
-  kv_write_kernel<<<num_tokens, threads, 0, stream>>>(
-      static_cast<const uint4*>(k_new), static_cast<const uint4*>(v_new), slot_mapping,
-      static_cast<uint4*>(k), static_cast<uint4*>(v), num_kv_heads, block_size, row_vecs,
-      block_pitch_bytes / 16, num_slots);
-  return cudaGetLastError();
+  return launch_dependent(true, kv_write_kernel, dim3(num_tokens), dim3(threads), 0, stream,
+                          static_cast<const uint4*>(k_new), static_cast<const uint4*>(v_new),
+                          slot_mapping, static_cast<uint4*>(k), static_cast<uint4*>(v),
+                          num_kv_heads, block_size, row_vecs, block_pitch_bytes / 16, num_slots);
 }
 
 cudaError_t launch_kv_write_int8(const void* k_new, const void* v_new, bool src_bf16,
@@ -147,17 +151,17 @@ cudaError_t launch_kv_write_int8(const void* k_new, const void* v_new, bool src_
   if (num_tokens == 0) return cudaSuccess;
   if (head_dim % 32 != 0 || head_dim > 256) return cudaErrorInvalidValue;
   if (src_bf16) {
-    kv_write_int8_kernel<__nv_bfloat16><<<num_tokens, kWriteWarps * 32, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(k_new), static_cast<const __nv_bfloat16*>(v_new),
+    return launch_dependent(
+        true, kv_write_int8_kernel<__nv_bfloat16>, dim3(num_tokens), dim3(kWriteWarps * 32), 0,
+        stream, static_cast<const __nv_bfloat16*>(k_new), static_cast<const __nv_bfloat16*>(v_new),
         slot_mapping, static_cast<int8_t*>(k), static_cast<int8_t*>(v), num_kv_heads, block_size,
         head_dim, block_pitch_bytes, num_slots);
-  } else {
-    kv_write_int8_kernel<__half><<<num_tokens, kWriteWarps * 32, 0, stream>>>(
-        static_cast<const __half*>(k_new), static_cast<const __half*>(v_new), slot_mapping,
-        static_cast<int8_t*>(k), static_cast<int8_t*>(v), num_kv_heads, block_size, head_dim,
-        block_pitch_bytes, num_slots);
   }
-  return cudaGetLastError();
+  return launch_dependent(true, kv_write_int8_kernel<__half>, dim3(num_tokens),
+                          dim3(kWriteWarps * 32), 0, stream, static_cast<const __half*>(k_new),
+                          static_cast<const __half*>(v_new), slot_mapping, static_cast<int8_t*>(k),
+                          static_cast<int8_t*>(v), num_kv_heads, block_size, head_dim,
+                          block_pitch_bytes, num_slots);
 }
 
 cudaError_t launch_block_copy(void* slab, const int32_t* ops, int32_t num_ops, int32_t num_layers,

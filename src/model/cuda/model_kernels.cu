@@ -348,7 +348,8 @@ __global__ void soft_cap_kernel(float* x, int64_t count, float cap) {
 }
 
 __global__ void f16_to_bf16_kernel(const __half* in, int64_t count, __nv_bfloat16* out) {
-  allow_dependents();  // the o product may start loading its weights
+  wait_for_prerequisites();  // launched as a dependent of the attention's merge
+  allow_dependents();        // the o product may start loading its weights
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
     out[i] = __float2bfloat16_rn(__half2float(in[i]));
@@ -404,17 +405,17 @@ cudaError_t launch_residual_norm(float* x, const float* proj, const float* post_
   auto* o = static_cast<__nv_bfloat16*>(xn);
   switch (vecs) {
     case 1:
-      return launch_dependent(true, residual_norm_kernel<1>, dim3(num_rows), dim3(threads), stream,
-                              x, proj, post_w, next_w, hidden, eps, o, ar);
+      return launch_dependent(true, residual_norm_kernel<1>, dim3(num_rows), dim3(threads), 0,
+                              stream, x, proj, post_w, next_w, hidden, eps, o, ar);
     case 2:
-      return launch_dependent(true, residual_norm_kernel<2>, dim3(num_rows), dim3(threads), stream,
-                              x, proj, post_w, next_w, hidden, eps, o, ar);
+      return launch_dependent(true, residual_norm_kernel<2>, dim3(num_rows), dim3(threads), 0,
+                              stream, x, proj, post_w, next_w, hidden, eps, o, ar);
     case 3:
-      return launch_dependent(true, residual_norm_kernel<3>, dim3(num_rows), dim3(threads), stream,
-                              x, proj, post_w, next_w, hidden, eps, o, ar);
+      return launch_dependent(true, residual_norm_kernel<3>, dim3(num_rows), dim3(threads), 0,
+                              stream, x, proj, post_w, next_w, hidden, eps, o, ar);
     default:
-      return launch_dependent(true, residual_norm_kernel<4>, dim3(num_rows), dim3(threads), stream,
-                              x, proj, post_w, next_w, hidden, eps, o, ar);
+      return launch_dependent(true, residual_norm_kernel<4>, dim3(num_rows), dim3(threads), 0,
+                              stream, x, proj, post_w, next_w, hidden, eps, o, ar);
   }
   return cudaGetLastError();
 }
@@ -431,10 +432,10 @@ cudaError_t launch_qkv_post(const QkvPostArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(args.num_tokens),
                   static_cast<unsigned>((num_heads + kRowThreads / 32 - 1) / (kRowThreads / 32)));
   if (args.out_bf16) {
-    return launch_dependent(true, qkv_post_kernel<__nv_bfloat16>, grid, dim3(kRowThreads), stream,
-                            args);
+    return launch_dependent(true, qkv_post_kernel<__nv_bfloat16>, grid, dim3(kRowThreads), 0,
+                            stream, args);
   }
-  return launch_dependent(true, qkv_post_kernel<__half>, grid, dim3(kRowThreads), stream, args);
+  return launch_dependent(true, qkv_post_kernel<__half>, grid, dim3(kRowThreads), 0, stream, args);
 }
 
 cudaError_t launch_gated_activation(const void* gate_up, int64_t num_rows, int32_t dim, bool gelu,
@@ -443,18 +444,18 @@ cudaError_t launch_gated_activation(const void* gate_up, int64_t num_rows, int32
   if (count == 0) return cudaGetLastError();
   const auto* in = static_cast<const __nv_bfloat16*>(gate_up);
   auto* o = static_cast<__nv_bfloat16*>(out);
-  return launch_dependent(true,
-                          gelu ? gated_activation_kernel<true> : gated_activation_kernel<false>,
-                          dim3(grid_for(count)), dim3(kRowThreads), stream, in, num_rows, dim, o);
+  return launch_dependent(
+      true, gelu ? gated_activation_kernel<true> : gated_activation_kernel<false>,
+      dim3(grid_for(count)), dim3(kRowThreads), 0, stream, in, num_rows, dim, o);
 }
 
 cudaError_t launch_row_summary(const float* logits, int32_t num_rows, int32_t vocab,
                                RowSummary* summaries, cudaStream_t stream) {
   if (num_rows == 0) return cudaGetLastError();
   // rows start 16-byte aligned when vocab % 4 == 0
-  return launch_dependent(true,
-                          vocab % 4 == 0 ? row_summary_kernel<true> : row_summary_kernel<false>,
-                          dim3(num_rows), dim3(kSummaryThreads), stream, logits, vocab, summaries);
+  return launch_dependent(
+      true, vocab % 4 == 0 ? row_summary_kernel<true> : row_summary_kernel<false>, dim3(num_rows),
+      dim3(kSummaryThreads), 0, stream, logits, vocab, summaries);
 }
 
 cudaError_t launch_soft_cap(float* x, int64_t count, float cap, cudaStream_t stream) {
@@ -465,9 +466,9 @@ cudaError_t launch_soft_cap(float* x, int64_t count, float cap, cudaStream_t str
 
 cudaError_t launch_f16_to_bf16(const void* in, int64_t count, void* out, cudaStream_t stream) {
   if (count == 0) return cudaGetLastError();
-  f16_to_bf16_kernel<<<grid_for(count), kRowThreads, 0, stream>>>(
-      static_cast<const __half*>(in), count, static_cast<__nv_bfloat16*>(out));
-  return cudaGetLastError();
+  return launch_dependent(true, f16_to_bf16_kernel, dim3(grid_for(count)), dim3(kRowThreads), 0,
+                          stream, static_cast<const __half*>(in), count,
+                          static_cast<__nv_bfloat16*>(out));
 }
 
 }  // namespace kvp::cuda::detail

@@ -137,9 +137,9 @@ cudaError_t launch(const void* x, const void* w, void* y, bool y_f32, int32_t ro
   const auto* wb = static_cast<const __nv_bfloat16*>(w);
   const int32_t prefetch = std::max(how.prefetch_bytes, 0);
   return y_f32 ? launch_dependent(how.dependent, skinny_gemm_kernel<R, U, true>, grid,
-                                  dim3(kWarps * 32), stream, xb, wb, y, rows, in, out, prefetch)
+                                  dim3(kWarps * 32), 0, stream, xb, wb, y, rows, in, out, prefetch)
                : launch_dependent(how.dependent, skinny_gemm_kernel<R, U, false>, grid,
-                                  dim3(kWarps * 32), stream, xb, wb, y, rows, in, out, prefetch);
+                                  dim3(kWarps * 32), 0, stream, xb, wb, y, rows, in, out, prefetch);
 }
 
 }  // namespace
