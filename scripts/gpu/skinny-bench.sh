@@ -27,25 +27,20 @@ if want tests; then
   fi
   grep -E "^\[ (skinny|prefill|teacher|greedy|graphs) |OK|FAILED|SKIPPED|PASSED" \
     "$out/skinny-tests.log" | grep -v "^\[       OK" | tail -30
-  filter='CudaSkinnyGemm.*:*CudaTinyModel.PrefillLogits*/0:CudaForwardBackendGraphs.*'
-  echo "== compute-sanitizer memcheck and racecheck ($filter)"
-  for tool in memcheck racecheck synccheck; do
-    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 ./kvp_model_gpu_tests \
-      --gtest_filter="$filter" --gtest_brief=1 > "$out/skinny-$tool.log" 2>&1 \
-      || { echo "$tool FAILED"; status=1; }
-    grep -E "ERROR SUMMARY|FAILED|PASSED" "$out/skinny-$tool.log" | tail -3
-  done
-  if [ -x ./kvp_backend_gpu_tests ]; then
-    # the decode attention, its merge and the KV writes (dependent launches too)
-    bfilter='*block16_d*_gqa4_q*:*block1_d64_gqa8_q*:PagedAttention.Mixed*:PagedAttention.Window*:CudaKvPool.*:*Int8*'
-    echo "== compute-sanitizer over backend tests ($bfilter)"
+  # sanitize NAME BINARY FILTER: memcheck, racecheck and synccheck over FILTER's tests
+  sanitize() {
+    echo "== compute-sanitizer over $1 ($3)"
     for tool in memcheck racecheck synccheck; do
-      timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 ./kvp_backend_gpu_tests \
-        --gtest_filter="$bfilter" --gtest_brief=1 > "$out/skinny-backend-$tool.log" 2>&1 \
-        || { echo "backend $tool FAILED"; status=1; }
-      grep -E "ERROR SUMMARY|FAILED|PASSED" "$out/skinny-backend-$tool.log" | tail -3
+      timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$2" --gtest_filter="$3" \
+        --gtest_brief=1 > "$out/skinny-$1-$tool.log" 2>&1 || { echo "$1 $tool FAILED"; status=1; }
+      grep -E "ERROR SUMMARY|FAILED|PASSED" "$out/skinny-$1-$tool.log" | tail -3
     done
-  fi
+  }
+  sanitize model ./kvp_model_gpu_tests \
+    'CudaSkinnyGemm.*:*CudaTinyModel.PrefillLogits*/0:CudaForwardBackendGraphs.*'
+  # the decode attention, its merge and the KV writes (dependent launches too)
+  [ -x ./kvp_backend_gpu_tests ] && sanitize backend ./kvp_backend_gpu_tests \
+    '*block16_d*_gqa4_q*:*block1_d64_gqa8_q*:PagedAttention.Mixed*:PagedAttention.Window*:CudaKvPool.*:*Int8*'
 fi
 if want gemm; then
   echo "== model_cuda_bench --gemm"
