@@ -30,7 +30,10 @@ ActBlocks quantize_acts(const float* x, int64_t num_rows, int64_t ldx, int64_t c
   const size_t total_blocks = static_cast<size_t>(num_rows * num_blocks);
   if (buf.q.size() < total_blocks * kActBlock) buf.q.resize(total_blocks * kActBlock);
   if (buf.d.size() < total_blocks) buf.d.resize(total_blocks);
-  if (buf.s.size() < total_blocks * 8) buf.s.resize(total_blocks * 8);
+  const int64_t sum_stride = (num_blocks + kActSumGroup - 1) / kActSumGroup * kActSumGroup;
+  if (buf.sums.size() < static_cast<size_t>(num_rows * sum_stride)) {
+    buf.sums.resize(static_cast<size_t>(num_rows * sum_stride));
+  }
   for (int64_t t = 0; t < num_rows; ++t) {
     const float* xr = x + t * ldx;
     for (int64_t b = 0; b < num_blocks; ++b) {
@@ -41,27 +44,24 @@ ActBlocks quantize_acts(const float* x, int64_t num_rows, int64_t ldx, int64_t c
       for (int j = 0; j < kActBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float d = amax / 127.0f;
       const float id = d != 0 ? 1.0f / d : 0.0f;
-      int32_t sum[2] = {0, 0};
-      for (int h = 0; h < 2; ++h) {
-        for (int j = 16 * h; j < 16 * h + 16; ++j) {
-          q[j] = round_to_int8(xb[j] * id);
-          sum[h] += q[j];
-        }
+      int32_t sum = 0;
+      for (int j = 0; j < kActBlock; ++j) {
+        q[j] = round_to_int8(xb[j] * id);
+        sum += q[j];
       }
       buf.d[blk] = d;
-      float* s = buf.s.data() + blk * 8;  // [8]
-      for (int l = 0; l < 4; ++l) {
-        s[l] = 0.25f * d * static_cast<float>(sum[0]);
-        s[4 + l] = 0.25f * d * static_cast<float>(sum[1]);
-      }
+      buf.sums[static_cast<size_t>(t * sum_stride + b)] = d * static_cast<float>(sum);
     }
+    std::fill(buf.sums.begin() + t * sum_stride + num_blocks,
+              buf.sums.begin() + (t + 1) * sum_stride, 0.0f);
   }
   ActBlocks a;
   a.num_rows = num_rows;
   a.num_blocks = num_blocks;
   a.q = buf.q.data();
   a.d = buf.d.data();
-  a.s = buf.s.data();
+  a.sum_stride = sum_stride;
+  a.sums = buf.sums.data();
   return a;
 }
 

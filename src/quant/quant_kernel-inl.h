@@ -3,16 +3,15 @@
 // activations quantised per 256); included once per Highway target by their foreach_target
 // passes.
 //
-// Every 32-block format is seen the same way: a block of 32 * kSubs weights is kSubs
-// sub-blocks of 32, and weight j of sub-block s is
-//     w = d16[2s + j/16] * q[j] + m16[2s + j/16]
-// with q[j] an 8-bit integer (unsigned, or signed for kSigned formats) and d16 / m16 f32 scales
-// and offsets per 16 weights (equal halves where the format scales per 32). A format provides
-//   header(block, d16, m16)  the 2 * kSubs scales and offsets, once per block
-//   load(block, s)           the 32 q of sub-block s in one 256-bit register (x86 targets)
-//   unpack(block, s, q)      the same 32 q as bytes (the portable path)
-// and the kernel computes, per activation block k of 32 (quant_act.h: x ~ dx * xq),
-//     sum_j w[j] x[j] ~ dx * sum_halves(d16 * sum_j q[j] xq[j]) + sum_halves(m16 * dx * sum xq)
+// Every 32-block format is seen the same way: weight j of a block is
+//     w = d * q[j] + m
+// with q[j] an 8-bit integer (unsigned, or signed for kSigned formats), d the f16 the block
+// starts with, and m (kHasMin formats) kMinScale times the f16 at byte kMinAt (Q4_0's -8 d,
+// Q4_1's stored m). A format provides
+//   load(block)       the 32 q in one 256-bit register (x86 targets)
+//   unpack(block, q)  the same 32 q as bytes (the portable path)
+// and the kernel computes, per activation block b of 32 (quant_act.h: x ~ dx * xq),
+//     sum_j w[j] x[j] ~ d * dx * sum_j q[j] xq[j] + m * sums[b]     (sums[b] = dx * sum_j xq[j])
 // with exact int32 dot products (AVX-512 VNNI dpbusd, or AVX2 maddubs + madd) and f32 scaling.
 // Each weight block is decoded once per tile and dotted with R activation rows, C weight rows
 // at a time, so a small batch costs little more than one row.
@@ -29,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "quant/quant_act.h"
 #include "quant/quant_kernels.h"
 
 #undef KVP_QUANT_X86
@@ -147,11 +147,6 @@ HWY_INLINE void prefetch_ahead(const uint8_t* p) {
   }
 }
 
-// [a, a, a, a, b, b, b, b]
-HWY_INLINE __m256 halves(float a, float b) {
-  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(a)), _mm_set1_ps(b), 1);
-}
-
 HWY_INLINE float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -159,12 +154,23 @@ HWY_INLINE float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// The block's scale d (every 32-block format starts with it), as 8 lanes.
+HWY_INLINE __m256 scale_at(const uint8_t* b) {
+  int16_t h;
+  std::memcpy(&h, b, 2);
+  return _mm256_cvtph_ps(_mm_set1_epi16(h));
+}
+
 // C weight rows (from o0) x R activation rows (from t0): y[t0 + r][o0 + c].
+// Per block and (weight row, activation row) pair: the int32 dot product, its conversion and one
+// multiply-add by d_w * d_x, nothing else; each pair has its own accumulator, so the only
+// dependency chain is one FMA per block. The offsets m (formats with kHasMin) are kept out of
+// that loop: their f16s are gathered for 8 blocks and met with the activations' block sums
+// (ActBlocks::sums) in one multiply-add per pair per 8 blocks.
 template <class Fmt, int C, int R>
 HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& a, int64_t t0,
                              float* y, int64_t ldy) {
-  constexpr int kSubs = Fmt::kSubs;
-  const int64_t num_blocks = w.cols / (32 * kSubs);
+  const int64_t num_blocks = w.cols / 32;
   const uint8_t* wr[C];
   for (int c = 0; c < C; ++c) wr[c] = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
   const int8_t* xq[R];
@@ -173,44 +179,52 @@ HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& 
   for (int r = 0; r < R; ++r) {
     xq[r] = a.q_row(t0 + r);
     xd[r] = a.d_row(t0 + r);
-    xs[r] = a.s_row(t0 + r);
+    xs[r] = a.sums_row(t0 + r);
   }
   __m256 acc[C][R];
   for (int c = 0; c < C; ++c) {
     for (int r = 0; r < R; ++r) acc[c][r] = _mm256_setzero_ps();
   }
-  for (int64_t b = 0; b < num_blocks; ++b) {
-    float d16[C][2 * kSubs];
-    float m16[C][2 * kSubs];
-    for (int c = 0; c < C; ++c) {
-      prefetch_ahead<Fmt::kBytes>(wr[c] + b * Fmt::kBytes);
-      Fmt::header(wr[c] + b * Fmt::kBytes, d16[c], m16[c]);
-    }
-    for (int s = 0; s < kSubs; ++s) {
-      const int64_t k = b * kSubs + s;  // activation block
+  alignas(16) uint16_t mh[C][kActSumGroup] = {};  // f16 giving m of 8 consecutive blocks
+  for (int64_t b0 = 0; b0 < num_blocks; b0 += kActSumGroup) {
+    const int64_t b_end = std::min<int64_t>(num_blocks, b0 + kActSumGroup);
+    for (int64_t b = b0; b < b_end; ++b) {
       __m256i q[C];
-      __m256 sv[C];
-      __m256 mv[C];
+      __m256i q_abs[C];  // kSigned: maddubs / dpbusd take one unsigned operand, so |q| meets
+                         // x with q's sign
+      __m256 dw[C];
       for (int c = 0; c < C; ++c) {
-        q[c] = Fmt::load(wr[c] + b * Fmt::kBytes, s);
-        sv[c] = halves(d16[c][2 * s], d16[c][2 * s + 1]);
-        if constexpr (Fmt::kHasMin) mv[c] = halves(m16[c][2 * s], m16[c][2 * s + 1]);
+        const uint8_t* blk = wr[c] + b * Fmt::kBytes;
+        prefetch_ahead<Fmt::kBytes>(blk);
+        q[c] = Fmt::load(blk);
+        if constexpr (Fmt::kSigned) q_abs[c] = _mm256_sign_epi8(q[c], q[c]);
+        dw[c] = scale_at(blk);
+        if constexpr (Fmt::kHasMin) std::memcpy(&mh[c][b - b0], blk + Fmt::kMinAt, 2);
       }
       for (int r = 0; r < R; ++r) {
-        const __m256i xv = load256(reinterpret_cast<const uint8_t*>(xq[r] + 32 * k));
-        const __m256 dx = _mm256_set1_ps(xd[r][k]);
-        __m256 sx;
-        if constexpr (Fmt::kHasMin) sx = _mm256_loadu_ps(xs[r] + 8 * k);
+        const __m256i xv = load256(reinterpret_cast<const uint8_t*>(xq[r] + 32 * b));
+        const __m256 dx = _mm256_broadcast_ss(xd[r] + b);
         for (int c = 0; c < C; ++c) {
           __m256i p;
           if constexpr (Fmt::kSigned) {
-            // maddubs / dpbusd take one unsigned operand: |q| times x with q's sign.
-            p = dot_u8_i8(_mm256_sign_epi8(q[c], q[c]), _mm256_sign_epi8(xv, q[c]));
+            p = dot_u8_i8(q_abs[c], _mm256_sign_epi8(xv, q[c]));
           } else {
             p = dot_u8_i8(q[c], xv);
           }
-          acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(sv[c], dx), acc[c][r]);
-          if constexpr (Fmt::kHasMin) acc[c][r] = _mm256_fmadd_ps(mv[c], sx, acc[c][r]);
+          acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[c], dx), acc[c][r]);
+        }
+      }
+    }
+    if constexpr (Fmt::kHasMin) {
+      if (b_end - b0 < kActSumGroup) {  // the last group: lanes past num_blocks meet zero sums
+        for (int c = 0; c < C; ++c) std::fill(&mh[c][b_end - b0], &mh[c][kActSumGroup], 0);
+      }
+      for (int c = 0; c < C; ++c) {
+        const __m256 m =
+            _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh[c]))),
+                          _mm256_set1_ps(Fmt::kMinScale));
+        for (int r = 0; r < R; ++r) {
+          acc[c][r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs[r] + b0), acc[c][r]);
         }
       }
     }
@@ -233,34 +247,25 @@ constexpr int tile_weight_rows() {
 template <class Fmt, int C, int R>
 HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& a, int64_t t0,
                              float* y, int64_t ldy) {
-  constexpr int kSubs = Fmt::kSubs;
-  const int64_t num_blocks = w.cols / (32 * kSubs);
+  const int64_t num_blocks = w.cols / 32;
   for (int c = 0; c < C; ++c) {
     const auto* wr = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
     for (int r = 0; r < R; ++r) {
       const int8_t* xq = a.q_row(t0 + r);
       const float* xd = a.d_row(t0 + r);
-      const float* xs = a.s_row(t0 + r);
+      const float* xs = a.sums_row(t0 + r);
       float acc = 0;
       for (int64_t b = 0; b < num_blocks; ++b) {
-        float d16[2 * kSubs];
-        float m16[2 * kSubs];
-        Fmt::header(wr + b * Fmt::kBytes, d16, m16);
-        for (int s = 0; s < kSubs; ++s) {
-          const int64_t k = b * kSubs + s;
-          uint8_t q[32];
-          Fmt::unpack(wr + b * Fmt::kBytes, s, q);
-          int32_t sum[2] = {0, 0};
-          for (int j = 0; j < 32; ++j) {
-            const int32_t qj = Fmt::kSigned ? int32_t{static_cast<int8_t>(q[j])} : int32_t{q[j]};
-            sum[j / 16] += qj * int32_t{xq[32 * k + j]};
-          }
-          acc += static_cast<float>(sum[0]) * (d16[2 * s] * xd[k]);
-          acc += static_cast<float>(sum[1]) * (d16[2 * s + 1] * xd[k]);
-          if constexpr (Fmt::kHasMin) {
-            acc += m16[2 * s] * (4.0f * xs[8 * k]) + m16[2 * s + 1] * (4.0f * xs[8 * k + 4]);
-          }
+        const uint8_t* blk = wr + b * Fmt::kBytes;
+        uint8_t q[32];
+        Fmt::unpack(blk, q);
+        int32_t sum = 0;
+        for (int j = 0; j < 32; ++j) {
+          const int32_t qj = Fmt::kSigned ? int32_t{static_cast<int8_t>(q[j])} : int32_t{q[j]};
+          sum += qj * int32_t{xq[32 * b + j]};
         }
+        acc += static_cast<float>(sum) * (f16_at(blk) * xd[b]);
+        if constexpr (Fmt::kHasMin) acc += Fmt::kMinScale * f16_at(blk + Fmt::kMinAt) * xs[b];
       }
       y[(t0 + r) * ldy + o0 + c] = acc;
     }

@@ -115,16 +115,16 @@ TEST(QuantizeActs, CodesAreWithinHalfAStepAndSumsAreTheHalvesTimesTheStep) {
       const int8_t* q = a.q_row(t) + b * 32;
       const float d = a.d_row(t)[b];
       worst = std::max(worst, check_block(xb, q, d, 32, "Q8_0", t, b));
-      for (int h = 0; h < 2; ++h) {
-        int32_t sum = 0;
-        for (int j = 16 * h; j < 16 * h + 16; ++j) sum += q[j];
-        for (int l = 0; l < 4; ++l) {
-          EXPECT_FLOAT_EQ(a.s_row(t)[8 * b + 4 * h + l], 0.25f * d * static_cast<float>(sum))
-              << "row " << t << " block " << b << " half " << h;
-        }
-      }
+      int32_t sum = 0;
+      for (int j = 0; j < 32; ++j) sum += q[j];
+      EXPECT_FLOAT_EQ(a.sums_row(t)[b], d * static_cast<float>(sum))
+          << "row " << t << " block " << b;
+    }
+    for (int64_t b = a.num_blocks; b < a.sum_stride; ++b) {
+      EXPECT_EQ(a.sums_row(t)[b], 0.0f) << "row " << t << " padding " << b;
     }
   }
+  EXPECT_EQ(a.sum_stride % kActSumGroup, 0);
   std::printf("Q8_0: largest |x - d q| / (d / 2) %.4f\n", worst);
 }
 

@@ -144,9 +144,14 @@ struct Shape {
 };
 
 // One activation row takes tiles of one weight row where rows are long (>= 512 bytes) and of
-// several where short: {21, 4, 1} and {7, 40, 1} give each format both.
-constexpr Shape kShapes[] = {{1, 1, 1},  {5, 3, 3},  {37, 2, 7}, {67, 5, 17}, {130, 3, 64},
-                             {9, 1, 70}, {21, 4, 1}, {18, 2, 8}, {7, 40, 1}};
+// several where short: {21, 4, 1} and {7, 40, 1} give each format both. {13, 9, 1..9} run
+// every tile of 1..4 activation rows (and 2 x 4 + 1) with a weight-row count that is no
+// multiple of the weight-row tile, and 9 and 17 blocks leave a partial group of the 8-block
+// offset sums (quant_act.h).
+constexpr Shape kShapes[] = {
+    {1, 1, 1},  {5, 3, 3},  {37, 2, 7}, {67, 5, 17}, {130, 3, 64}, {9, 1, 70},  {21, 4, 1},
+    {18, 2, 8}, {7, 40, 1}, {13, 9, 1}, {13, 9, 2},  {13, 9, 3},   {13, 9, 4},  {13, 9, 5},
+    {13, 9, 6}, {13, 9, 7}, {13, 9, 8}, {13, 9, 9},  {11, 17, 1},  {11, 17, 8}, {6, 33, 5}};
 
 int64_t cols_of(GgmlType t, int64_t blocks) {
   if (is_float_type(t)) return blocks * 32 + 3;  // not a multiple of any vector width
