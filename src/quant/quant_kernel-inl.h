@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "quant/quant_act.h"
 #include "quant/quant_kernels.h"
@@ -161,76 +162,106 @@ HWY_INLINE __m256 scale_at(const uint8_t* b) {
   return _mm256_cvtph_ps(_mm_set1_epi16(h));
 }
 
+// The state of one tile of C weight rows x R activation rows (block_tile).
+template <int C, int R>
+struct BlockTile {
+  const uint8_t* wr[C];  // weight row c, [num_blocks][Fmt::kBytes]
+  const int8_t* xq[R];   // activation row r, [num_blocks][32]
+  const float* xd[R];    // [num_blocks]
+  const float* xs[R];    // [sum_stride]
+  __m256 acc[C][R];
+  __m128i mh[C];  // f16 giving m of the 8 blocks of the current group, lane = block % 8
+};
+
+// Block b of every (weight row, activation row) pair of the tile: the int32 dot product, its
+// conversion and one multiply-add by d_w * d_x. kLane >= 0: the block is lane kLane of an
+// 8-block group, and its offset's f16 goes to mh (met in block_group); kLane < 0 (the blocks
+// after the last whole group): the offset is met here, one more multiply-add per pair.
+template <class Fmt, int C, int R, int kLane>
+HWY_INLINE void block_step(BlockTile<C, R>& t, int64_t b) {
+  __m256i q[C];
+  __m256i q_abs[C];  // kSigned: maddubs / dpbusd take one unsigned operand, so |q| meets x
+                     // with q's sign
+  __m256 dw[C];
+  __m256 mw[C];
+  for (int c = 0; c < C; ++c) {
+    const uint8_t* blk = t.wr[c] + b * Fmt::kBytes;
+    prefetch_ahead<Fmt::kBytes>(blk);
+    q[c] = Fmt::load(blk);
+    if constexpr (Fmt::kSigned) q_abs[c] = _mm256_sign_epi8(q[c], q[c]);
+    dw[c] = scale_at(blk);
+    if constexpr (Fmt::kHasMin) {
+      int16_t h;
+      std::memcpy(&h, blk + Fmt::kMinAt, 2);
+      if constexpr (kLane >= 0) {
+        t.mh[c] = _mm_insert_epi16(t.mh[c], h, kLane);
+      } else {
+        mw[c] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(h)), _mm256_set1_ps(Fmt::kMinScale));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    const __m256i xv = load256(reinterpret_cast<const uint8_t*>(t.xq[r] + 32 * b));
+    const __m256 dx = _mm256_broadcast_ss(t.xd[r] + b);
+    for (int c = 0; c < C; ++c) {
+      __m256i p;
+      if constexpr (Fmt::kSigned) {
+        p = dot_u8_i8(q_abs[c], _mm256_sign_epi8(xv, q[c]));
+      } else {
+        p = dot_u8_i8(q[c], xv);
+      }
+      t.acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[c], dx), t.acc[c][r]);
+      if constexpr (Fmt::kHasMin && kLane < 0) {
+        // The offset is the same for all 32 weights: 1/8 of m * sums in each of 8 lanes.
+        t.acc[c][r] = _mm256_fmadd_ps(mw[c], _mm256_set1_ps(0.125f * t.xs[r][b]), t.acc[c][r]);
+      }
+    }
+  }
+}
+
+// Blocks [b0, b0 + 8), then their offsets: sum_b m_b * sums_b as one multiply-add per pair.
+template <class Fmt, int C, int R, int... kLanes>
+HWY_INLINE void block_group(BlockTile<C, R>& t, int64_t b0, std::integer_sequence<int, kLanes...>) {
+  (block_step<Fmt, C, R, kLanes>(t, b0 + kLanes), ...);
+  if constexpr (Fmt::kHasMin) {
+    for (int c = 0; c < C; ++c) {
+      const __m256 m = _mm256_mul_ps(_mm256_cvtph_ps(t.mh[c]), _mm256_set1_ps(Fmt::kMinScale));
+      for (int r = 0; r < R; ++r) {
+        t.acc[c][r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(t.xs[r] + b0), t.acc[c][r]);
+      }
+    }
+  }
+}
+
 // C weight rows (from o0) x R activation rows (from t0): y[t0 + r][o0 + c].
 // Per block and (weight row, activation row) pair: the int32 dot product, its conversion and one
-// multiply-add by d_w * d_x, nothing else; each pair has its own accumulator, so the only
-// dependency chain is one FMA per block. The offsets m (formats with kHasMin) are kept out of
-// that loop: their f16s are gathered for 8 blocks and met with the activations' block sums
+// multiply-add by d_w * d_x; each pair has its own accumulator, so the only dependency chain is
+// one FMA per block. The offsets m (formats with kHasMin) are kept out of that loop: their f16s
+// are gathered in a register for 8 blocks and met with the activations' block sums
 // (ActBlocks::sums) in one multiply-add per pair per 8 blocks.
 template <class Fmt, int C, int R>
 HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& a, int64_t t0,
                              float* y, int64_t ldy) {
+  static_assert(kActSumGroup == 8, "block_group gathers the offsets of 8 blocks");
   const int64_t num_blocks = w.cols / 32;
-  const uint8_t* wr[C];
-  for (int c = 0; c < C; ++c) wr[c] = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
-  const int8_t* xq[R];
-  const float* xd[R];
-  const float* xs[R];
-  for (int r = 0; r < R; ++r) {
-    xq[r] = a.q_row(t0 + r);
-    xd[r] = a.d_row(t0 + r);
-    xs[r] = a.sums_row(t0 + r);
-  }
-  __m256 acc[C][R];
+  BlockTile<C, R> t;
   for (int c = 0; c < C; ++c) {
-    for (int r = 0; r < R; ++r) acc[c][r] = _mm256_setzero_ps();
-  }
-  alignas(16) uint16_t mh[C][kActSumGroup] = {};  // f16 giving m of 8 consecutive blocks
-  for (int64_t b0 = 0; b0 < num_blocks; b0 += kActSumGroup) {
-    const int64_t b_end = std::min<int64_t>(num_blocks, b0 + kActSumGroup);
-    for (int64_t b = b0; b < b_end; ++b) {
-      __m256i q[C];
-      __m256i q_abs[C];  // kSigned: maddubs / dpbusd take one unsigned operand, so |q| meets
-                         // x with q's sign
-      __m256 dw[C];
-      for (int c = 0; c < C; ++c) {
-        const uint8_t* blk = wr[c] + b * Fmt::kBytes;
-        prefetch_ahead<Fmt::kBytes>(blk);
-        q[c] = Fmt::load(blk);
-        if constexpr (Fmt::kSigned) q_abs[c] = _mm256_sign_epi8(q[c], q[c]);
-        dw[c] = scale_at(blk);
-        if constexpr (Fmt::kHasMin) std::memcpy(&mh[c][b - b0], blk + Fmt::kMinAt, 2);
-      }
-      for (int r = 0; r < R; ++r) {
-        const __m256i xv = load256(reinterpret_cast<const uint8_t*>(xq[r] + 32 * b));
-        const __m256 dx = _mm256_broadcast_ss(xd[r] + b);
-        for (int c = 0; c < C; ++c) {
-          __m256i p;
-          if constexpr (Fmt::kSigned) {
-            p = dot_u8_i8(q_abs[c], _mm256_sign_epi8(xv, q[c]));
-          } else {
-            p = dot_u8_i8(q[c], xv);
-          }
-          acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[c], dx), acc[c][r]);
-        }
-      }
-    }
-    if constexpr (Fmt::kHasMin) {
-      if (b_end - b0 < kActSumGroup) {  // the last group: lanes past num_blocks meet zero sums
-        for (int c = 0; c < C; ++c) std::fill(&mh[c][b_end - b0], &mh[c][kActSumGroup], 0);
-      }
-      for (int c = 0; c < C; ++c) {
-        const __m256 m =
-            _mm256_mul_ps(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(mh[c]))),
-                          _mm256_set1_ps(Fmt::kMinScale));
-        for (int r = 0; r < R; ++r) {
-          acc[c][r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(xs[r] + b0), acc[c][r]);
-        }
-      }
-    }
+    t.wr[c] = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
+    t.mh[c] = _mm_setzero_si128();
+    for (int r = 0; r < R; ++r) t.acc[c][r] = _mm256_setzero_ps();
   }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) y[(t0 + r) * ldy + o0 + c] = hsum(acc[c][r]);
+    t.xq[r] = a.q_row(t0 + r);
+    t.xd[r] = a.d_row(t0 + r);
+    t.xs[r] = a.sums_row(t0 + r);
+  }
+  int64_t b = 0;
+  for (; b + 8 <= num_blocks; b += 8) {
+    block_group<Fmt>(t, b, std::make_integer_sequence<int, 8>());
+  }
+  for (; b < num_blocks; ++b) block_step<Fmt, C, R, -1>(t, b);
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) y[(t0 + r) * ldy + o0 + c] = hsum(t.acc[c][r]);
   }
 }
 
