@@ -4,11 +4,14 @@
 // - per block of 256 with sums per 16 (llama.cpp's Q8_K), for the K formats' super-blocks of 256
 //   (quant_kernels_k.cc).
 //
-// Blocks of 32:
+// Blocks of 32, stored in pairs (blocks 2p and 2p + 1, the second zero where the row has an odd
+// number of blocks) so that a 256-bit register holds the same half of two blocks:
 //
-//   x [num_rows][ldx] f32  --quantize_acts-->  q    [num_rows][row_stride] int8
-//                                              d    [num_rows][num_blocks] f32
+//   x [num_rows][ldx] f32  --quantize_acts-->  q    [num_rows][num_pairs][64] int8
+//                                              d    [num_rows][num_pairs][8] f32
 //                                              sums [num_rows][sum_stride] f32
+//   q of pair p: x_2p[0..16) | x_2p+1[0..16) | x_2p[16..32) | x_2p+1[16..32)
+//   d of pair p: d_2p x4 | d_2p+1 x4
 // Block b of row t: d = max|x| / 127 over its 32 values, q[j] = round(x[j] / d) in [-127, 127],
 // so |x[j] - d * q[j]| <= d / 2. sums[b] = d * sum_j q[j], and sum_stride rounds num_blocks up
 // to a multiple of 8 with zeros after the last block: the kernels meet the weights' per-block
@@ -26,13 +29,19 @@ inline constexpr int64_t kActSumGroup = 8;  // ActBlocks::sum_stride is a multip
 struct ActBlocks {
   int64_t num_rows = 0;
   int64_t num_blocks = 0;       // per row: cols / 32
-  const int8_t* q = nullptr;    // [num_rows][num_blocks * 32]
-  const float* d = nullptr;     // [num_rows][num_blocks]
+  int64_t num_pairs = 0;        // per row: (num_blocks + 1) / 2
+  const int8_t* q = nullptr;    // [num_rows][num_pairs][64]
+  const float* d = nullptr;     // [num_rows][num_pairs][8]
   int64_t sum_stride = 0;       // num_blocks rounded up to a multiple of 8
   const float* sums = nullptr;  // [num_rows][sum_stride], zero past num_blocks
 
-  const int8_t* q_row(int64_t t) const { return q + t * num_blocks * kActBlock; }
-  const float* d_row(int64_t t) const { return d + t * num_blocks; }
+  const int8_t* q_row(int64_t t) const { return q + t * num_pairs * 2 * kActBlock; }
+  const float* d_row(int64_t t) const { return d + t * num_pairs * 8; }
+  // Element j < 32 of block b of row t, and the block's d.
+  int8_t q_at(int64_t t, int64_t b, int j) const {
+    return q_row(t)[64 * (b / 2) + 32 * (j / 16) + 16 * (b % 2) + j % 16];
+  }
+  float d_at(int64_t t, int64_t b) const { return d_row(t)[8 * (b / 2) + 4 * (b % 2)]; }
   const float* sums_row(int64_t t) const { return sums + t * sum_stride; }
 };
 

@@ -155,99 +155,155 @@ HWY_INLINE float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The block's scale d (every 32-block format starts with it), as 8 lanes.
-HWY_INLINE __m256 scale_at(const uint8_t* b) {
-  int16_t h;
-  std::memcpy(&h, b, 2);
-  return _mm256_cvtph_ps(_mm_set1_epi16(h));
+// Two 16-byte loads as one register: [*lo | *hi].
+HWY_INLINE __m256i load_2x128(const uint8_t* lo, const uint8_t* hi) {
+  return _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lo))),
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi)), 1);
+}
+
+// The nibble pairs of two blocks (qs0, qs1: 16 bytes each) as the pair layout of quant_act.h:
+// lo = q0[0..16) | q1[0..16) (the low nibbles), hi = q0[16..32) | q1[16..32).
+HWY_INLINE void nibbles_pair(const uint8_t* qs0, const uint8_t* qs1, __m256i& lo, __m256i& hi) {
+  const __m256i v = load_2x128(qs0, qs1);
+  const __m256i m = _mm256_set1_epi8(0x0f);
+  lo = _mm256_and_si256(v, m);
+  hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m);
+}
+
+// 0x10 in byte j of lo / hi where bit j (lo: j < 16 of qh0, then of qh1) or bit 16 + j (hi) of
+// the little-endian u32s at qh0 and qh1 is set: the fifth bits of Q5_0 / Q5_1 in the pair layout.
+HWY_INLINE void fifth_bits_pair(const uint8_t* qh0, const uint8_t* qh1, __m256i& lo, __m256i& hi) {
+  uint32_t x0, x1;
+  std::memcpy(&x0, qh0, 4);
+  std::memcpy(&x1, qh1, 4);
+  const __m256i v = _mm256_set1_epi64x(static_cast<int64_t>(uint64_t{x0} | uint64_t{x1} << 32));
+  const __m256i all_but_bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+  const __m256i ones = _mm256_set1_epi64x(-1);
+  const __m256i five = _mm256_set1_epi8(0x10);
+  const __m256i spread_lo = _mm256_shuffle_epi8(
+      v, _mm256_set_epi64x(0x0505050505050505, 0x0404040404040404, 0x0101010101010101, 0));
+  const __m256i spread_hi =
+      _mm256_shuffle_epi8(v, _mm256_set_epi64x(0x0707070707070707, 0x0606060606060606,
+                                               0x0303030303030303, 0x0202020202020202));
+  lo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_or_si256(spread_lo, all_but_bit), ones), five);
+  hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_or_si256(spread_hi, all_but_bit), ones), five);
+}
+
+// The f16s at p0 and p1 as [*p0 x4 | *p1 x4] in f32.
+HWY_INLINE __m256 f16_pair(const uint8_t* p0, const uint8_t* p1) {
+  uint16_t h0, h1;
+  std::memcpy(&h0, p0, 2);
+  std::memcpy(&h1, p1, 2);
+  const __m128i v = _mm_cvtsi32_si128(static_cast<int32_t>(uint32_t{h0} | uint32_t{h1} << 16));
+  return _mm256_cvtph_ps(
+      _mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3)));
+}
+
+// A block of zeros of every format (d = 0, m = 0): the partner of an odd row's last block.
+alignas(64) inline constexpr uint8_t kZeroBlock[64] = {};
+
+// lo . xlo + hi . xhi in int32 lanes (dot_u8_i8's lanes), for u <= 64: maddubs pairs of at most
+// 2 * 64 * 127 leave room to add the two halves in int16 and widen once.
+HWY_INLINE __m256i dot2_small_u8_i8(__m256i lo, __m256i xlo, __m256i hi, __m256i xhi) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return _mm256_add_epi32(dot_u8_i8(lo, xlo), dot_u8_i8(hi, xhi));
+#else
+  return _mm256_madd_epi16(
+      _mm256_add_epi16(_mm256_maddubs_epi16(lo, xlo), _mm256_maddubs_epi16(hi, xhi)),
+      _mm256_set1_epi16(1));
+#endif
 }
 
 // The state of one tile of C weight rows x R activation rows (block_tile).
 template <int C, int R>
 struct BlockTile {
+  int64_t num_blocks;
   const uint8_t* wr[C];  // weight row c, [num_blocks][Fmt::kBytes]
-  const int8_t* xq[R];   // activation row r, [num_blocks][32]
-  const float* xd[R];    // [num_blocks]
+  const int8_t* xq[R];   // activation row r, [num_pairs][64]
+  const float* xd[R];    // [num_pairs][8]
   const float* xs[R];    // [sum_stride]
   __m256 acc[C][R];
   __m128i mh[C];  // f16 giving m of the 8 blocks of the current group, lane = block % 8
 };
 
-// Block b of every (weight row, activation row) pair of the tile: the int32 dot product, its
-// conversion and one multiply-add by d_w * d_x. kLane >= 0: the block is lane kLane of an
-// 8-block group, and its offset's f16 goes to mh (met in block_group); kLane < 0 (the blocks
-// after the last whole group): the offset is met here, one more multiply-add per pair.
-template <class Fmt, int C, int R, int kLane>
-HWY_INLINE void block_step(BlockTile<C, R>& t, int64_t b) {
-  __m256i q[C];
-  __m256i q_abs[C];  // kSigned: maddubs / dpbusd take one unsigned operand, so |q| meets x
-                     // with q's sign
+// Blocks 2p and 2p + 1 (pair kPair of its group of 4) of every (weight row, activation row) pair
+// of the tile: int32 dot products of both blocks in one register (lanes 0-3 block 2p, 4-7 block
+// 2p + 1), one conversion and one multiply-add by d_w * d_x, which differ per half. The offsets'
+// f16s go to mh, met in block_group.
+template <class Fmt, int C, int R, int kPair>
+HWY_INLINE void pair_step(BlockTile<C, R>& t, int64_t p) {
+  __m256i lo[C], hi[C];
+  __m256i lo_abs[C], hi_abs[C];  // kSigned: maddubs / dpbusd take one unsigned operand, so |q|
+                                 // meets x with q's sign
   __m256 dw[C];
-  __m256 mw[C];
   for (int c = 0; c < C; ++c) {
-    const uint8_t* blk = t.wr[c] + b * Fmt::kBytes;
-    prefetch_ahead<Fmt::kBytes>(blk);
-    q[c] = Fmt::load(blk);
-    if constexpr (Fmt::kSigned) q_abs[c] = _mm256_sign_epi8(q[c], q[c]);
-    dw[c] = scale_at(blk);
+    const uint8_t* blk0 = t.wr[c] + 2 * p * Fmt::kBytes;
+    const uint8_t* blk1 = 2 * p + 1 < t.num_blocks ? blk0 + Fmt::kBytes : kZeroBlock;
+    prefetch_ahead<2 * Fmt::kBytes>(blk0);
+    Fmt::load_pair(blk0, blk1, lo[c], hi[c]);
+    if constexpr (Fmt::kSigned) {
+      lo_abs[c] = _mm256_sign_epi8(lo[c], lo[c]);
+      hi_abs[c] = _mm256_sign_epi8(hi[c], hi[c]);
+    }
+    dw[c] = f16_pair(blk0, blk1);
     if constexpr (Fmt::kHasMin) {
-      int16_t h;
-      std::memcpy(&h, blk + Fmt::kMinAt, 2);
-      if constexpr (kLane >= 0) {
-        t.mh[c] = _mm_insert_epi16(t.mh[c], h, kLane);
-      } else {
-        mw[c] = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi16(h)), _mm256_set1_ps(Fmt::kMinScale));
-      }
+      uint16_t m0, m1;
+      std::memcpy(&m0, blk0 + Fmt::kMinAt, 2);
+      std::memcpy(&m1, blk1 + Fmt::kMinAt, 2);
+      t.mh[c] = _mm_insert_epi16(t.mh[c], m0, 2 * kPair);
+      t.mh[c] = _mm_insert_epi16(t.mh[c], m1, 2 * kPair + 1);
     }
   }
   for (int r = 0; r < R; ++r) {
-    const __m256i xv = load256(reinterpret_cast<const uint8_t*>(t.xq[r] + 32 * b));
-    const __m256 dx = _mm256_broadcast_ss(t.xd[r] + b);
+    const uint8_t* xp = reinterpret_cast<const uint8_t*>(t.xq[r] + 64 * p);
+    const __m256i xlo = load256(xp);
+    const __m256i xhi = load256(xp + 32);
+    const __m256 dx = _mm256_loadu_ps(t.xd[r] + 8 * p);
     for (int c = 0; c < C; ++c) {
-      __m256i p;
+      __m256i dot;
       if constexpr (Fmt::kSigned) {
-        p = dot_u8_i8(q_abs[c], _mm256_sign_epi8(xv, q[c]));
+        dot = _mm256_add_epi32(dot_u8_i8(lo_abs[c], _mm256_sign_epi8(xlo, lo[c])),
+                               dot_u8_i8(hi_abs[c], _mm256_sign_epi8(xhi, hi[c])));
       } else {
-        p = dot_u8_i8(q[c], xv);
+        static_assert(Fmt::kMaxQ <= 64, "dot2_small_u8_i8 adds the halves in int16");
+        dot = dot2_small_u8_i8(lo[c], xlo, hi[c], xhi);
       }
-      t.acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[c], dx), t.acc[c][r]);
-      if constexpr (Fmt::kHasMin && kLane < 0) {
-        // The offset is the same for all 32 weights: 1/8 of m * sums in each of 8 lanes.
-        t.acc[c][r] = _mm256_fmadd_ps(mw[c], _mm256_set1_ps(0.125f * t.xs[r][b]), t.acc[c][r]);
-      }
+      t.acc[c][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw[c], dx), t.acc[c][r]);
     }
   }
 }
 
-// Blocks [b0, b0 + 8), then their offsets: sum_b m_b * sums_b as one multiply-add per pair.
-template <class Fmt, int C, int R, int... kLanes>
-HWY_INLINE void block_group(BlockTile<C, R>& t, int64_t b0, std::integer_sequence<int, kLanes...>) {
-  (block_step<Fmt, C, R, kLanes>(t, b0 + kLanes), ...);
+// Pairs [p0, p0 + sizeof...(kPairs)) (blocks 8 g .. 8 g + 7 for a whole group), then their
+// offsets: sum_b m_b * sums_b as one multiply-add per (weight row, activation row) pair.
+template <class Fmt, int C, int R, int... kPairs>
+HWY_INLINE void block_group(BlockTile<C, R>& t, int64_t p0, std::integer_sequence<int, kPairs...>) {
+  for (int c = 0; c < C; ++c) t.mh[c] = _mm_setzero_si128();
+  (pair_step<Fmt, C, R, kPairs>(t, p0 + kPairs), ...);
   if constexpr (Fmt::kHasMin) {
     for (int c = 0; c < C; ++c) {
       const __m256 m = _mm256_mul_ps(_mm256_cvtph_ps(t.mh[c]), _mm256_set1_ps(Fmt::kMinScale));
       for (int r = 0; r < R; ++r) {
-        t.acc[c][r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(t.xs[r] + b0), t.acc[c][r]);
+        t.acc[c][r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(t.xs[r] + 2 * p0), t.acc[c][r]);
       }
     }
   }
 }
 
 // C weight rows (from o0) x R activation rows (from t0): y[t0 + r][o0 + c].
-// Per block and (weight row, activation row) pair: the int32 dot product, its conversion and one
-// multiply-add by d_w * d_x; each pair has its own accumulator, so the only dependency chain is
-// one FMA per block. The offsets m (formats with kHasMin) are kept out of that loop: their f16s
-// are gathered in a register for 8 blocks and met with the activations' block sums
-// (ActBlocks::sums) in one multiply-add per pair per 8 blocks.
+// Per pair of blocks and (weight row, activation row) pair: the int32 dot products, one
+// conversion and one multiply-add; each (weight row, activation row) pair has its own
+// accumulator, so the only dependency chain is one FMA per two blocks. The offsets m (formats
+// with kHasMin) are kept out of that loop: their f16s are gathered in a register for 8 blocks and
+// met with the activations' block sums (ActBlocks::sums) in one multiply-add per 8 blocks.
 template <class Fmt, int C, int R>
 HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& a, int64_t t0,
                              float* y, int64_t ldy) {
-  static_assert(kActSumGroup == 8, "block_group gathers the offsets of 8 blocks");
-  const int64_t num_blocks = w.cols / 32;
+  static_assert(kActSumGroup == 8, "block_group gathers the offsets of 4 pairs of blocks");
   BlockTile<C, R> t;
+  t.num_blocks = w.cols / 32;
   for (int c = 0; c < C; ++c) {
     t.wr[c] = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
-    t.mh[c] = _mm_setzero_si128();
     for (int r = 0; r < R; ++r) t.acc[c][r] = _mm256_setzero_ps();
   }
   for (int r = 0; r < R; ++r) {
@@ -255,11 +311,24 @@ HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& 
     t.xd[r] = a.d_row(t0 + r);
     t.xs[r] = a.sums_row(t0 + r);
   }
-  int64_t b = 0;
-  for (; b + 8 <= num_blocks; b += 8) {
-    block_group<Fmt>(t, b, std::make_integer_sequence<int, 8>());
+  const int64_t num_pairs = (t.num_blocks + 1) / 2;
+  int64_t p = 0;
+  for (; p + 4 <= num_pairs; p += 4) {
+    block_group<Fmt>(t, p, std::make_integer_sequence<int, 4>());
   }
-  for (; b < num_blocks; ++b) block_step<Fmt, C, R, -1>(t, b);
+  switch (num_pairs - p) {
+    case 3:
+      block_group<Fmt>(t, p, std::make_integer_sequence<int, 3>());
+      break;
+    case 2:
+      block_group<Fmt>(t, p, std::make_integer_sequence<int, 2>());
+      break;
+    case 1:
+      block_group<Fmt>(t, p, std::make_integer_sequence<int, 1>());
+      break;
+    default:
+      break;
+  }
   for (int r = 0; r < R; ++r) {
     for (int c = 0; c < C; ++c) y[(t0 + r) * ldy + o0 + c] = hsum(t.acc[c][r]);
   }
@@ -282,8 +351,6 @@ HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& 
   for (int c = 0; c < C; ++c) {
     const auto* wr = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
     for (int r = 0; r < R; ++r) {
-      const int8_t* xq = a.q_row(t0 + r);
-      const float* xd = a.d_row(t0 + r);
       const float* xs = a.sums_row(t0 + r);
       float acc = 0;
       for (int64_t b = 0; b < num_blocks; ++b) {
@@ -293,9 +360,9 @@ HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& 
         int32_t sum = 0;
         for (int j = 0; j < 32; ++j) {
           const int32_t qj = Fmt::kSigned ? int32_t{static_cast<int8_t>(q[j])} : int32_t{q[j]};
-          sum += qj * int32_t{xq[32 * b + j]};
+          sum += qj * int32_t{a.q_at(t0 + r, b, j)};
         }
-        acc += static_cast<float>(sum) * (f16_at(blk) * xd[b]);
+        acc += static_cast<float>(sum) * (f16_at(blk) * a.d_at(t0 + r, b));
         if constexpr (Fmt::kHasMin) acc += Fmt::kMinScale * f16_at(blk + Fmt::kMinAt) * xs[b];
       }
       y[(t0 + r) * ldy + o0 + c] = acc;
