@@ -335,9 +335,13 @@ HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& 
 }
 
 // Weight rows per tile when R activation rows share it: more rows where fewer activation rows
-// leave registers free (AVX-512 targets have 32, AVX2 16).
+// leave registers free (AVX-512 targets have 32, AVX2 16). Eight activation rows take one weight
+// row: its decoded pair of registers then serves 8 rows. Measured with 1 thread at 8 rows (thread
+// CPU time, AVX2 on Zen 3), Q4_1 1536 x 576: 0.163 ms against 0.184 for two tiles of 2 x 4 and
+// 0.189 for 2 x 8 (which spills accumulators); Q5_0 2048 x 640: 0.312 against 0.345.
 template <int R>
 constexpr int tile_weight_rows() {
+  if constexpr (R >= 8) return 1;
   if constexpr (R <= 2) return 4;
   return HWY_TARGET == HWY_AVX2 ? 2 : 4;
 }
@@ -398,11 +402,12 @@ HWY_INLINE void block_rows_r(const RowRange& rr, const ActBlocks& a, int64_t t0)
   for (; o < rr.row_end; ++o) block_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
 }
 
-// The rows of rr for every activation row, 4 activation rows per tile: the weight rows of the
-// range are read from memory for the first tile and from cache for the others.
+// The rows of rr for every activation row, 8 activation rows per tile, then 4, then the rest: the
+// weight rows of the range are read from memory for the first tile and from cache for the others.
 template <class Fmt>
 void block_rows(const RowRange& rr, const ActBlocks& a) {
   int64_t t = 0;
+  for (; t + 8 <= rr.num_rows; t += 8) block_rows_r<Fmt, 8>(rr, a, t);
   for (; t + 4 <= rr.num_rows; t += 4) block_rows_r<Fmt, 4>(rr, a, t);
   switch (rr.num_rows - t) {
     case 3:
