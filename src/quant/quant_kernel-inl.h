@@ -8,13 +8,17 @@
 // with q[j] an 8-bit integer (unsigned, or signed for kSigned formats), d the f16 the block
 // starts with, and m (kHasMin formats) kMinScale times the f16 at byte kMinAt (Q4_0's -8 d,
 // Q4_1's stored m). A format provides
-//   load(block)       the 32 q in one 256-bit register (x86 targets)
-//   unpack(block, q)  the same 32 q as bytes (the portable path)
+//   load_pair(block0, block1, lo, hi)  the q of two blocks in two 256-bit registers, in the pair
+//                                      layout of the activations (quant_act.h): lo holds
+//                                      q0[0..16) | q1[0..16), hi q0[16..32) | q1[16..32)
+//                                      (x86 targets)
+//   unpack(block, q)                   the 32 q of one block as bytes (the portable path)
 // and the kernel computes, per activation block b of 32 (quant_act.h: x ~ dx * xq),
 //     sum_j w[j] x[j] ~ d * dx * sum_j q[j] xq[j] + m * sums[b]     (sums[b] = dx * sum_j xq[j])
-// with exact int32 dot products (AVX-512 VNNI dpbusd, or AVX2 maddubs + madd) and f32 scaling.
-// Each weight block is decoded once per tile and dotted with R activation rows, C weight rows
-// at a time, so a small batch costs little more than one row.
+// with exact int32 dot products (AVX-512 VNNI dpbusd, or AVX2 maddubs + madd) and f32 scaling,
+// two blocks per register. Each pair of weight blocks is decoded once per tile and dotted with R
+// activation rows, C weight rows at a time; the int8 work still grows with every activation row
+// (docs/perf/model.md: batch 8 is compute-bound here).
 #if defined(KVP_QUANT_KERNEL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVP_QUANT_KERNEL_INL_H_
 #undef KVP_QUANT_KERNEL_INL_H_
@@ -92,17 +96,6 @@ HWY_INLINE __m256i nibbles_32(const uint8_t* p) {
   const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m128i m = _mm_set1_epi8(0x0f);
   return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-}
-
-// Byte j of the result is 0xff where bit j of the little-endian u32 at p is set, else 0.
-HWY_INLINE __m256i bits_32(const uint8_t* p) {
-  uint32_t x;
-  std::memcpy(&x, p, 4);
-  const __m256i spread = _mm256_shuffle_epi8(
-      _mm256_set1_epi32(static_cast<int32_t>(x)),
-      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-  const __m256i all_but_bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
-  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, all_but_bit), _mm256_set1_epi64x(-1));
 }
 
 // Bytes of v shifted right by n within each byte, masked to `mask`.
