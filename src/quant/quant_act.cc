@@ -27,41 +27,51 @@ ActBlocks quantize_acts(const float* x, int64_t num_rows, int64_t ldx, int64_t c
                         ActBuffer& buf) {
   KVP_CHECK(cols % kActBlock == 0, "quantize_acts: {} columns are not blocks of 32", cols);
   const int64_t num_blocks = cols / kActBlock;
-  const size_t total_blocks = static_cast<size_t>(num_rows * num_blocks);
-  if (buf.q.size() < total_blocks * kActBlock) buf.q.resize(total_blocks * kActBlock);
-  if (buf.d.size() < total_blocks) buf.d.resize(total_blocks);
-  if (buf.s.size() < total_blocks * 8) buf.s.resize(total_blocks * 8);
+  const int64_t num_pairs = (num_blocks + 1) / 2;
+  const size_t total_pairs = static_cast<size_t>(num_rows * num_pairs);
+  if (buf.q.size() < total_pairs * 2 * kActBlock) buf.q.resize(total_pairs * 2 * kActBlock);
+  if (buf.d.size() < total_pairs * 8) buf.d.resize(total_pairs * 8);
+  const int64_t sum_stride = (num_blocks + kActSumGroup - 1) / kActSumGroup * kActSumGroup;
+  if (buf.sums.size() < static_cast<size_t>(num_rows * sum_stride)) {
+    buf.sums.resize(static_cast<size_t>(num_rows * sum_stride));
+  }
   for (int64_t t = 0; t < num_rows; ++t) {
     const float* xr = x + t * ldx;
-    for (int64_t b = 0; b < num_blocks; ++b) {
+    for (int64_t b = 0; b < 2 * num_pairs; ++b) {
+      const size_t pair = static_cast<size_t>(t * num_pairs + b / 2);
+      int8_t* q = buf.q.data() + pair * 2 * kActBlock + 16 * (b % 2);  // halves at q, q + 32
+      float* dp = buf.d.data() + pair * 8 + 4 * (b % 2);               // [4]
+      if (b == num_blocks) {  // the missing second block of an odd row's last pair
+        std::fill(q, q + 16, int8_t{0});
+        std::fill(q + 32, q + 48, int8_t{0});
+        std::fill(dp, dp + 4, 0.0f);
+        break;
+      }
       const float* xb = xr + b * kActBlock;  // [32]
-      const size_t blk = static_cast<size_t>(t * num_blocks + b);
-      int8_t* q = buf.q.data() + blk * kActBlock;  // [32]
       float amax = 0;
       for (int j = 0; j < kActBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float d = amax / 127.0f;
       const float id = d != 0 ? 1.0f / d : 0.0f;
-      int32_t sum[2] = {0, 0};
-      for (int h = 0; h < 2; ++h) {
-        for (int j = 16 * h; j < 16 * h + 16; ++j) {
-          q[j] = round_to_int8(xb[j] * id);
-          sum[h] += q[j];
-        }
+      int32_t sum = 0;
+      for (int j = 0; j < kActBlock; ++j) {
+        const int8_t v = round_to_int8(xb[j] * id);
+        q[32 * (j / 16) + j % 16] = v;
+        sum += v;
       }
-      buf.d[blk] = d;
-      float* s = buf.s.data() + blk * 8;  // [8]
-      for (int l = 0; l < 4; ++l) {
-        s[l] = 0.25f * d * static_cast<float>(sum[0]);
-        s[4 + l] = 0.25f * d * static_cast<float>(sum[1]);
-      }
+      std::fill(dp, dp + 4, d);
+      buf.sums[static_cast<size_t>(t * sum_stride + b)] = d * static_cast<float>(sum);
     }
+    std::fill(buf.sums.begin() + t * sum_stride + num_blocks,
+              buf.sums.begin() + (t + 1) * sum_stride, 0.0f);
   }
   ActBlocks a;
   a.num_rows = num_rows;
   a.num_blocks = num_blocks;
+  a.num_pairs = num_pairs;
   a.q = buf.q.data();
   a.d = buf.d.data();
-  a.s = buf.s.data();
+  a.sum_stride = sum_stride;
+  a.sums = buf.sums.data();
   return a;
 }
 

@@ -4,16 +4,18 @@
 // - per block of 256 with sums per 16 (llama.cpp's Q8_K), for the K formats' super-blocks of 256
 //   (quant_kernels_k.cc).
 //
-// Blocks of 32:
+// Blocks of 32, stored in pairs (blocks 2p and 2p + 1, the second zero where the row has an odd
+// number of blocks) so that a 256-bit register holds the same half of two blocks:
 //
-//   x [num_rows][ldx] f32  --quantize_acts-->  q [num_rows][row_stride] int8
-//                                              d [num_rows][num_blocks] f32
-//                                              s [num_rows][num_blocks][8] f32
+//   x [num_rows][ldx] f32  --quantize_acts-->  q    [num_rows][num_pairs][64] int8
+//                                              d    [num_rows][num_pairs][8] f32
+//                                              sums [num_rows][sum_stride] f32
+//   q of pair p: x_2p[0..16) | x_2p+1[0..16) | x_2p[16..32) | x_2p+1[16..32)
+//   d of pair p: d_2p x4 | d_2p+1 x4
 // Block b of row t: d = max|x| / 127 over its 32 values, q[j] = round(x[j] / d) in [-127, 127],
-// so |x[j] - d * q[j]| <= d / 2. s holds the sums of the quantised values times d of the two
-// halves of 16, each divided by 4 and repeated 4 times ([lo, lo, lo, lo, hi, hi, hi, hi]): the
-// kernels add weight offsets lane-wise with one multiply-add per block (an int32 lane of a
-// 32-element dot covers 4 elements, so 4 lanes cover a half).
+// so |x[j] - d * q[j]| <= d / 2. sums[b] = d * sum_j q[j], and sum_stride rounds num_blocks up
+// to a multiple of 8 with zeros after the last block: the kernels meet the weights' per-block
+// offsets (w = d_w * q_w + m) with one f32 multiply-add per 8 blocks, sum_b m_b * sums[b].
 #pragma once
 
 #include <cstdint>
@@ -21,25 +23,33 @@
 
 namespace kvp::quant {
 
-inline constexpr int64_t kActBlock = 32;  // activation elements per int8 block
+inline constexpr int64_t kActBlock = 32;    // activation elements per int8 block
+inline constexpr int64_t kActSumGroup = 8;  // ActBlocks::sum_stride is a multiple of this
 
 struct ActBlocks {
   int64_t num_rows = 0;
-  int64_t num_blocks = 0;     // per row: cols / 32
-  const int8_t* q = nullptr;  // [num_rows][num_blocks * 32]
-  const float* d = nullptr;   // [num_rows][num_blocks]
-  const float* s = nullptr;   // [num_rows][num_blocks][8]
+  int64_t num_blocks = 0;       // per row: cols / 32
+  int64_t num_pairs = 0;        // per row: (num_blocks + 1) / 2
+  const int8_t* q = nullptr;    // [num_rows][num_pairs][64]
+  const float* d = nullptr;     // [num_rows][num_pairs][8]
+  int64_t sum_stride = 0;       // num_blocks rounded up to a multiple of 8
+  const float* sums = nullptr;  // [num_rows][sum_stride], zero past num_blocks
 
-  const int8_t* q_row(int64_t t) const { return q + t * num_blocks * kActBlock; }
-  const float* d_row(int64_t t) const { return d + t * num_blocks; }
-  const float* s_row(int64_t t) const { return s + t * num_blocks * 8; }
+  const int8_t* q_row(int64_t t) const { return q + t * num_pairs * 2 * kActBlock; }
+  const float* d_row(int64_t t) const { return d + t * num_pairs * 8; }
+  // Element j < 32 of block b of row t, and the block's d.
+  int8_t q_at(int64_t t, int64_t b, int j) const {
+    return q_row(t)[64 * (b / 2) + 32 * (j / 16) + 16 * (b % 2) + j % 16];
+  }
+  float d_at(int64_t t, int64_t b) const { return d_row(t)[8 * (b / 2) + 4 * (b % 2)]; }
+  const float* sums_row(int64_t t) const { return sums + t * sum_stride; }
 };
 
 // Reusable storage for ActBlocks; grows, never shrinks.
 struct ActBuffer {
   std::vector<int8_t> q;
   std::vector<float> d;
-  std::vector<float> s;
+  std::vector<float> sums;
 };
 
 // Quantises rows [0, num_rows) of x (cols values each, row stride ldx) into buf and returns the

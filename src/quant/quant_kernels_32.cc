@@ -1,5 +1,5 @@
 // The integer kernels for the formats with blocks of 32 (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL):
-// each format's view as q * d16 + m16 (quant_kernel-inl.h), compiled per Highway target.
+// each format's view as d * q + m (quant_kernel-inl.h), compiled per Highway target.
 // Layouts: dequant.h.
 
 #undef HWY_TARGET_INCLUDE
@@ -21,113 +21,118 @@ HWY_INLINE void add_fifth_bits(const uint8_t* qh, uint8_t* q) {
 
 // Q4_0 [18 B]: d | qs[16]; w = d * (q - 8).
 struct FmtQ4_0 {
-  static constexpr int kSubs = 1;
   static constexpr size_t kBytes = 18;
+  static constexpr int kMaxQ = 15;
   static constexpr bool kSigned = false;
   static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
-    d16[0] = d16[1] = f16_at(b);
-    m16[0] = m16[1] = -8.0f * d16[0];
-  }
-  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) { unpack_nibbles(b + 2, q); }
+  static constexpr size_t kMinAt = 0;  // m = -8 d
+  static constexpr float kMinScale = -8.0f;
+  static HWY_INLINE void unpack(const uint8_t* b, uint8_t* q) { unpack_nibbles(b + 2, q); }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int) { return nibbles_32(b + 2); }
+  static HWY_INLINE void load_pair(const uint8_t* b0, const uint8_t* b1, __m256i& lo, __m256i& hi) {
+    nibbles_pair(b0 + 2, b1 + 2, lo, hi);
+  }
 #endif
 };
 
 // Q4_1 [20 B]: d | m | qs[16]; w = d * q + m.
 struct FmtQ4_1 {
-  static constexpr int kSubs = 1;
   static constexpr size_t kBytes = 20;
+  static constexpr int kMaxQ = 15;
   static constexpr bool kSigned = false;
   static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
-    d16[0] = d16[1] = f16_at(b);
-    m16[0] = m16[1] = f16_at(b + 2);
-  }
-  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) { unpack_nibbles(b + 4, q); }
+  static constexpr size_t kMinAt = 2;
+  static constexpr float kMinScale = 1.0f;
+  static HWY_INLINE void unpack(const uint8_t* b, uint8_t* q) { unpack_nibbles(b + 4, q); }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int) { return nibbles_32(b + 4); }
+  static HWY_INLINE void load_pair(const uint8_t* b0, const uint8_t* b1, __m256i& lo, __m256i& hi) {
+    nibbles_pair(b0 + 4, b1 + 4, lo, hi);
+  }
 #endif
 };
 
 // Q5_0 [22 B]: d | qh (u32) | qs[16]; w = d * (q - 16), bit j of qh is bit 4 of q[j].
 struct FmtQ5_0 {
-  static constexpr int kSubs = 1;
   static constexpr size_t kBytes = 22;
+  static constexpr int kMaxQ = 31;
   static constexpr bool kSigned = false;
   static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
-    d16[0] = d16[1] = f16_at(b);
-    m16[0] = m16[1] = -16.0f * d16[0];
-  }
-  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) {
+  static constexpr size_t kMinAt = 0;  // m = -16 d
+  static constexpr float kMinScale = -16.0f;
+  static HWY_INLINE void unpack(const uint8_t* b, uint8_t* q) {
     unpack_nibbles(b + 6, q);
     add_fifth_bits(b + 2, q);
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int) {
-    return _mm256_or_si256(nibbles_32(b + 6),
-                           _mm256_and_si256(bits_32(b + 2), _mm256_set1_epi8(0x10)));
+  static HWY_INLINE void load_pair(const uint8_t* b0, const uint8_t* b1, __m256i& lo, __m256i& hi) {
+    __m256i lo5, hi5;
+    nibbles_pair(b0 + 6, b1 + 6, lo, hi);
+    fifth_bits_pair(b0 + 2, b1 + 2, lo5, hi5);
+    lo = _mm256_or_si256(lo, lo5);
+    hi = _mm256_or_si256(hi, hi5);
   }
 #endif
 };
 
 // Q5_1 [24 B]: d | m | qh (u32) | qs[16]; w = d * q + m.
 struct FmtQ5_1 {
-  static constexpr int kSubs = 1;
   static constexpr size_t kBytes = 24;
+  static constexpr int kMaxQ = 31;
   static constexpr bool kSigned = false;
   static constexpr bool kHasMin = true;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float* m16) {
-    d16[0] = d16[1] = f16_at(b);
-    m16[0] = m16[1] = f16_at(b + 2);
-  }
-  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) {
+  static constexpr size_t kMinAt = 2;
+  static constexpr float kMinScale = 1.0f;
+  static HWY_INLINE void unpack(const uint8_t* b, uint8_t* q) {
     unpack_nibbles(b + 8, q);
     add_fifth_bits(b + 4, q);
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int) {
-    return _mm256_or_si256(nibbles_32(b + 8),
-                           _mm256_and_si256(bits_32(b + 4), _mm256_set1_epi8(0x10)));
+  static HWY_INLINE void load_pair(const uint8_t* b0, const uint8_t* b1, __m256i& lo, __m256i& hi) {
+    __m256i lo5, hi5;
+    nibbles_pair(b0 + 8, b1 + 8, lo, hi);
+    fifth_bits_pair(b0 + 4, b1 + 4, lo5, hi5);
+    lo = _mm256_or_si256(lo, lo5);
+    hi = _mm256_or_si256(hi, hi5);
   }
 #endif
 };
 
 // Q8_0 [34 B]: d | qs[32] (int8); w = d * q.
 struct FmtQ8_0 {
-  static constexpr int kSubs = 1;
   static constexpr size_t kBytes = 34;
+  static constexpr int kMaxQ = 128;  // |q|
   static constexpr bool kSigned = true;
   static constexpr bool kHasMin = false;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float*) {
-    d16[0] = d16[1] = f16_at(b);
-  }
-  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) { std::memcpy(q, b + 2, 32); }
+  static constexpr size_t kMinAt = 0;
+  static constexpr float kMinScale = 0.0f;
+  static HWY_INLINE void unpack(const uint8_t* b, uint8_t* q) { std::memcpy(q, b + 2, 32); }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int) { return load256(b + 2); }
+  static HWY_INLINE void load_pair(const uint8_t* b0, const uint8_t* b1, __m256i& lo, __m256i& hi) {
+    lo = load_2x128(b0 + 2, b1 + 2);
+    hi = load_2x128(b0 + 18, b1 + 18);
+  }
 #endif
 };
 
 // IQ4_NL [18 B]: d | qs[16] (4-bit indices); w = d * level[index].
 struct FmtIq4Nl {
-  static constexpr int kSubs = 1;
   static constexpr size_t kBytes = 18;
+  static constexpr int kMaxQ = 127;  // |q|
   static constexpr bool kSigned = true;
   static constexpr bool kHasMin = false;
-  static HWY_INLINE void header(const uint8_t* b, float* d16, float*) {
-    d16[0] = d16[1] = f16_at(b);
-  }
-  static HWY_INLINE void unpack(const uint8_t* b, int, uint8_t* q) {
+  static constexpr size_t kMinAt = 0;
+  static constexpr float kMinScale = 0.0f;
+  static HWY_INLINE void unpack(const uint8_t* b, uint8_t* q) {
     unpack_nibbles(b + 2, q);
     for (int j = 0; j < 32; ++j) q[j] = static_cast<uint8_t>(kIq4Levels[q[j]]);
   }
 #if KVP_QUANT_X86
-  static HWY_INLINE __m256i load(const uint8_t* b, int) {
+  static HWY_INLINE void load_pair(const uint8_t* b0, const uint8_t* b1, __m256i& lo, __m256i& hi) {
     const __m256i table =
         _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kIq4Levels)));
-    return _mm256_shuffle_epi8(table, nibbles_32(b + 2));
+    nibbles_pair(b0 + 2, b1 + 2, lo, hi);
+    lo = _mm256_shuffle_epi8(table, lo);
+    hi = _mm256_shuffle_epi8(table, hi);
   }
 #endif
 };

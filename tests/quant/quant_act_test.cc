@@ -101,9 +101,9 @@ TEST(QuantizeActsK, OneOutlierSetsTheStepOfItsWholeBlock) {
   EXPECT_EQ(a.bsums[16], 0);
 }
 
-TEST(QuantizeActs, CodesAreWithinHalfAStepAndSumsAreTheHalvesTimesTheStep) {
+TEST(QuantizeActs, CodesAreWithinHalfAStepPairedAndSumsAreTheCodesTimesTheStep) {
   std::mt19937 rng(4);
-  const int64_t num_rows = 4, cols = 160, ldx = cols + 3;
+  const int64_t num_rows = 4, cols = 160, ldx = cols + 3;  // 5 blocks: an odd last pair
   const std::vector<float> x = random_rows(num_rows, ldx, kActBlock, rng);
   ActBuffer buf;
   const ActBlocks a = quantize_acts(x.data(), num_rows, ldx, cols, buf);
@@ -112,19 +112,30 @@ TEST(QuantizeActs, CodesAreWithinHalfAStepAndSumsAreTheHalvesTimesTheStep) {
   for (int64_t t = 0; t < num_rows; ++t) {
     for (int64_t b = 0; b < a.num_blocks; ++b) {
       const float* xb = x.data() + t * ldx + b * 32;
-      const int8_t* q = a.q_row(t) + b * 32;
-      const float d = a.d_row(t)[b];
-      worst = std::max(worst, check_block(xb, q, d, 32, "Q8_0", t, b));
-      for (int h = 0; h < 2; ++h) {
-        int32_t sum = 0;
-        for (int j = 16 * h; j < 16 * h + 16; ++j) sum += q[j];
-        for (int l = 0; l < 4; ++l) {
-          EXPECT_FLOAT_EQ(a.s_row(t)[8 * b + 4 * h + l], 0.25f * d * static_cast<float>(sum))
-              << "row " << t << " block " << b << " half " << h;
-        }
+      int8_t q[32];
+      for (int j = 0; j < 32; ++j) q[j] = a.q_at(t, b, j);
+      const float d = a.d_at(t, b);
+      // the pair layout of quant_act.h, element by element
+      const int8_t* pair = a.q_row(t) + 64 * (b / 2);
+      for (int j = 0; j < 32; ++j) {
+        EXPECT_EQ(pair[(j < 16 ? 0 : 32) + 16 * (b % 2) + j % 16], q[j]) << "block " << b;
       }
+      for (int l = 0; l < 4; ++l) EXPECT_EQ(a.d_row(t)[8 * (b / 2) + 4 * (b % 2) + l], d);
+      worst = std::max(worst, check_block(xb, q, d, 32, "Q8_0", t, b));
+      int32_t sum = 0;
+      for (int j = 0; j < 32; ++j) sum += q[j];
+      EXPECT_FLOAT_EQ(a.sums_row(t)[b], d * static_cast<float>(sum))
+          << "row " << t << " block " << b;
+    }
+    for (int64_t b = a.num_blocks; b < a.sum_stride; ++b) {
+      EXPECT_EQ(a.sums_row(t)[b], 0.0f) << "row " << t << " padding " << b;
+    }
+    if (a.num_blocks % 2 == 1) {  // the last pair's missing block is zero
+      for (int j = 0; j < 32; ++j) EXPECT_EQ(a.q_at(t, a.num_blocks, j), 0) << "row " << t;
+      EXPECT_EQ(a.d_at(t, a.num_blocks), 0.0f) << "row " << t;
     }
   }
+  EXPECT_EQ(a.sum_stride % kActSumGroup, 0);
   std::printf("Q8_0: largest |x - d q| / (d / 2) %.4f\n", worst);
 }
 

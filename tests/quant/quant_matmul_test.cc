@@ -144,9 +144,14 @@ struct Shape {
 };
 
 // One activation row takes tiles of one weight row where rows are long (>= 512 bytes) and of
-// several where short: {21, 4, 1} and {7, 40, 1} give each format both.
-constexpr Shape kShapes[] = {{1, 1, 1},  {5, 3, 3},  {37, 2, 7}, {67, 5, 17}, {130, 3, 64},
-                             {9, 1, 70}, {21, 4, 1}, {18, 2, 8}, {7, 40, 1}};
+// several where short: {21, 4, 1} and {7, 40, 1} give each format both. {13, 9, 1..9} run
+// every tile of 1..4 activation rows (and 2 x 4 + 1) with a weight-row count that is no
+// multiple of the weight-row tile, and 9 and 17 blocks leave a partial group of the 8-block
+// offset sums (quant_act.h).
+constexpr Shape kShapes[] = {
+    {1, 1, 1},  {5, 3, 3},  {37, 2, 7}, {67, 5, 17}, {130, 3, 64}, {9, 1, 70},  {21, 4, 1},
+    {18, 2, 8}, {7, 40, 1}, {13, 9, 1}, {13, 9, 2},  {13, 9, 3},   {13, 9, 4},  {13, 9, 5},
+    {13, 9, 6}, {13, 9, 7}, {13, 9, 8}, {13, 9, 9},  {11, 17, 1},  {11, 17, 8}, {6, 33, 5}};
 
 int64_t cols_of(GgmlType t, int64_t blocks) {
   if (is_float_type(t)) return blocks * 32 + 3;  // not a multiple of any vector width
@@ -222,6 +227,40 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulParity, ::testing::ValuesIn(kAllTypes),
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return std::string(ggml_type_name(info.param));
                          });
+
+// A row of an odd number of 32-blocks ends in half a pair: the kernels must pair its last block
+// with zeros, not with the bytes after it. Here those bytes are f16 NaNs (0xff), so reading them
+// would turn outputs into NaN; the outputs must equal those of the same matrix in a buffer of
+// its own size, on every target.
+TEST(QuantMatmul, OddBlockRowsNeverReadPastTheirLastBlock) {
+  std::mt19937 rng(12);
+  const int64_t rows = 5, cols = 9 * 32;
+  for (GgmlType type : kAllTypes) {
+    if (is_float_type(type) || act_block_size(type) != 32) continue;
+    const std::vector<uint8_t> data = random_matrix(type, rows, cols, rng);
+    std::vector<uint8_t> padded = data;
+    padded.resize(data.size() + 256, 0xff);
+    const QuantMatrix w = make_matrix(type, data.data(), rows, cols);
+    const QuantMatrix w_padded = make_matrix(type, padded.data(), rows, cols);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    for (int64_t num_rows : {1, 3, 8}) {
+      std::vector<float> x(static_cast<size_t>(num_rows * cols));
+      for (float& v : x) v = u(rng);
+      for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+        hwy::SetSupportedTargetsForTest(target);
+        std::vector<float> y(static_cast<size_t>(num_rows * rows));
+        std::vector<float> y_padded(y.size());
+        matmul(w, x.data(), num_rows, cols, y.data(), rows, nullptr);
+        matmul(w_padded, x.data(), num_rows, cols, y_padded.data(), rows, nullptr);
+        for (size_t i = 0; i < y.size(); ++i) {
+          EXPECT_EQ(y_padded[i], y[i]) << ggml_type_name(type) << " on " << hwy::TargetName(target)
+                                       << " num_rows " << num_rows << " output " << i;
+        }
+      }
+      hwy::SetSupportedTargetsForTest(0);
+    }
+  }
+}
 
 TEST(QuantMatmul, StackedPartsOfDifferentTypesFillTheirColumns) {
   std::mt19937 rng(11);
