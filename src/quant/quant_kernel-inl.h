@@ -183,6 +183,17 @@ HWY_INLINE void fifth_bits_pair(const uint8_t* qh0, const uint8_t* qh1, __m256i&
   hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_or_si256(spread_hi, all_but_bit), ones), five);
 }
 
+// The 5-bit values of two Q5_0 / Q5_1 blocks in the pair layout: nibbles_pair of qs0, qs1 with
+// fifth_bits_pair of qh0, qh1 added in.
+HWY_INLINE void five_bit_pair(const uint8_t* qs0, const uint8_t* qs1, const uint8_t* qh0,
+                              const uint8_t* qh1, __m256i& lo, __m256i& hi) {
+  __m256i lo5, hi5;
+  nibbles_pair(qs0, qs1, lo, hi);
+  fifth_bits_pair(qh0, qh1, lo5, hi5);
+  lo = _mm256_or_si256(lo, lo5);
+  hi = _mm256_or_si256(hi, hi5);
+}
+
 // The f16s at p0 and p1 as [*p0 x4 | *p1 x4] in f32.
 HWY_INLINE __m256 f16_pair(const uint8_t* p0, const uint8_t* p1) {
   uint16_t h0, h1;

@@ -65,11 +65,7 @@ struct FmtQ5_0 {
   }
 #if KVP_QUANT_X86
   static HWY_INLINE void load_pair(const uint8_t* b0, const uint8_t* b1, __m256i& lo, __m256i& hi) {
-    __m256i lo5, hi5;
-    nibbles_pair(b0 + 6, b1 + 6, lo, hi);
-    fifth_bits_pair(b0 + 2, b1 + 2, lo5, hi5);
-    lo = _mm256_or_si256(lo, lo5);
-    hi = _mm256_or_si256(hi, hi5);
+    five_bit_pair(b0 + 6, b1 + 6, b0 + 2, b1 + 2, lo, hi);
   }
 #endif
 };
@@ -88,11 +84,7 @@ struct FmtQ5_1 {
   }
 #if KVP_QUANT_X86
   static HWY_INLINE void load_pair(const uint8_t* b0, const uint8_t* b1, __m256i& lo, __m256i& hi) {
-    __m256i lo5, hi5;
-    nibbles_pair(b0 + 8, b1 + 8, lo, hi);
-    fifth_bits_pair(b0 + 4, b1 + 4, lo5, hi5);
-    lo = _mm256_or_si256(lo, lo5);
-    hi = _mm256_or_si256(hi, hi5);
+    five_bit_pair(b0 + 8, b1 + 8, b0 + 4, b1 + 4, lo, hi);
   }
 #endif
 };
