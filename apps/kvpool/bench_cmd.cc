@@ -242,6 +242,12 @@ CLI::App* add_bench_command(CLI::App& app, BenchOptions* o) {
   bench->add_option("--turn-tokens", b.turn_tokens, "agents: user tokens per turn")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  bench
+      ->add_option("--first-turn-tokens", b.first_turn_tokens,
+                   "agents: user tokens of each agent's first turn (0: --turn-tokens), e.g. a long "
+                   "document that later turns ask about")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
   bench->add_option("--reply-tokens", b.reply_tokens, "agents: generated tokens per turn")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();

@@ -5,11 +5,11 @@
 # workloads with tiers none / host / disk, alternating, and running sequences preempted under
 # pressure, recomputed or swapped to the host tier. Run from the package of
 # scripts/gpu/package-engine.sh:  bash gpu/tier-bench.sh OUTDIR [SECTION ...]
-# SECTIONs (default all): tests ceilings pressure long 16k preempt preempt-nocache
+# SECTIONs (default all): tests ceilings pressure long 16k restore8k preempt preempt-nocache
 set -u -o pipefail
 out=${1:?usage: tier-bench.sh OUTDIR [SECTION ...]}
 shift
-sections=${*:-tests ceilings pressure long 16k preempt preempt-nocache}
+sections=${*:-tests ceilings pressure long 16k restore8k preempt preempt-nocache}
 want() { case " $sections " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -75,6 +75,22 @@ want pressure && agents pressure 200 2048 32 4 256 17179869184 none host disk
 want long && agents long 240 4096 24 3 2048 34359738368 none host
 # histories growing to ~16K tokens: 16 agents x 7 turns of 2K tokens, the same 64K pool
 want 16k && agents 16k 300 4096 16 7 2048 42949672960 none host
+# the issue's restore goal: an idle 8K-token session's next turn, restored from the host tier or
+# disk against re-prefilled (none). 4 agents whose first turn is an 8K-token document, then 2
+# short turns 3 s apart; a 20K-token pool holds two of them, so every later turn finds its
+# session evicted. "ttft of later turns" is the comparison.
+want restore8k && for tier in none host disk; do
+  case $tier in
+    none) extra="" ;;
+    host) extra="--host-tier-bytes 17179869184" ;;
+    disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
+  esac
+  echo "== 8B idle 8K-token sessions restored (4 agents x 3 turns, 1280 blocks), tier: $tier"
+  timeout 150 $b8 --blocks 1280 --workload agents --agents 4 --turns 3 --system-prompt-tokens 0 \
+    --first-turn-tokens 8192 --turn-tokens 64 --reply-tokens 64 --think-time 3 --max-seqs 2 \
+    --step-tokens 4096 $extra 2>&1 | tee "$out/8b-restore8k-$tier.log" | tail -10 || status=1
+  rm -rf /tmp/kvp-spill
+done
 # running sequences preempted: 64 requests of 1-3K prompt tokens growing by 128-256 in a 32K-token
 # pool, 32 at a time; preempted ones recomputed, or swapped to a 16 GiB host tier, alternating
 want preempt && for round in 1 2; do

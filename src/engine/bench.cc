@@ -98,6 +98,13 @@ std::string BenchReport::to_text() const {
     }
     return s;
   };
+  if (num_later_turns > 0) {
+    s += fmt::format(
+        "  ttft of {} first turns p50 {:.2f} ms p95 {:.2f} ms; of {} later turns p50 {:.2f} ms "
+        "p95 {:.2f} ms\n",
+        num_requests - num_later_turns, ttft_first_turn_s.p50 * 1e3, ttft_first_turn_s.p95 * 1e3,
+        num_later_turns, ttft_later_turns_s.p50 * 1e3, ttft_later_turns_s.p95 * 1e3);
+  }
   if (num_restored_requests > 0) {
     s += fmt::format(
         "  ttft of {} requests restored from host/disk p50 {:.2f} ms p95 {:.2f} ms; of the "
@@ -139,6 +146,10 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
       config.output_tokens_min < 1 || config.output_tokens_max < config.output_tokens_min) {
     return Status::invalid_argument("bench: token ranges must be positive and ordered");
   }
+  if (config.first_turn_tokens < 0) {
+    return Status::invalid_argument("bench: first turn tokens {} is negative",
+                                    config.first_turn_tokens);
+  }
   std::mt19937_64 rng(config.seed);
   std::uniform_int_distribution<int32_t> token_dist(3, vocab_size - 1);
   auto random_tokens = [&](int32_t n) {
@@ -171,7 +182,8 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   const std::vector<int32_t> system_prompt = random_tokens(config.system_prompt_tokens);
   std::vector<std::vector<int32_t>> agent_history(config.num_agents);  // sessions off
   auto schedule_turn = [&](int32_t agent, int32_t turn, double at) {
-    std::vector<int32_t> user = random_tokens(config.turn_tokens);
+    std::vector<int32_t> user = random_tokens(
+        turn == 0 && config.first_turn_tokens > 0 ? config.first_turn_tokens : config.turn_tokens);
     std::vector<int32_t> prompt;
     Request r;
     if (config.sessions) {
@@ -286,7 +298,7 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   report.wall_s = now_s();
   const EngineStats after = engine.stats();
 
-  std::vector<double> ttft, tpot, itl, ttft_restored, ttft_other;
+  std::vector<double> ttft, tpot, itl, ttft_restored, ttft_other, ttft_first, ttft_later;
   int64_t cached = 0;
   for (const RequestTiming& r : report.requests) {
     ++report.num_requests;
@@ -297,6 +309,7 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
     if (r.token_times_s.empty()) continue;
     ttft.push_back(r.first_token_s - r.arrival_s);
     (r.restored_tokens > 0 ? ttft_restored : ttft_other).push_back(ttft.back());
+    if (r.turn >= 0) (r.turn == 0 ? ttft_first : ttft_later).push_back(ttft.back());
     if (r.output_tokens > 1) {
       tpot.push_back((r.finish_s - r.first_token_s) / (r.output_tokens - 1));
     }
@@ -308,6 +321,9 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   report.num_restored_requests = static_cast<int64_t>(ttft_restored.size());
   report.ttft_restored_s = percentiles(ttft_restored);
   report.ttft_other_s = percentiles(ttft_other);
+  report.num_later_turns = static_cast<int64_t>(ttft_later.size());
+  report.ttft_first_turn_s = percentiles(ttft_first);
+  report.ttft_later_turns_s = percentiles(ttft_later);
   report.tpot_s = percentiles(tpot);
   report.itl_s = percentiles(itl);
   report.output_tokens_per_s = report.wall_s > 0 ? report.output_tokens / report.wall_s : 0;

@@ -31,6 +31,7 @@ struct BenchConfig {
   int32_t num_agents = 8, num_turns = 4;  // agents
   int32_t system_prompt_tokens = 256;     // agents: shared by every agent
   int32_t turn_tokens = 64;               // agents: user tokens per turn
+  int32_t first_turn_tokens = 0;          // agents: user tokens of a first turn (0: turn_tokens)
   int32_t reply_tokens = 32;              // agents: generated tokens per turn
   double think_time_s = 0.0;              // agents: pause between a reply and the next turn
   bool sessions = true;                   // agents: keep each agent's history in a session
@@ -66,6 +67,10 @@ struct BenchReport {
   // TTFT of requests whose session KV was restored from the host or disk tier, and of the rest
   int64_t num_restored_requests = 0;
   Percentiles ttft_restored_s, ttft_other_s;
+  // agents: TTFT of each agent's first turn and of its later ones (which find the history in
+  // the pool, restore it from a tier or recompute it)
+  int64_t num_later_turns = 0;
+  Percentiles ttft_first_turn_s, ttft_later_turns_s;
   double kv_utilisation_mean = 0, kv_utilisation_peak = 0;  // of group 0's blocks
   double prefix_hit_rate = 0;  // prompt tokens served from the prefix cache or a session
   int64_t num_preemptions = 0, num_session_evictions = 0;

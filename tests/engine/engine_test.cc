@@ -591,6 +591,37 @@ TEST(Bench, AgentsWithSessionsPrefillOnlyNewTokens) {
   EXPECT_LT(prefilled[1], prefilled[0]);
 }
 
+// A long first turn (a document the later turns ask about): the first turn's prompt has
+// first_turn_tokens user tokens, the later ones turn_tokens; first and later turns are timed
+// apart.
+TEST(Bench, AgentsFirstTurnCarriesItsOwnLength) {
+  auto runner = load("llama");
+  BenchConfig config;
+  config.workload = BenchConfig::Workload::kAgents;
+  config.num_agents = 2;
+  config.num_turns = 3;
+  config.system_prompt_tokens = 8;
+  config.first_turn_tokens = 60;
+  config.turn_tokens = 5;
+  config.reply_tokens = 4;
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, small_config(512));
+  auto report = run_bench(engine, runner->spec().vocab_size, config);
+  ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+  ASSERT_EQ(report->num_requests, 6);
+  EXPECT_EQ(report->num_later_turns, 4);
+  for (const RequestTiming& r : report->requests) {
+    EXPECT_EQ(r.prompt_tokens, r.turn == 0 ? 8 + 60 : 5) << "turn " << r.turn;
+  }
+  EXPECT_GT(report->ttft_first_turn_s.p50, 0.0);
+  EXPECT_GT(report->ttft_later_turns_s.p50, 0.0);
+  EXPECT_NE(report->to_text().find("of 4 later turns"), std::string::npos) << report->to_text();
+  engine.check_integrity();
+
+  config.first_turn_tokens = -1;
+  EXPECT_FALSE(run_bench(engine, runner->spec().vocab_size, config).is_ok());
+}
+
 TEST(Bench, ClosedLoopReachesItsTokenTarget) {
   auto runner = load("qwen2");
   BenchConfig config;
