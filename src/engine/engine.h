@@ -335,11 +335,22 @@ class Engine {
   void settle_file_writes();
   // A cache file, validated whole (and its token ids against the vocabulary), as a host copy;
   // *tokens (if not null) receives its token ids. Errors name the file and the reason.
+  // With `into` (blocks of the disk staging tier, from stage_file_read) and a file of the
+  // tokens they were taken for, the KV goes there and the result is null: a restore from it is
+  // then one DMA per run of blocks, not a copy out of pageable memory.
   Result<std::unique_ptr<HostKv>> read_file(const std::filesystem::path& path,
-                                            std::vector<int32_t>* tokens);
-  // read_file without the stats: reads only what does not change, so any thread may call it.
+                                            std::vector<int32_t>* tokens, HostKv* into = nullptr);
+  // read_file without the stats: reads only what does not change (and writes only *into's
+  // bytes and tables), so any thread may call it.
   Result<std::unique_ptr<HostKv>> load_file(const std::filesystem::path& path,
-                                            std::vector<int32_t>* tokens) const;
+                                            std::vector<int32_t>* tokens,
+                                            HostKv* into = nullptr) const;
+  // Blocks of the disk staging tier for a spill file of num_tokens tokens to be read into, or
+  // null (no staging tier, or not the room: the read goes to pageable memory).
+  std::unique_ptr<HostKv> stage_file_read(int32_t num_tokens);
+  // Blocks per cache group of a host copy of num_tokens tokens read from a cache file (a window
+  // group keeps only the tokens its window can still see; CacheFile::group_token_begin).
+  std::vector<int32_t> file_blocks(int64_t num_tokens) const;
   // Starts reading a disk-tier session's spill file on a thread, for its next admission.
   struct Prefetch;
   void start_prefetch(SessionState& session);

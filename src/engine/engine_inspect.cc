@@ -105,6 +105,8 @@ void Engine::check_integrity() const {
     };
     for (const auto& [name, session] : sessions_) {
       if (session->writing) count(session->writing->kv.get());
+      // blocks taken for a read in flight (only the blocks: the read writes the rest)
+      if (session->prefetch) count(session->prefetch->staged.get());
       count(session->host.get());
     }
     for (const auto& w : orphan_writes_) count(w->kv.get());

@@ -111,7 +111,12 @@ struct Engine::PendingRestore {
 
 // A spill file being read ahead of its session's admission (Engine::start_prefetch).
 struct Engine::Prefetch {
+  // staging blocks the read fills (Engine::stage_file_read; null: it reads into pageable memory
+  // of its own). Allocated and released on the engine thread; declared before kv, so that kv's
+  // destructor waits for the read before these blocks go back.
+  std::unique_ptr<HostKv> staged;
   std::vector<int32_t> tokens;  // written by the read, then read by the engine after kv.get()
+  // the read: a host copy, or null when it went into `staged`
   std::future<Result<std::unique_ptr<HostKv>>> kv;
 };
 

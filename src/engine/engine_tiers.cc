@@ -201,15 +201,38 @@ int32_t Engine::finish_write_backs(bool wait) {
 }
 
 Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem::path& path,
-                                                          std::vector<int32_t>* tokens) {
+                                                          std::vector<int32_t>* tokens,
+                                                          HostKv* into) {
   const auto start = std::chrono::steady_clock::now();
-  auto kv = load_file(path, tokens);
-  if (kv.is_ok()) count_move(stats_.file_reads, (*kv)->size_bytes, start);
+  auto kv = load_file(path, tokens, into);
+  if (kv.is_ok()) count_move(stats_.file_reads, (*kv ? kv->get() : into)->size_bytes, start);
+  return kv;
+}
+
+std::vector<int32_t> Engine::file_blocks(int64_t num_tokens) const {
+  const int32_t block_size = config_.block_size;
+  const auto num_entries = static_cast<int32_t>((num_tokens + block_size - 1) / block_size);
+  std::vector<int32_t> num_blocks;  // [num_groups]
+  for (int32_t g = 0; g < cache_spec_.num_groups(); ++g) {
+    const int64_t begin =
+        num_tokens - cache_spec_.kept_tokens(cache_spec_.group(g).layers.front(), num_tokens);
+    num_blocks.push_back(num_entries - static_cast<int32_t>(begin / block_size));
+  }
+  return num_blocks;
+}
+
+std::unique_ptr<Engine::HostKv> Engine::stage_file_read(int32_t num_tokens) {
+  if (!disk_staging_ || num_tokens <= 0) return nullptr;
+  auto blocks = disk_staging_->allocate(file_blocks(num_tokens));
+  if (!blocks) return nullptr;
+  auto kv = std::make_unique<HostKv>(disk_staging_.get(), std::move(*blocks));
+  kv->num_tokens = num_tokens;  // what the blocks were taken for; the read fills the rest
   return kv;
 }
 
 Result<std::unique_ptr<Engine::HostKv>> Engine::load_file(const std::filesystem::path& path,
-                                                          std::vector<int32_t>* tokens) const {
+                                                          std::vector<int32_t>* tokens,
+                                                          HostKv* into) const {
   auto file = CacheFile::read(path, fingerprint_, cache_spec_);
   if (!file.is_ok()) return file.status();
   const int32_t vocab = backend_->spec().vocab_size;
@@ -226,21 +249,33 @@ Result<std::unique_ptr<Engine::HostKv>> Engine::load_file(const std::filesystem:
   }
   const int32_t block_size = config_.block_size;
   const int32_t num_entries = static_cast<int32_t>((num_tokens + block_size - 1) / block_size);
-  std::vector<int32_t> num_blocks;  // [num_groups]
+  const std::vector<int32_t> num_blocks = file_blocks(num_tokens);
   for (int32_t g = 0; g < cache_spec_.num_groups(); ++g) {
-    num_blocks.push_back(num_entries -
-                         static_cast<int32_t>(file->group_token_begin(g) / block_size));
+    if (num_blocks[g] != num_entries - file->group_token_begin(g) / block_size) {
+      return Status::corruption("cache file '{}': group {} keeps tokens from {}, not the model's",
+                                path.string(), g, file->group_token_begin(g));
+    }
   }
-  auto storage = HostKvStorage::create(cache_spec_, num_blocks);
-  if (!storage.is_ok()) return storage.status();
-  auto kv = std::make_unique<HostKv>(std::move(storage).value());
+  // the staging blocks only if they were taken for this many tokens (the file may have changed)
+  const bool staged = into != nullptr && into->num_tokens == num_tokens && into->tables.empty() &&
+                      into->tier_blocks.size() == num_blocks.size();
+  std::unique_ptr<HostKv> own;
+  HostKv* kv = into;
+  if (!staged) {
+    auto storage = HostKvStorage::create(cache_spec_, num_blocks);
+    if (!storage.is_ok()) return storage.status();
+    own = std::make_unique<HostKv>(std::move(storage).value());
+    kv = own.get();
+  }
   kv->num_tokens = static_cast<int32_t>(num_tokens);
   for (int32_t g = 0; g < cache_spec_.num_groups(); ++g) {
     const int32_t first = num_entries - num_blocks[g];
     std::vector<BlockId> table(num_entries, HostKv::kNoBlock);
-    for (int32_t i = first; i < num_entries; ++i) table[i] = BlockId{i - first};
+    for (int32_t i = first; i < num_entries; ++i) {
+      table[i] = staged ? kv->tier_blocks[g][i - first] : BlockId{i - first};
+    }
     kv->tables.push_back(std::move(table));
-    kv->size_bytes += kv->storage().layout(g).size_bytes();
+    kv->size_bytes += uint64_t(num_blocks[g]) * cache_spec_.block_bytes(g);
     // a window group keeps the last W tokens: the block they start in is valid only in part
     const int64_t begin = file->group_token_begin(g);
     if (begin % block_size != 0) {
@@ -251,7 +286,7 @@ Result<std::unique_ptr<Engine::HostKv>> Engine::load_file(const std::filesystem:
   KVP_CHECK(tables_ok.is_ok(), "{}", tables_ok.to_string());
   file->scatter_into(kv->storage(), kv->tables);
   if (tokens != nullptr) tokens->assign(file->token_ids().begin(), file->token_ids().end());
-  return kv;
+  return own;  // null when the KV went into `into`
 }
 
 bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, int32_t* num_shared,
@@ -356,16 +391,21 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool
   if (kv == nullptr) {
     std::vector<int32_t> file_tokens;
     Result<std::unique_ptr<HostKv>> read = Status::not_found("not read");
+    std::unique_ptr<HostKv> staged;
     if (session.prefetch) {
       // read since the request arrived (start_prefetch), on a thread of its own
       const auto start = std::chrono::steady_clock::now();
       read = session.prefetch->kv.get();
       file_tokens = std::move(session.prefetch->tokens);
+      staged = std::move(session.prefetch->staged);
       session.prefetch.reset();
-      if (read.is_ok()) count_move(stats_.file_reads, (*read)->size_bytes, start);
+      if (read.is_ok())
+        count_move(stats_.file_reads, (*read ? read->get() : staged.get())->size_bytes, start);
     } else {
-      read = read_file(session.file, &file_tokens);
+      staged = stage_file_read(session.num_computed);
+      read = read_file(session.file, &file_tokens, staged.get());
     }
+    if (read.is_ok() && *read == nullptr) read = std::move(staged);  // it went into the staging
     const bool same_history =
         read.is_ok() && file_tokens.size() <= session.tokens.size() &&
         std::equal(file_tokens.begin(), file_tokens.end(), session.tokens.begin()) &&
@@ -559,8 +599,10 @@ void Engine::start_prefetch(SessionState& session) {
   if (session.prefetch || session.host || session.writing || session.file.empty()) return;
   auto prefetch = std::make_unique<Prefetch>();
   Prefetch* p = prefetch.get();
-  p->kv = std::async(std::launch::async,
-                     [this, p, path = session.file] { return load_file(path, &p->tokens); });
+  p->staged = stage_file_read(session.num_computed);
+  p->kv = std::async(std::launch::async, [this, p, path = session.file] {
+    return load_file(path, &p->tokens, p->staged.get());
+  });
   session.prefetch = std::move(prefetch);
 }
 

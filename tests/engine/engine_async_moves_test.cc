@@ -33,7 +33,11 @@ class LateCopiesBackend final : public CpuBackendWrapper {
                                    HostKvStorage& host) override {
     bool to_host = false;
     KVP_RETURN_IF_ERROR(check_transfers(group, ops, host, &to_host));
-    if (to_host && slabs_made_.count(host.slab(group).data()) > 0) ++num_copies_into_slabs;
+    if (slabs_made_.count(host.slab(group).data()) > 0) {
+      if (to_host) ++num_copies_into_slabs;
+    } else if (!to_host) {
+      ++num_copies_from_pageable;
+    }
     queue_.push_back({++last_ticket_, group, {ops.begin(), ops.end()}, &host, 0, to_host});
     return last_ticket_;
   }
@@ -66,7 +70,8 @@ class LateCopiesBackend final : public CpuBackendWrapper {
   int64_t num_late_to_host = 0;
   bool offers_slabs = false;
   int64_t num_slabs = 0, num_slabs_released = 0;
-  int64_t num_copies_into_slabs = 0;  // to the host, into memory of host_slab_allocator
+  int64_t num_copies_into_slabs = 0;     // to the host, into memory of host_slab_allocator
+  int64_t num_copies_from_pageable = 0;  // into the pool, out of other host memory
 
  private:
   struct Pending {
@@ -102,10 +107,11 @@ class LateCopiesBackend final : public CpuBackendWrapper {
 
 // 4 agents x 3 turns over a pool that holds about two of them: sessions move down a tier (the
 // host tier unless `config` says otherwise) and come back at admission while the others run.
-// The engine's integrity is checked after every turn.
+// The engine's integrity is checked after every turn. settle: the tiers' moves are completed
+// after every turn too (spill files written, so the next turn reads them back).
 std::map<std::pair<int, int>, std::vector<int32_t>> run_agents(
-    ForwardBackend& backend, EngineStats* stats,
-    std::optional<EngineConfig> config = std::nullopt) {
+    ForwardBackend& backend, EngineStats* stats, std::optional<EngineConfig> config = std::nullopt,
+    bool settle = false) {
   if (!config) {
     config = small_config(48);
     config->host_tier_bytes = 64 << 20;
@@ -126,6 +132,7 @@ std::map<std::pair<int, int>, std::vector<int32_t>> run_agents(
     }
     for (auto& [id, outcome] : run_all(engine)) out[{agent_of.at(id), turn}] = outcome.tokens;
     engine.check_integrity();
+    if (settle) engine.settle_tier_moves();
   }
   engine.settle_tier_moves();
   engine.check_integrity();
@@ -180,8 +187,9 @@ TEST(EngineLateCopies, SwappedSequencesRunAfterTheirCopiesWithTheGoldenOutput) {
 // A disk tier and no host tier, on a backend with pinned-style slabs: spill copies go through
 // the engine's staging slab (a copy the engine did not wait for would leave stale bytes in the
 // file; a staging block freed before its file is written would be overwritten by the next
-// spill) and the sessions come back from the files with the outputs of the CPU backend, which
-// has no slabs and copies into pageable memory.
+// spill) and the sessions come back from the files, read into the staging slab (a staging block
+// handed out again while its restore copy is in flight would be overwritten), with the outputs
+// of the CPU backend, which has no slabs and copies through pageable memory.
 TEST(EngineLateCopies, SpillCopiesThroughStagingSlabsKeepTheOutputs) {
   for (const char* model : {"llama", "gemma3"}) {
     SCOPED_TRACE(model);
@@ -190,7 +198,8 @@ TEST(EngineLateCopies, SpillCopiesThroughStagingSlabsKeepTheOutputs) {
       EngineConfig config = small_config(48);
       config.disk_dir = dir.path().string();
       config.disk_tier_bytes = 64 << 20;
-      return run_agents(backend, stats, config);
+      config.prefix_caching = false;  // a restore copies every block back (none found cached)
+      return run_agents(backend, stats, config, /*settle=*/true);
     };
     TempDir pageable_dir("spill-pageable"), staged_dir("spill-staged");
     CpuForwardBackend cpu(runner);
@@ -203,6 +212,13 @@ TEST(EngineLateCopies, SpillCopiesThroughStagingSlabsKeepTheOutputs) {
     EXPECT_GT(late.num_slabs, 0);                        // the staging slab was made
     EXPECT_EQ(late.num_slabs_released, late.num_slabs);  // and given back with the engine
     EXPECT_GT(late.num_copies_into_slabs, 0);  // spill copies went through the staging slab
+    // files were read (not only restored from copies still being written), into the slab; a
+    // copy into the pool from pageable memory is a restore from a spill copy that found the slab
+    // full (the reads' blocks are taken when the requests arrive), which timing decides
+    EXPECT_GT(late_stats.file_reads.count, 0);
+    // (read into pageable memory, gemma3's restores here make 4 such copies, llama's 1-2)
+    EXPECT_LT(late.num_copies_from_pageable, late_stats.num_session_restores)
+        << late_stats.num_session_restores << " restores";
     EXPECT_GT(late_stats.num_session_moves_to_disk, 0);
     EXPECT_GT(late_stats.num_session_restores, 0);
     EXPECT_EQ(late_stats.num_tier_errors, 0);
