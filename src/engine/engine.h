@@ -354,6 +354,9 @@ class Engine {
   // Starts reading a disk-tier session's spill file on a thread, for its next admission.
   struct Prefetch;
   void start_prefetch(SessionState& session);
+  // A file's KV read for a restore that found no room in the pool, kept as the session's
+  // prefetch (done) for its next try.
+  void keep_read(SessionState& session, std::unique_ptr<HostKv> kv, std::vector<int32_t> tokens);
   // Fills an empty resident sequence with kv (the prefix cache first, so shared blocks stay
   // shared; then fresh blocks that receive the copy). false (the sequence empty again) when
   // the pool lacks blocks. Returns the tokens taken from the prefix cache in *num_shared.

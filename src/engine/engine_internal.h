@@ -118,6 +118,7 @@ struct Engine::Prefetch {
   std::vector<int32_t> tokens;  // written by the read, then read by the engine after kv.get()
   // the read: a host copy, or null when it went into `staged`
   std::future<Result<std::unique_ptr<HostKv>>> kv;
+  bool kept = false;  // a read done before, kept by a restore that found no room (keep_read)
 };
 
 // An idle session's KV is in exactly one tier (tier()); a busy one's KV is in its request's

@@ -388,8 +388,8 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool
   HostKv* kv = session.host      ? session.host.get()
                : session.writing ? session.writing->kv.get()  // its file is still being written
                                  : nullptr;
+  std::vector<int32_t> file_tokens;
   if (kv == nullptr) {
-    std::vector<int32_t> file_tokens;
     Result<std::unique_ptr<HostKv>> read = Status::not_found("not read");
     std::unique_ptr<HostKv> staged;
     if (session.prefetch) {
@@ -398,8 +398,9 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool
       read = session.prefetch->kv.get();
       file_tokens = std::move(session.prefetch->tokens);
       staged = std::move(session.prefetch->staged);
+      const bool counted = session.prefetch->kept;
       session.prefetch.reset();
-      if (read.is_ok())
+      if (read.is_ok() && !counted)
         count_move(stats_.file_reads, (*read ? read->get() : staged.get())->size_bytes, start);
     } else {
       staged = stage_file_read(session.num_computed);
@@ -426,6 +427,9 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool
   int32_t num_shared = 0;
   PendingRestore pending;
   if (!copy_in(s.id, s.tokens, *kv, &num_shared, keep ? &pending : nullptr)) {
+    // what was read stays for the next try (the session's request is still waiting), not read
+    // from the disk again
+    if (from_file) keep_read(session, std::move(from_file), std::move(file_tokens));
     return Restore::kNoRoom;
   }
   s.num_computed = kv->num_tokens;
@@ -593,6 +597,22 @@ void Engine::truncate_session(SessionState& session, int32_t num_tokens) {
     }
   }
   if (!truncated) drop_kv(session);
+}
+
+void Engine::keep_read(SessionState& session, std::unique_ptr<HostKv> kv,
+                       std::vector<int32_t> tokens) {
+  auto kept = std::make_unique<Prefetch>();
+  kept->kept = true;
+  kept->tokens = std::move(tokens);
+  std::promise<Result<std::unique_ptr<HostKv>>> ready;
+  if (kv->tier != nullptr && kv->tier == disk_staging_.get()) {
+    kept->staged = std::move(kv);  // where check_integrity counts staging blocks
+    ready.set_value(std::unique_ptr<HostKv>());
+  } else {
+    ready.set_value(std::move(kv));
+  }
+  kept->kv = ready.get_future();
+  session.prefetch = std::move(kept);
 }
 
 void Engine::start_prefetch(SessionState& session) {

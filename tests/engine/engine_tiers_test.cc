@@ -120,6 +120,54 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
   engine.check_integrity();
 }
 
+// A disk-tier session whose request finds the pool full of running work: each step's admission
+// finds no room until that work ends, and the spill file, read once (since the request arrived),
+// is kept for the next try instead of being read from the disk again at every step.
+TEST(EngineTiers, ARestoreThatFindsNoRoomReadsItsFileOnce) {
+  auto runner = load("llama");
+  TempDir dir("no-room");
+  EngineConfig config = small_config(128);  // 512 tokens
+  config.disk_dir = dir.path().string();
+  config.disk_tier_bytes = 64 << 20;
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, config);
+  const auto turn1 = golden_ids("llama", "prompt_1");
+  Request r1 = greedy_request(turn1, 8);
+  r1.session = "agent";
+  auto id1 = engine.submit(r1);
+  ASSERT_TRUE(id1.is_ok());
+  auto out1 = run_all(engine);
+  apply_pressure(engine);
+  engine.settle_tier_moves();
+  ASSERT_EQ(session_info(engine, "agent").tier, SessionTier::kDisk);
+  const int32_t session_tokens = session_info(engine, "agent").num_kv_tokens;
+
+  // running work that leaves fewer free blocks than the session needs, for several steps
+  const int32_t needed = (session_tokens + 3) / 4;
+  ASSERT_GE(needed, 2);
+  std::vector<int32_t> filler(4 * (128 - needed + 1), 11);
+  auto filler_id = engine.submit(greedy_request(filler, 4));
+  ASSERT_TRUE(filler_id.is_ok());
+  engine.step();
+  const EngineStats before = engine.stats();
+  Request r2 = greedy_request({5, 6, 7}, 6);
+  r2.session = "agent";
+  auto id2 = engine.submit(r2);
+  ASSERT_TRUE(id2.is_ok());
+  auto out2 = run_all(engine);
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(after.num_session_restores - before.num_session_restores, 1);
+  EXPECT_EQ(after.file_reads.count - before.file_reads.count, 1);
+  // the session's turn came after the filler's end, restored, not recomputed
+  EXPECT_EQ(out2[id2->value].usage.cached_tokens, session_tokens);
+  std::vector<int32_t> whole = turn1;
+  whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
+  whole.insert(whole.end(), {5, 6, 7});
+  EXPECT_EQ(out2[id2->value].tokens, reference_output(runner, whole, 6));
+  EXPECT_EQ(dir.num_files(), 0);
+  engine.check_integrity();
+}
+
 // Write-backs ahead of need (EngineConfig::tier_watermark): the step that leaves a session idle
 // below the watermark starts its copy to the host tier; a request arriving while the copy is in
 // flight keeps the pool's blocks (the copy is dropped, nothing restored); a later step finds the
