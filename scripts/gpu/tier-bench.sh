@@ -78,11 +78,14 @@ want 16k && agents 16k 300 4096 16 7 2048 42949672960 none host
 # the restore goal: an idle 8K-token session's next turn, restored from the host tier or
 # disk against re-prefilled (none). 4 agents whose first turn is an 8K-token document, then 2
 # short turns 3 s apart; a 20K-token pool holds two of them, so every later turn finds its
-# session evicted. "ttft of later turns" is the comparison.
-want restore8k && for tier in none host disk; do
+# session evicted. "ttft of later turns" is the comparison. Logs are packed into one file at the
+# end (the device tool brings back 8 files).
+want restore8k && for tier in none host host-ahead disk; do
   case $tier in
     none) extra="" ;;
     host) extra="--host-tier-bytes 17179869184" ;;
+    # idle sessions written back while the pool is under half free, so a restore finds its room
+    host-ahead) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5" ;;
     disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
   esac
   echo "== 8B idle 8K-token sessions restored (4 agents x 3 turns, 1280 blocks), tier: $tier"
@@ -113,4 +116,5 @@ want preempt-nocache && for round in 1 2; do
       2>&1 | tee "$out/8b-preempt-nocache-$mode-$round.log" | tail -8 || status=1
   done
 done
+( cd "$out" && tar -czf tier-logs.tgz --remove-files ./*.log ) 2>/dev/null
 exit $status
