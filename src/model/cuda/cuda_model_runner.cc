@@ -407,7 +407,7 @@ Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceK
     const KvLayout& layout = pools[g].layout();
     if (layout.num_layers != static_cast<int32_t>(group_layers_[g].size()) ||
         layout.num_kv_heads != spec_.num_kv_heads || layout.head_dim != padded_head_dim_ ||
-        (layout.dtype != DType::BF16 && layout.dtype != DType::F16 && layout.dtype != DType::I8)) {
+        (layout.dtype != DType::BF16 && layout.dtype != DType::F16 && !is_kv8(layout.dtype))) {
       return Status::invalid_argument(
           "cuda forward: KV pool of cache group {} does not fit the "
           "model (allocate_kv first)",
