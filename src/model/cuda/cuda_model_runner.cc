@@ -861,7 +861,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     write.slot_mapping =
         reinterpret_cast<const int64_t*>(meta_device_.as<const std::byte>() + slot_offset[g]);
     write.num_tokens = T;
-    KVP_RETURN_IF_ERROR(launch_kv_write(kv, write, act_dtype, stream_));  // int8: quantises
+    KVP_RETURN_IF_ERROR(launch_kv_write(kv, write, act_dtype, stream_));  // 8-bit: quantises
     AttentionParams params;
     params.num_q_heads = spec_.num_q_heads;
     params.scale = spec_.attention_scale;

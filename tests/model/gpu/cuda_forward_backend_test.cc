@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "model/model_config.h"
 #include "model/model_runner.h"
@@ -354,22 +356,23 @@ INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyModel,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen2_moe",
                                            "qwen3_moe"));
 
-// int8 KV on both sides: the CUDA backend (bf16 K/V rows quantised by the KV write, int8
-// attention kernels) against the CPU runner's int8 pool (f32 rows quantised), all prompts in one
-// batch, prefill then 31 decode steps fed with transformers' greedy tokens. Every step's GPU
-// argmax must equal the CPU int8 runner's unless the CPU's top-2 margin marks a near-tie, and
-// the logits must agree within the bf16 tolerance.
-class CudaInt8Kv : public ::testing::TestWithParam<const char*> {};
+// 8-bit KV (int8, fp8 e4m3) on both sides: the CUDA backend (bf16 K/V rows quantised by the KV
+// write, 8-bit attention kernels) against the CPU runner's pool of the same dtype (f32 rows
+// quantised), all prompts in one batch, prefill then 31 decode steps fed with transformers'
+// greedy tokens. Every step's GPU argmax must equal the CPU 8-bit runner's unless the CPU's top-2
+// margin marks a near-tie, and the logits must agree within the bf16 tolerance.
+class CudaKv8 : public ::testing::TestWithParam<std::tuple<const char*, DType>> {};
 
-TEST_P(CudaInt8Kv, TeacherForcedMatchesTheCpuInt8Runner) {
+TEST_P(CudaKv8, TeacherForcedMatchesTheCpu8BitRunner) {
   SKIP_WITHOUT_GPU();
-  const Tiny probe = load_tiny(GetParam());
+  const auto [arch, kv_dtype] = GetParam();
+  const Tiny probe = load_tiny(arch);
   const int32_t n = static_cast<int32_t>(probe.prompts.size());
   const int32_t new_tokens = static_cast<int32_t>(probe.greedy[0].size());
   int32_t max_len = 0;
   for (const auto& p : probe.prompts) max_len = std::max<int32_t>(max_len, p.size() + new_tokens);
   Tables t(groups_of(probe.spec), n, max_len, 16, 23);
-  Pair pair(GetParam(), t, DType::I8, DType::I8);
+  Pair pair(arch, t, kv_dtype, kv_dtype);
   const int32_t vocab = pair.vocab();
   std::vector<int32_t> seqs(n), cached(n, 0);
   std::iota(seqs.begin(), seqs.end(), 0);
@@ -394,8 +397,8 @@ TEST_P(CudaInt8Kv, TeacherForcedMatchesTheCpuInt8Runner) {
       } else {
         const float margin = top2_margin(c);
         EXPECT_LT(margin, kNearTieMargin)
-            << GetParam() << " prompt " << i << " step " << step << ": gpu picks " << argmax(g)
-            << ", cpu int8 " << argmax(c) << ", cpu margin " << margin;
+            << arch << " prompt " << i << " step " << step << ": gpu picks " << argmax(g)
+            << ", cpu " << dtype_name(kv_dtype) << " " << argmax(c) << ", cpu margin " << margin;
       }
     }
     if (step + 1 == new_tokens) break;
@@ -410,15 +413,21 @@ TEST_P(CudaInt8Kv, TeacherForcedMatchesTheCpuInt8Runner) {
       cached[i] += 1;
     }
   }
+  const std::string name(dtype_name(kv_dtype));
   std::printf(
-      "[ int8 kv ] %s: %d/%d greedy steps agree with the cpu int8 runner, %d/%d with "
-      "transformers (f32 KV); worst step rel err vs cpu int8 %.3e\n",
-      GetParam(), agree, total, agree_hf, total, worst_err);
+      "[ %s kv ] %s: %d/%d greedy steps agree with the cpu %s runner, %d/%d with "
+      "transformers (f32 KV); worst step rel err vs cpu %s %.3e\n",
+      name.c_str(), arch, agree, total, name.c_str(), agree_hf, total, name.c_str(), worst_err);
   EXPECT_LT(worst_err, kBf16LogitTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, CudaInt8Kv,
-                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaKv8,
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "gemma3", "qwen3"),
+                                            ::testing::Values(DType::I8, DType::FP8)),
+                         [](const ::testing::TestParamInfo<std::tuple<const char*, DType>>& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
 
 // A prefill and a decode in one batch give each sequence's logits as when it runs alone.
 class CudaMixedBatch : public ::testing::TestWithParam<const char*> {};
@@ -776,6 +785,7 @@ TEST(CudaForwardBackendErrors, KvDtypeF32IsRefusedAndF16Runs) {
   EXPECT_TRUE(gpu.check_kv_dtype(DType::BF16).is_ok());
   EXPECT_TRUE(gpu.check_kv_dtype(DType::F16).is_ok());
   EXPECT_TRUE(gpu.check_kv_dtype(DType::I8).is_ok());
+  EXPECT_TRUE(gpu.check_kv_dtype(DType::FP8).is_ok());
   const Status st = gpu.check_kv_dtype(DType::F32);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("f32"), std::string::npos) << st.message();
