@@ -180,13 +180,12 @@ cudaError_t launch_kv_write_kv8(KvFormat kv, const void* k_new, const void* v_ne
                                 int32_t num_kv_heads, int32_t block_size, int32_t head_dim,
                                 int64_t block_pitch_bytes, int64_t num_slots, cudaStream_t stream) {
   if (num_tokens == 0) return cudaSuccess;
-  if (head_dim % 32 != 0 || head_dim > 256) return cudaErrorInvalidValue;
+  if (head_dim % 32 != 0 || head_dim > 256 || kv == KvFormat::Native) return cudaErrorInvalidValue;
   const auto launch =
       src_bf16 ? (kv == KvFormat::Fp8 ? launch_kv_write_kv8_typed<__nv_bfloat16, KvFormat::Fp8>
                                       : launch_kv_write_kv8_typed<__nv_bfloat16, KvFormat::Int8>)
                : (kv == KvFormat::Fp8 ? launch_kv_write_kv8_typed<__half, KvFormat::Fp8>
                                       : launch_kv_write_kv8_typed<__half, KvFormat::Int8>);
-  if (kv == KvFormat::Native) return cudaErrorInvalidValue;
   return launch(k_new, v_new, slot_mapping, num_tokens, k, v, num_kv_heads, block_size, head_dim,
                 block_pitch_bytes, num_slots, stream);
 }
