@@ -42,3 +42,5 @@ KVP_E4M3_HOST_DEVICE constexpr uint8_t e4m3_from_f32_bits(uint32_t u) {
 }
 
 }  // namespace kvp
+
+#undef KVP_E4M3_HOST_DEVICE
