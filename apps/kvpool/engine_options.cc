@@ -66,8 +66,7 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
       ->capture_default_str();
   cmd->add_option(
          "--kv-dtype", o->kv_dtype,
-         "KV cache dtype: auto (f32 on cpu, bf16 on cuda), f32, bf16, f16, int8, fp8 (e4m3; "
-         "cpu only)")
+         "KV cache dtype: auto (f32 on cpu, bf16 on cuda), f32, bf16, f16, int8, fp8 (e4m3)")
       ->capture_default_str();
   cmd->add_option("--block-size", o->block_size, "tokens per KV block (a power of two)")
       ->check(CLI::Range(1, 1024))

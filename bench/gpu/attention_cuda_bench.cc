@@ -1,9 +1,9 @@
 // GPU benchmark of cuda::paged_attention (docs/perf/attention-cuda.md holds the numbers).
 //
-//   attention_cuda_bench OUT.csv [--quick] [--kv bf16,int8] [--kinds decode,prefill,...]
+//   attention_cuda_bench OUT.csv [--quick] [--kv bf16,int8,fp8] [--kinds decode,prefill,...]
 //
-// --kv: KV dtypes to run each case with (default bf16). int8 is the 8-bit pool of
-// cache/kv_layout.h (q and out stay bf16); its bytes count the int8 rows and their f16 scales,
+// --kv: KV dtypes to run each case with (default bf16). int8 and fp8 (e4m3) are the 8-bit pools of
+// cache/kv_layout.h (q and out stay bf16); their bytes count the 8-bit rows and their f16 scales,
 // what the kernels read. --kinds: case families to run (default all: decode, decode_block,
 // prefill, decode_split).
 //
@@ -28,6 +28,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -162,7 +163,7 @@ struct Shape {
   int32_t q_len;  // 1 (decode) or ctx (prefill)
   int32_t block_size;
   int32_t min_keys_per_split = 0;  // 0: the library's default
-  DType kv_dtype = DType::BF16;    // BF16 or I8
+  DType kv_dtype = DType::BF16;    // BF16, I8 or FP8
 };
 
 struct CaseResult {
@@ -177,8 +178,8 @@ constexpr int32_t kQHeads = 32, kKvHeads = 8, kHeadDim = 128;
 CaseResult run_shape(const Shape& s, cudaStream_t stream, bool quick, uint64_t seed) {
   const int32_t blocks_per_seq = (s.ctx + s.block_size - 1) / s.block_size;
   const int64_t tokens = int64_t{s.batch} * s.q_len;
-  // K and V of every key: D bf16 values, or D int8 values and an f16 scale
-  const double row_bytes = s.kv_dtype == DType::I8 ? kHeadDim + 2 : kHeadDim * 2;
+  // K and V of every key: D bf16 values, or D 8-bit codes and an f16 scale
+  const double row_bytes = is_kv8(s.kv_dtype) ? kHeadDim + 2 : kHeadDim * 2;
   const double kv_bytes = double(s.batch) * s.ctx * kKvHeads * row_bytes * 2;
   const double q_bytes = double(tokens) * kQHeads * kHeadDim * 2;
   const double set_bytes = kv_bytes + 2 * q_bytes;
@@ -186,7 +187,7 @@ CaseResult run_shape(const Shape& s, cudaStream_t stream, bool quick, uint64_t s
   const int32_t num_blocks = num_sets * s.batch * blocks_per_seq;
   KvLayout layout{1, num_blocks, kKvHeads, s.block_size, kHeadDim, s.kv_dtype};
   DeviceBuffer slab = value_or_die(DeviceBuffer::allocate(layout.size_bytes()), "kv slab");
-  // int8: the slab's bytes filled as f16 values in [-1, 1) (bounded int8 values and scales)
+  // 8-bit: the slab's bytes filled as f16 values in [-1, 1) (bounded codes and scales)
   BENCH_CHECK_CUDA(detail::launch_fill_uniform(slab.data(), s.kv_dtype == DType::BF16,
                                                static_cast<int64_t>(layout.size_bytes() / 2), seed,
                                                -1, 1, stream));
@@ -245,7 +246,7 @@ CaseResult run_shape(const Shape& s, cudaStream_t stream, bool quick, uint64_t s
   return r;
 }
 
-const char* kv_name(DType dtype) { return dtype == DType::I8 ? "int8" : "bf16"; }
+const char* kv_name(DType dtype) { return dtype_name(dtype).data(); }
 
 // Comma-separated list as strings.
 std::vector<std::string> split_list(const std::string& list) {
@@ -260,7 +261,7 @@ std::vector<std::string> split_list(const std::string& list) {
 }
 
 int bench_main(int argc, char** argv) {
-  const char* usage = "usage: %s OUT.csv [--quick] [--kv bf16,int8] [--kinds decode,prefill]\n";
+  const char* usage = "usage: %s OUT.csv [--quick] [--kv bf16,int8,fp8] [--kinds decode,prefill]\n";
   if (argc < 2) {
     std::fprintf(stderr, usage, argv[0]);
     return 2;
@@ -275,11 +276,12 @@ int bench_main(int argc, char** argv) {
     } else if (arg == "--kv" && i + 1 < argc) {
       kv_dtypes.clear();
       for (const std::string& name : split_list(argv[++i])) {
-        if (name != "bf16" && name != "int8") {
-          std::fprintf(stderr, "--kv: %s (bf16 or int8)\n", name.c_str());
+        const std::optional<DType> dtype = parse_kv_cache_dtype(name);
+        if (!dtype || (*dtype != DType::BF16 && !is_kv8(*dtype))) {
+          std::fprintf(stderr, "--kv: %s (bf16, int8 or fp8)\n", name.c_str());
           return 2;
         }
-        kv_dtypes.push_back(name == "int8" ? DType::I8 : DType::BF16);
+        kv_dtypes.push_back(*dtype);
       }
     } else if (arg == "--kinds" && i + 1 < argc) {
       kinds = split_list(argv[++i]);

@@ -1,18 +1,8 @@
 #include "common/dtype.h"
 
+#include "common/e4m3.h"
+
 namespace kvp {
-namespace {
-
-// value >> shift, rounded to nearest, ties to even. requires: 1 <= shift <= 31.
-uint32_t shift_right_nearest_even(uint32_t value, uint32_t shift) {
-  uint32_t out = value >> shift;
-  const uint32_t rem = value & ((1u << shift) - 1);
-  const uint32_t halfway = 1u << (shift - 1);
-  if (rem > halfway || (rem == halfway && (out & 1u))) ++out;
-  return out;
-}
-
-}  // namespace
 
 std::optional<DType> parse_dtype(std::string_view name) {
   if (name == "f32" || name == "float32" || name == "float") return DType::F32;
@@ -69,23 +59,7 @@ F16 f32_to_f16(float f) {
   return F16{static_cast<uint16_t>(sign | half)};
 }
 
-uint8_t f32_to_e4m3(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const auto sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);   // NaN
-  if (abs >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448, inf: 448
-  if (abs < 0x3c800000u) {                // below 2^-6: subnormal (m * 2^-9) or zero
-    if (abs <= 0x3a800000u) return sign;  // <= 2^-10, half the smallest subnormal: ties to 0
-    const uint32_t exponent = abs >> 23;
-    const uint32_t mantissa = (abs & 0x7fffffu) | 0x800000u;
-    // value = mantissa * 2^(exponent-150); unit 2^-9; a result of 8 is 2^-6, the first normal
-    return static_cast<uint8_t>(sign | shift_right_nearest_even(mantissa, 141 - exponent));
-  }
-  // Normal: exponent rebased from 127 to 7, top 3 mantissa bits; a carry out of the mantissa
-  // moves to the next exponent, and below 448 it never reaches the NaN code.
-  return static_cast<uint8_t>(sign | (shift_right_nearest_even(abs, 20) - ((127u - 7u) << 3)));
-}
+uint8_t f32_to_e4m3(float f) { return e4m3_from_f32_bits(std::bit_cast<uint32_t>(f)); }
 
 float e4m3_to_f32(uint8_t code) {
   const uint32_t sign = uint32_t{code & 0x80u} << 24;

@@ -1,5 +1,5 @@
-// Internal to the CUDA attention kernels (.cu only): bf16/f16 and int8 conversions shared by the
-// decode and prefill kernels.
+// Internal to the CUDA attention kernels (.cu only): bf16/f16, int8 and fp8 (e4m3) conversions
+// shared by the decode and prefill kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,6 +42,39 @@ __device__ __forceinline__ void unpack8_i8_half2(const uint2& raw, __half2 (&h)[
   h[1] = i8_pair_to_half2(lo, 0x4342u);  // bytes 2, 3
   h[2] = i8_pair_to_half2(hi, 0x4140u);
   h[3] = i8_pair_to_half2(hi, 0x4342u);
+}
+
+// 8 e4m3 codes as 4 half2 of their values / 256, exactly, by moving bits as the CPU kernel does:
+// each code's sign goes to bit 15 of its half, its exponent and mantissa to bits 7..13, so an
+// e4m3 exponent e (bias 7) reads as the f16 exponent e (bias 15) and subnormals stay subnormal.
+// One byte permute puts two codes in the high bytes of a half2, a shift and two masks finish it.
+// Works on every architecture (the hardware cvt.rn.f16x2.e4m3x2 needs sm_89).
+__device__ __forceinline__ __half2 e4m3_pair_to_half2(uint32_t codes, uint32_t selector) {
+  const uint32_t t = __byte_perm(codes, 0u, selector);  // code << 8 in each half
+  const uint32_t bits = (t & 0x80008000u) | ((t >> 1) & 0x3f803f80u);
+  return *reinterpret_cast<const __half2*>(&bits);
+}
+__device__ __forceinline__ void unpack8_e4m3_half2(const uint2& raw, __half2 (&h)[4]) {
+  h[0] = e4m3_pair_to_half2(raw.x, 0x1404u);  // bytes 0, 1
+  h[1] = e4m3_pair_to_half2(raw.x, 0x3424u);  // bytes 2, 3
+  h[2] = e4m3_pair_to_half2(raw.y, 0x1404u);
+  h[3] = e4m3_pair_to_half2(raw.y, 0x3424u);
+}
+
+// An 8-bit KV row's 8 codes as 4 half2, exactly: int8 values, or e4m3 values / 256. The row
+// scale times kv8_code_unit gives the factor that turns these halves into the cached values.
+template <KvFormat kKv>
+__device__ __forceinline__ void unpack8_kv8_half2(const uint2& raw, __half2 (&h)[4]) {
+  static_assert(kKv != KvFormat::Native, "8-bit formats only");
+  if constexpr (kKv == KvFormat::Fp8) {
+    unpack8_e4m3_half2(raw, h);
+  } else {
+    unpack8_i8_half2(raw, h);
+  }
+}
+template <KvFormat kKv>
+__host__ __device__ constexpr float kv8_code_unit() {
+  return kKv == KvFormat::Fp8 ? 256.0f : 1.0f;
 }
 
 // Logit in log2 units from a raw dot product q.k (soft cap folded in).

@@ -12,16 +12,17 @@
 // K/V rows reach the registers through a per-thread cp.async ring (kDecodeStages deep) in shared
 // memory, so two steps of loads are in flight while one is computed.
 //
-// int8 KV (kI8): a lane still owns 8 dims of a row (8 bytes), but the ring is filled per warp,
-// not per thread: the warp's 32 threads copy all the K and V rows its streams need for a step
-// in 16-byte pieces (4 per thread, the same bytes in flight per copy as the 16-bit path), and
-// one lane per (token, K|V) copies the 4-byte word holding that token's f16 scale (the scales of
-// tokens 2i and 2i+1 share a word). Each thread waits for its own copies, then __syncwarp makes
-// the warp's copies visible to all its lanes. Rows are widened int8 -> f32 in registers; the K
-// scale multiplies the reduced q.k dot, the V scale multiplies p (p * s_v * v8): no dequantised
+// 8-bit KV (kKv8: int8 or fp8 e4m3): a lane still owns 8 dims of a row (8 bytes), but the ring
+// is filled per warp, not per thread: the warp's 32 threads copy all the K and V rows its
+// streams need for a step in 16-byte pieces (4 per thread, the same bytes in flight per copy as
+// the 16-bit path), and one lane per (token, K|V) copies the 4-byte word holding that token's
+// f16 scale (the scales of tokens 2i and 2i+1 share a word). Each thread waits for its own
+// copies, then __syncwarp makes the warp's copies visible to all its lanes. Rows are widened to
+// half2 in registers (int8 values, or e4m3 values / 256 with the 256 folded into the scales); the
+// K scale multiplies the reduced q.k dot, the V scale multiplies p (p * s_v * v8): no dequantised
 // row is ever formed.
 //
-//   int8 ring, one warp's part of one stage:  [K, V][kWarpTokens][D] bytes (2 KB for every D)
+//   8-bit ring, one warp's part of one stage:  [K, V][kWarpTokens][D] bytes (2 KB for every D)
 //   then, for all warps and stages:           [stage][warp][K, V][kWarpTokens] scale words
 //
 // merge_splits_kernel: grid (num_seqs, num_q_heads), 4 x head_dim threads; combines the partial
@@ -39,12 +40,12 @@ constexpr int kDecodeStages = 3;
 constexpr int kDecodeUnroll = 4;  // tokens per stream per step
 
 // The cp.async ring: [kDecodeStages][2][kDecodeUnroll][kDecodeThreads] x 16 bytes = 48 KB, the
-// most a CTA gets without opting in; the stream merge reuses it. int8: [kDecodeStages][warps]
+// most a CTA gets without opting in; the stream merge reuses it. 8-bit: [kDecodeStages][warps]
 // x 2 KB of rows and the scale words (26 KB), sized at 36 KB for the stream merge.
-template <bool kI8>
+template <bool kKv8>
 __host__ __device__ constexpr int decode_smem_bytes() {
-  return kI8 ? kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * (8 + 4)
-             : kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
+  return kKv8 ? kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * (8 + 4)
+              : kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -71,20 +72,21 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-template <typename T, int D, int G, bool kI8>
+template <typename T, int D, int G, KvFormat kKv>
 // Register budget: 4 CTAs per SM up to 4 heads per CTA (<= 128 registers), 2 with 8.
 __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     decode_attention_kernel(const AttentionKernelArgs a) {
+  constexpr bool kKv8 = kKv != KvFormat::Native;
   wait_for_prerequisites();      // launched as a dependent of the KV write (or the prefill kernel)
   allow_dependents();            // the merge may be scheduled
-  constexpr int kLanes = D / 8;  // lanes per K/V row, 8 dims (16 bytes, int8: 8 bytes) each
-  constexpr int kLaneBytes = kI8 ? 8 : 16;
-  constexpr int kElemBytes = kI8 ? 1 : 2;
-  // int8: tokens a warp consumes per step, 16-byte pieces per int8 row
+  constexpr int kLanes = D / 8;  // lanes per K/V row, 8 dims (16 bytes, 8-bit: 8 bytes) each
+  constexpr int kLaneBytes = kKv8 ? 8 : 16;
+  constexpr int kElemBytes = kKv8 ? 1 : 2;
+  // 8-bit: tokens a warp consumes per step, 16-byte pieces per 8-bit row
   constexpr int kWarpTokens = (32 / kLanes) * kDecodeUnroll;
   constexpr int kRowChunks = D / 16;
   constexpr int kWarpStageBytes = 2 * kWarpTokens * D;
-  static_assert(!kI8 || kWarpStageBytes == 2 * 32 * 4 * 8, "a warp copies 4 x 16 B per thread");
+  static_assert(!kKv8 || kWarpStageBytes == 2 * 32 * 4 * 8, "a warp copies 4 x 16 B per thread");
   constexpr int kStreams = kDecodeThreads / kLanes;  // independent token streams per CTA
   constexpr int kUnroll = kDecodeUnroll;
   constexpr int kStep = kStreams * kUnroll;
@@ -124,11 +126,11 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
 #pragma unroll
     for (int i = 0; i < 8; ++i) q[g][i] *= a.qk_mul;
   }
-  // int8: q·k and p·v run in packed half2 (two products an instruction; int8 keys and values
-  // are exact halves, q·qk_mul and p·scale lose a half's 11-bit precision) with the sums of
-  // eight dims (q·k) and of a step's kUnroll keys (p·v) carried into f32
-  __half2 qh[kI8 ? G : 1][4];
-  if constexpr (kI8) {
+  // 8-bit: q·k and p·v run in packed half2 (two products an instruction; int8 and e4m3 / 256
+  // keys and values are exact halves, q·qk_mul and p·scale lose a half's 11-bit precision) with the
+  // sums of eight dims (q·k) and of a step's kUnroll keys (p·v) carried into f32
+  __half2 qh[kKv8 ? G : 1][4];
+  if constexpr (kKv8) {
 #pragma unroll
     for (int g = 0; g < G; ++g) {
 #pragma unroll
@@ -147,17 +149,17 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
 
   const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
   // byte offsets: this head's run in a block, this lane's 8 dims in a row
-  const int64_t head_run = int64_t{kv_head} * a.block_size * (kI8 ? D + 2 : D) * kElemBytes;
+  const int64_t head_run = int64_t{kv_head} * a.block_size * (kKv8 ? D + 2 : D) * kElemBytes;
   // 16-bit: this lane's 8 dims; int8: the head run itself (the warp copies whole rows)
-  const int64_t lane_offset = kI8 ? 0 : lane * kLaneBytes;
+  const int64_t lane_offset = kKv8 ? 0 : lane * kLaneBytes;
   const char* k_base = static_cast<const char*>(a.k) + head_run + lane_offset;
   const char* v_base = static_cast<const char*>(a.v) + head_run + lane_offset;
   const int64_t pitch_bytes = a.block_pitch * kElemBytes;
-  const int64_t scale_run = int64_t{a.block_size} * D;  // int8: from k_base to the scales
+  const int64_t scale_run = int64_t{a.block_size} * D;  // 8-bit: from k_base to the scales
   const int num_steps = (end - begin + kStep - 1) / kStep;
   const int warp = threadIdx.x / 32;
   const int warp_lane = threadIdx.x % 32;
-  // int8: the warp's tokens (0 .. kWarpTokens-1 of this step) this thread copies: rows ta and tb
+  // 8-bit: the warp's tokens (0 .. kWarpTokens-1 of this step) this thread copies: rows ta and tb
   // (K and V, 16-byte column ca and cb), and the scale word of token ts (K for lanes below
   // kWarpTokens, V above; lanes from 2 * kWarpTokens copy none)
   const int ta = warp_lane / kRowChunks, ca = warp_lane % kRowChunks;
@@ -169,7 +171,7 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   // Each thread streams its own K/V chunks through a kDecodeStages-deep cp.async ring in shared
   // memory and reads back only what it copied itself, so the ring needs no barrier.
   //   ring: [kDecodeStages][2 (K, V)][kUnroll][kDecodeThreads] x kLaneBytes
-  //   int8, after it: [kDecodeStages][2 (K, V)][kUnroll][kDecodeThreads] scale words
+  //   8-bit, after it: [kDecodeStages][2 (K, V)][kUnroll][kDecodeThreads] scale words
   extern __shared__ uint4 smem[];
   char* ring = reinterpret_cast<char*>(smem);
   uint32_t* scale_ring =
@@ -177,9 +179,9 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   constexpr int kStageSlots = 2 * kUnroll * kDecodeThreads;
   constexpr int kWarps = kDecodeThreads / 32;
   auto token_of = [&](int step, int u) { return begin + step * kStep + stream * kUnroll + u; };
-  // token of this thread's u-th copy: 16-bit, its own stream's tokens; int8, ta, tb, ts
+  // token of this thread's u-th copy: 16-bit, its own stream's tokens; 8-bit, ta, tb, ts
   auto copy_token = [&](int step, int u) {
-    if constexpr (kI8) {
+    if constexpr (kKv8) {
       const int idx = u == 0 ? ta : u == 1 ? tb : ts;
       return begin + step * kStep + warp * kWarpTokens + idx;
     } else {
@@ -195,7 +197,7 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     char* slot = ring + int64_t{first_slot} * kLaneBytes;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if constexpr (kI8) {
+      if constexpr (kKv8) {
         if (u >= 3) continue;
         const int j = copy_token(step, u);
         const bool valid = j < end;
@@ -240,15 +242,15 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   // The loop bound is uniform over the CTA so every lane reaches every shuffle.
   for (int i = 0; i < num_steps; ++i) {
     cp_async_wait<kDecodeStages - 2>();
-    // int8: the step's rows were copied by the whole warp. The barrier also keeps every lane's
+    // 8-bit: the step's rows were copied by the whole warp. The barrier also keeps every lane's
     // reads of iteration i - 1 before the copies issued below overwrite that stage.
-    if constexpr (kI8) __syncwarp();
+    if constexpr (kKv8) __syncwarp();
     const int first_slot = (i % kDecodeStages) * kStageSlots + threadIdx.x;
     uint4 k_raw[kUnroll], v_raw[kUnroll];
     float k_scale[kUnroll], v_scale[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if constexpr (kI8) {
+      if constexpr (kKv8) {
         const int stage = i % kDecodeStages;
         const int idx = (stream % (32 / kLanes)) * kUnroll + u;  // the warp's token
         const char* warp_ring = ring + (stage * kWarps + warp) * kWarpStageBytes;
@@ -259,8 +261,8 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
         v_raw[u] = make_uint4(v8.x, v8.y, 0, 0);
         const uint32_t* words = scale_ring + (stage * kWarps + warp) * 2 * kWarpTokens;
         const int j = token_of(i, u);
-        k_scale[u] = scale_of(words[idx], j);
-        v_scale[u] = scale_of(words[kWarpTokens + idx], j);
+        k_scale[u] = scale_of(words[idx], j) * kv8_code_unit<kKv>();
+        v_scale[u] = scale_of(words[kWarpTokens + idx], j) * kv8_code_unit<kKv>();
       } else {
         const uint4* slot = reinterpret_cast<const uint4*>(ring) + first_slot;
         k_raw[u] = slot[u * kDecodeThreads];
@@ -275,9 +277,9 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     float s[kUnroll][G];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      if constexpr (kI8) {
+      if constexpr (kKv8) {
         __half2 kh[4];
-        unpack8_i8_half2(make_uint2(k_raw[u].x, k_raw[u].y), kh);
+        unpack8_kv8_half2<kKv>(make_uint2(k_raw[u].x, k_raw[u].y), kh);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           __half2 d = __hmul2(qh[g][0], kh[0]);
@@ -306,14 +308,14 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
         for (int g = 0; g < G; ++g) s[u][g] += __shfl_xor_sync(0xffffffffu, s[u][g], offset);
       }
     }
-    // int8: each V row widened once for all G heads of the group (not per head)
-    __half2 v_half[kI8 ? kUnroll : 1][4];
-    if constexpr (kI8) {
+    // 8-bit: each V row widened once for all G heads of the group (not per head)
+    __half2 v_half[kKv8 ? kUnroll : 1][4];
+    if constexpr (kKv8) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
         for (int g = 0; g < G; ++g) s[u][g] *= k_scale[u];
-        unpack8_i8_half2(make_uint2(v_raw[u].x, v_raw[u].y), v_half[u]);
+        unpack8_kv8_half2<kKv>(make_uint2(v_raw[u].x, v_raw[u].y), v_half[u]);
       }
     }
 #pragma unroll
@@ -333,7 +335,7 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
       l[g] *= correction;
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[g][e] *= correction;
-      if constexpr (kI8) {
+      if constexpr (kKv8) {
         __half2 part[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) part[i] = __float2half2_rn(0.0f);
@@ -368,7 +370,8 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
   __syncthreads();  // the ring is reused below
 
   // Merge the streams.
-  static_assert(kStreams * G * (D + 2) * 4 <= decode_smem_bytes<kI8>(), "merge area fits the ring");
+  static_assert(kStreams * G * (D + 2) * 4 <= decode_smem_bytes<kKv8>(),
+                "merge area fits the ring");
   auto& s_acc = *reinterpret_cast<float(*)[kStreams][G][D]>(smem);
   auto& s_m =
       *reinterpret_cast<float(*)[kStreams][G]>(reinterpret_cast<float*>(smem) + kStreams * G * D);
@@ -458,13 +461,13 @@ __global__ void __launch_bounds__(kMergeParts* D) merge_splits_kernel(const Atte
 }
 
 // CTAs of one decode instantiation resident per SM (queried once, for the current device).
-template <typename T, int D, int G, bool kI8>
+template <typename T, int D, int G, KvFormat kKv>
 int decode_occupancy() {
   static const int ctas = [] {
     int n = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_attention_kernel<T, D, G, kI8>,
-                                                      kDecodeThreads,
-                                                      decode_smem_bytes<kI8>()) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n, decode_attention_kernel<T, D, G, kKv>, kDecodeThreads,
+            decode_smem_bytes<kKv != KvFormat::Native>()) != cudaSuccess) {
       cudaGetLastError();
       n = 1;
     }
@@ -473,61 +476,67 @@ int decode_occupancy() {
   return ctas;
 }
 
-template <typename T, int D, bool kI8>
+template <typename T, int D, KvFormat kKv>
 int decode_occupancy_typed(int32_t heads_per_cta) {
   switch (heads_per_cta) {
     case 1:
-      return decode_occupancy<T, D, 1, kI8>();
+      return decode_occupancy<T, D, 1, kKv>();
     case 2:
-      return decode_occupancy<T, D, 2, kI8>();
+      return decode_occupancy<T, D, 2, kKv>();
     case 4:
-      return decode_occupancy<T, D, 4, kI8>();
+      return decode_occupancy<T, D, 4, kKv>();
     default:
-      return decode_occupancy<T, D, 8, kI8>();
+      return decode_occupancy<T, D, 8, kKv>();
   }
 }
 
 template <typename T, int D>
-int decode_occupancy_kv(bool kv_int8, int32_t heads_per_cta) {
-  return kv_int8 ? decode_occupancy_typed<T, D, true>(heads_per_cta)
-                 : decode_occupancy_typed<T, D, false>(heads_per_cta);
+int decode_occupancy_kv(KvFormat kv, int32_t heads_per_cta) {
+  switch (kv) {
+    case KvFormat::Int8:
+      return decode_occupancy_typed<T, D, KvFormat::Int8>(heads_per_cta);
+    case KvFormat::Fp8:
+      return decode_occupancy_typed<T, D, KvFormat::Fp8>(heads_per_cta);
+    default:
+      return decode_occupancy_typed<T, D, KvFormat::Native>(heads_per_cta);
+  }
 }
 
-template <typename T, int D, int G, bool kI8>
+template <typename T, int D, int G, KvFormat kKv>
 cudaError_t launch_decode_one(const AttentionKernelArgs& args, cudaStream_t stream) {
   const dim3 grid(args.num_splits, args.num_kv_heads * args.head_chunks, args.num_seqs);
-  return launch_dependent(true, decode_attention_kernel<T, D, G, kI8>, grid, dim3(kDecodeThreads),
-                          decode_smem_bytes<kI8>(), stream, args);
+  return launch_dependent(true, decode_attention_kernel<T, D, G, kKv>, grid, dim3(kDecodeThreads),
+                          decode_smem_bytes<kKv != KvFormat::Native>(), stream, args);
 }
 
-template <typename T, int D, bool kI8>
+template <typename T, int D, KvFormat kKv>
 cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_per_cta,
                                 cudaStream_t stream) {
   switch (heads_per_cta) {
     case 1:
-      return launch_decode_one<T, D, 1, kI8>(args, stream);
+      return launch_decode_one<T, D, 1, kKv>(args, stream);
     case 2:
-      return launch_decode_one<T, D, 2, kI8>(args, stream);
+      return launch_decode_one<T, D, 2, kKv>(args, stream);
     case 4:
-      return launch_decode_one<T, D, 4, kI8>(args, stream);
+      return launch_decode_one<T, D, 4, kKv>(args, stream);
     case 8:
-      return launch_decode_one<T, D, 8, kI8>(args, stream);
+      return launch_decode_one<T, D, 8, kKv>(args, stream);
     default:
       return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }
 
-template <typename T, bool kI8>
+template <typename T, KvFormat kKv>
 cudaError_t launch_decode_dim(const AttentionKernelArgs& args, int32_t head_dim,
                               int32_t heads_per_cta, cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return launch_decode_typed<T, 64, kI8>(args, heads_per_cta, stream);
+      return launch_decode_typed<T, 64, kKv>(args, heads_per_cta, stream);
     case 128:
-      return launch_decode_typed<T, 128, kI8>(args, heads_per_cta, stream);
+      return launch_decode_typed<T, 128, kKv>(args, heads_per_cta, stream);
     case 256:
-      return launch_decode_typed<T, 256, kI8>(args, heads_per_cta, stream);
+      return launch_decode_typed<T, 256, kKv>(args, heads_per_cta, stream);
     default:
       return cudaErrorInvalidValue;
   }
@@ -553,29 +562,38 @@ cudaError_t launch_merge_dim(const AttentionKernelArgs& args, int32_t head_dim,
   return cudaGetLastError();
 }
 
-}  // namespace
-
-cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, bool kv_int8,
-                                    int32_t head_dim, int32_t heads_per_cta, cudaStream_t stream) {
-  if (kv_int8) {
-    return bf16 ? launch_decode_dim<__nv_bfloat16, true>(args, head_dim, heads_per_cta, stream)
-                : launch_decode_dim<__half, true>(args, head_dim, heads_per_cta, stream);
-  }
-  return bf16 ? launch_decode_dim<__nv_bfloat16, false>(args, head_dim, heads_per_cta, stream)
-              : launch_decode_dim<__half, false>(args, head_dim, heads_per_cta, stream);
+template <KvFormat kKv>
+cudaError_t launch_decode_kv(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                             int32_t heads_per_cta, cudaStream_t stream) {
+  return bf16 ? launch_decode_dim<__nv_bfloat16, kKv>(args, head_dim, heads_per_cta, stream)
+              : launch_decode_dim<__half, kKv>(args, head_dim, heads_per_cta, stream);
 }
 
-int decode_ctas_per_sm(bool bf16, bool kv_int8, int32_t head_dim, int32_t heads_per_cta) {
+}  // namespace
+
+cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
+                                    int32_t head_dim, int32_t heads_per_cta, cudaStream_t stream) {
+  switch (kv) {
+    case KvFormat::Int8:
+      return launch_decode_kv<KvFormat::Int8>(args, bf16, head_dim, heads_per_cta, stream);
+    case KvFormat::Fp8:
+      return launch_decode_kv<KvFormat::Fp8>(args, bf16, head_dim, heads_per_cta, stream);
+    default:
+      return launch_decode_kv<KvFormat::Native>(args, bf16, head_dim, heads_per_cta, stream);
+  }
+}
+
+int decode_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta) {
   switch (head_dim) {
     case 64:
-      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 64>(kv_int8, heads_per_cta)
-                  : decode_occupancy_kv<__half, 64>(kv_int8, heads_per_cta);
+      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 64>(kv, heads_per_cta)
+                  : decode_occupancy_kv<__half, 64>(kv, heads_per_cta);
     case 128:
-      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 128>(kv_int8, heads_per_cta)
-                  : decode_occupancy_kv<__half, 128>(kv_int8, heads_per_cta);
+      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 128>(kv, heads_per_cta)
+                  : decode_occupancy_kv<__half, 128>(kv, heads_per_cta);
     default:
-      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 256>(kv_int8, heads_per_cta)
-                  : decode_occupancy_kv<__half, 256>(kv_int8, heads_per_cta);
+      return bf16 ? decode_occupancy_kv<__nv_bfloat16, 256>(kv, heads_per_cta)
+                  : decode_occupancy_kv<__half, 256>(kv, heads_per_cta);
   }
 }
 

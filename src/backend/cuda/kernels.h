@@ -11,6 +11,10 @@
 
 namespace kvp::cuda::detail {
 
+// How the attention kernels read K/V: of q's dtype (Native), or 8-bit codes with an f16 scale per
+// row (cache/kv_quant.h), symmetric int8 (Int8) or OCP float8 e4m3fn (Fp8).
+enum class KvFormat : int8_t { Native, Int8, Fp8 };
+
 // Most KV splits of one decode sequence (the merge kernel stages their states in shared memory).
 constexpr int32_t kMaxDecodeSplits = 128;
 
@@ -22,11 +26,11 @@ struct AttentionKernelArgs {
   const int32_t* block_tables;  // [num_seqs][max_blocks_per_seq] device
   int32_t max_blocks_per_seq;
   // layer K: block b, head h, token t at b*block_pitch + h*head_pitch + t*D elements
-  // (bf16/f16: head_pitch = bs*D; int8: head_pitch = bs*(D+2) bytes, the run's [bs] f16 scales
-  // after its rows, cache/kv_layout.h)
+  // (bf16/f16: head_pitch = bs*D; int8 / fp8: head_pitch = bs*(D+2) bytes, the run's [bs] f16
+  // scales after its rows, cache/kv_layout.h)
   const void* k;
   const void* v;        // layer V, same addressing
-  int64_t block_pitch;  // elements (bytes for int8)
+  int64_t block_pitch;  // elements (bytes for int8 / fp8)
   int32_t block_size;
   int32_t block_shift;  // log2(block_size) if a power of two, else -1
   int32_t num_kv_heads;
@@ -43,15 +47,15 @@ struct AttentionKernelArgs {
   float* partial_ml;    // [num_seqs][num_q_heads][num_splits][2] (max, sum), log2 units
 };
 
-// bf16: q and out are bf16 (else f16); kv_int8: K/V are int8 with f16 scales (else of q's
-// dtype). int8 requires block_size % 8 == 0 (16-byte aligned rows and scale runs).
-cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, bool kv_int8,
+// bf16: q and out are bf16 (else f16); kv: K/V of q's dtype, or 8-bit with f16 scales. 8-bit
+// requires block_size % 8 == 0 (16-byte aligned rows and scale runs).
+cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
                                     int32_t head_dim, int32_t heads_per_cta, cudaStream_t stream);
-// CTAs of the decode kernel for (dtype, head_dim, heads per CTA) resident on one SM.
-int decode_ctas_per_sm(bool bf16, bool kv_int8, int32_t head_dim, int32_t heads_per_cta);
+// CTAs of the decode kernel for (dtype, KV format, head_dim, heads per CTA) resident on one SM.
+int decode_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta);
 cudaError_t launch_merge_splits(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
                                 cudaStream_t stream);
-cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, bool kv_int8,
+cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
                                      int32_t head_dim, int32_t max_q_len, cudaStream_t stream);
 
 // KV write: rows of k_new/v_new ([num_tokens][num_kv_heads][head_dim], 16-byte multiples) into
@@ -60,15 +64,15 @@ cudaError_t launch_kv_write(const void* k_new, const void* v_new, const int64_t*
                             int32_t num_tokens, void* k, void* v, int32_t num_kv_heads,
                             int32_t block_size, int32_t row_bytes, int64_t block_pitch_bytes,
                             int64_t num_slots, cudaStream_t stream);
-// Quantising KV write into an int8 pool: rows of k_new/v_new ([num_tokens][num_kv_heads]
-// [head_dim] of bf16 if src_bf16, else f16) become int8 values and an f16 scale per row, exactly
-// as quantize_kv8 for int8 (cache/kv_quant.h) computes them from the same values widened to f32.
-// block_pitch_bytes: from one block's K to the next; head runs are block_size * (head_dim + 2)
-// bytes. requires: head_dim % 32 == 0, head_dim <= 256.
-cudaError_t launch_kv_write_int8(const void* k_new, const void* v_new, bool src_bf16,
-                                 const int64_t* slot_mapping, int32_t num_tokens, void* k, void* v,
-                                 int32_t num_kv_heads, int32_t block_size, int32_t head_dim,
-                                 int64_t block_pitch_bytes, int64_t num_slots, cudaStream_t stream);
+// Quantising KV write into an 8-bit pool (kv: Int8 or Fp8): rows of k_new/v_new ([num_tokens]
+// [num_kv_heads][head_dim] of bf16 if src_bf16, else f16) become 8-bit codes and an f16 scale
+// per row, exactly as quantize_kv8 (cache/kv_quant.h) computes them from the same values widened
+// to f32. block_pitch_bytes: from one block's K to the next; head runs are block_size *
+// (head_dim + 2) bytes. requires: head_dim % 32 == 0, head_dim <= 256.
+cudaError_t launch_kv_write_kv8(KvFormat kv, const void* k_new, const void* v_new, bool src_bf16,
+                                const int64_t* slot_mapping, int32_t num_tokens, void* k, void* v,
+                                int32_t num_kv_heads, int32_t block_size, int32_t head_dim,
+                                int64_t block_pitch_bytes, int64_t num_slots, cudaStream_t stream);
 // Block copy: ops [num_ops][2] (src, dst) in device memory; copies block_pitch_bytes from
 // src to dst in each of num_layers layers, layer_stride_bytes apart.
 cudaError_t launch_block_copy(void* slab, const int32_t* ops, int32_t num_ops, int32_t num_layers,

@@ -1,5 +1,5 @@
-// KV write (plain and int8-quantising) and block copy kernels (launched by kv_pool.cc through
-// kernels.h).
+// KV write (plain and 8-bit-quantising: int8, fp8 e4m3) and block copy kernels (launched by
+// kv_pool.cc through kernels.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -7,6 +7,7 @@
 
 #include "backend/cuda/dependent_launch.cuh"
 #include "backend/cuda/kernels.h"
+#include "common/e4m3.h"
 
 namespace kvp::cuda::detail {
 namespace {
@@ -40,15 +41,31 @@ __global__ void kv_write_kernel(const uint4* __restrict__ k_new,  // [num_tokens
   }
 }
 
-// The f16 scale of a row whose largest magnitude is max_abs, bit for bit kv8_scale for int8
-// (cache/kv_quant.h): max_abs / 127 (IEEE division) rounded to nearest f16, then one f16 step up
-// if that fell below.
-__device__ __forceinline__ uint16_t int8_scale_bits(float max_abs) {
+// The f16 scale of a row whose largest magnitude is max_abs, bit for bit kv8_scale
+// (cache/kv_quant.h): max_abs / 127 (int8) or / 448 (fp8), IEEE division, rounded to nearest f16,
+// then one f16 step up if that fell below.
+template <KvFormat kKv>
+__device__ __forceinline__ uint16_t kv8_scale_bits(float max_abs) {
+  static_assert(kKv != KvFormat::Native, "8-bit formats only");
   if (!(max_abs > 0.0f)) return 0;
-  const float wanted = fminf(__fdiv_rn(max_abs, 127.0f), 65504.0f);
+  constexpr float kMaxCode = kKv == KvFormat::Fp8 ? 448.0f : 127.0f;  // kv8_max_value
+  const float wanted = fminf(__fdiv_rn(max_abs, kMaxCode), 65504.0f);
   uint16_t bits = __half_as_ushort(__float2half_rn(wanted));
   if (__half2float(__ushort_as_half(bits)) < wanted && bits < 0x7bffu) ++bits;
   return bits;
+}
+
+// The code of v = x / scale, bit for bit kv8_encode: int8 rounds to nearest even and clamps to
+// ±127, fp8 is the host's e4m3 encoder itself (common/e4m3.h); NaN becomes 0.
+template <KvFormat kKv>
+__device__ __forceinline__ uint8_t kv8_encode(float v) {
+  if (isnan(v)) return 0;
+  if constexpr (kKv == KvFormat::Fp8) {
+    return e4m3_from_f32_bits(__float_as_uint(v));
+  } else {
+    const float r = rintf(v);  // ties to even, as std::nearbyint
+    return static_cast<uint8_t>(static_cast<int8_t>(fminf(fmaxf(r, -127.0f), 127.0f)));
+  }
 }
 
 template <typename T>
@@ -65,14 +82,14 @@ constexpr int kWriteWarps = 4;
 // grid (num_tokens), kWriteWarps warps; a warp quantises one (K|V, head) row at a time: lane
 // holds elements lane, lane + 32, ... (at most 8), the row maximum is a warp reduction. The byte
 // stores are narrow; this kernel moves one token's KV per CTA and is not on a bandwidth path.
-template <typename T>
+template <typename T, KvFormat kKv>
 __global__ void __launch_bounds__(kWriteWarps * 32)
-    kv_write_int8_kernel(const T* __restrict__ k_new,               // [num_tokens][kv_heads][D]
-                         const T* __restrict__ v_new,               // same
-                         const int64_t* __restrict__ slot_mapping,  // [num_tokens]
-                         int8_t* __restrict__ k, int8_t* __restrict__ v, int32_t num_kv_heads,
-                         int32_t block_size, int32_t head_dim, int64_t block_pitch_bytes,
-                         int64_t num_slots) {
+    kv_write_kv8_kernel(const T* __restrict__ k_new,               // [num_tokens][kv_heads][D]
+                        const T* __restrict__ v_new,               // same
+                        const int64_t* __restrict__ slot_mapping,  // [num_tokens]
+                        uint8_t* __restrict__ k, uint8_t* __restrict__ v, int32_t num_kv_heads,
+                        int32_t block_size, int32_t head_dim, int64_t block_pitch_bytes,
+                        int64_t num_slots) {
   wait_for_prerequisites();  // as kv_write_kernel
   allow_dependents();
   const int32_t token = blockIdx.x;
@@ -86,7 +103,7 @@ __global__ void __launch_bounds__(kWriteWarps * 32)
   for (int32_t row = warp; row < 2 * num_kv_heads; row += kWriteWarps) {
     const int32_t head = row >> 1;
     const T* src = ((row & 1) ? v_new : k_new) + (int64_t{token} * num_kv_heads + head) * head_dim;
-    int8_t* run = ((row & 1) ? v : k) + block * block_pitch_bytes + head * head_pitch;
+    uint8_t* run = ((row & 1) ? v : k) + block * block_pitch_bytes + head * head_pitch;
     float x[8];
     float max_abs = 0.0f;
 #pragma unroll
@@ -99,16 +116,14 @@ __global__ void __launch_bounds__(kWriteWarps * 32)
     for (int32_t offset = 16; offset > 0; offset /= 2) {
       max_abs = fmaxf(max_abs, __shfl_xor_sync(0xffffffffu, max_abs, offset));
     }
-    const uint16_t scale_bits = int8_scale_bits(max_abs);
+    const uint16_t scale_bits = kv8_scale_bits<kKv>(max_abs);
     const float scale = __half2float(__ushort_as_half(scale_bits));
     const float inv = scale > 0.0f ? __fdiv_rn(1.0f, scale) : 0.0f;
 #pragma unroll
     for (int32_t i = 0; i < 8; ++i) {
       const int32_t d = lane + 32 * i;
       if (d >= head_dim) break;
-      const float r = rintf(__fmul_rn(x[i], inv));  // ties to even, as std::nearbyint
-      run[int64_t{in_block} * head_dim + d] =
-          isnan(r) ? int8_t{0} : static_cast<int8_t>(fminf(fmaxf(r, -127.0f), 127.0f));
+      run[int64_t{in_block} * head_dim + d] = kv8_encode<kKv>(__fmul_rn(x[i], inv));
     }
     if (lane == 0) {
       reinterpret_cast<uint16_t*>(run + int64_t{block_size} * head_dim)[in_block] = scale_bits;
@@ -143,25 +158,36 @@ cudaError_t launch_kv_write(const void* k_new, const void* v_new, const int64_t*
                           num_kv_heads, block_size, row_vecs, block_pitch_bytes / 16, num_slots);
 }
 
-cudaError_t launch_kv_write_int8(const void* k_new, const void* v_new, bool src_bf16,
-                                 const int64_t* slot_mapping, int32_t num_tokens, void* k, void* v,
-                                 int32_t num_kv_heads, int32_t block_size, int32_t head_dim,
-                                 int64_t block_pitch_bytes, int64_t num_slots,
-                                 cudaStream_t stream) {
-  if (num_tokens == 0) return cudaSuccess;
-  if (head_dim % 32 != 0 || head_dim > 256) return cudaErrorInvalidValue;
-  if (src_bf16) {
-    return launch_dependent(
-        true, kv_write_int8_kernel<__nv_bfloat16>, dim3(num_tokens), dim3(kWriteWarps * 32), 0,
-        stream, static_cast<const __nv_bfloat16*>(k_new), static_cast<const __nv_bfloat16*>(v_new),
-        slot_mapping, static_cast<int8_t*>(k), static_cast<int8_t*>(v), num_kv_heads, block_size,
-        head_dim, block_pitch_bytes, num_slots);
-  }
-  return launch_dependent(true, kv_write_int8_kernel<__half>, dim3(num_tokens),
-                          dim3(kWriteWarps * 32), 0, stream, static_cast<const __half*>(k_new),
-                          static_cast<const __half*>(v_new), slot_mapping, static_cast<int8_t*>(k),
-                          static_cast<int8_t*>(v), num_kv_heads, block_size, head_dim,
+namespace {
+
+template <typename T, KvFormat kKv>
+cudaError_t launch_kv_write_kv8_typed(const void* k_new, const void* v_new,
+                                      const int64_t* slot_mapping, int32_t num_tokens, void* k,
+                                      void* v, int32_t num_kv_heads, int32_t block_size,
+                                      int32_t head_dim, int64_t block_pitch_bytes,
+                                      int64_t num_slots, cudaStream_t stream) {
+  return launch_dependent(true, kv_write_kv8_kernel<T, kKv>, dim3(num_tokens),
+                          dim3(kWriteWarps * 32), 0, stream, static_cast<const T*>(k_new),
+                          static_cast<const T*>(v_new), slot_mapping, static_cast<uint8_t*>(k),
+                          static_cast<uint8_t*>(v), num_kv_heads, block_size, head_dim,
                           block_pitch_bytes, num_slots);
+}
+
+}  // namespace
+
+cudaError_t launch_kv_write_kv8(KvFormat kv, const void* k_new, const void* v_new, bool src_bf16,
+                                const int64_t* slot_mapping, int32_t num_tokens, void* k, void* v,
+                                int32_t num_kv_heads, int32_t block_size, int32_t head_dim,
+                                int64_t block_pitch_bytes, int64_t num_slots, cudaStream_t stream) {
+  if (num_tokens == 0) return cudaSuccess;
+  if (head_dim % 32 != 0 || head_dim > 256 || kv == KvFormat::Native) return cudaErrorInvalidValue;
+  const auto launch =
+      src_bf16 ? (kv == KvFormat::Fp8 ? launch_kv_write_kv8_typed<__nv_bfloat16, KvFormat::Fp8>
+                                      : launch_kv_write_kv8_typed<__nv_bfloat16, KvFormat::Int8>)
+               : (kv == KvFormat::Fp8 ? launch_kv_write_kv8_typed<__half, KvFormat::Fp8>
+                                      : launch_kv_write_kv8_typed<__half, KvFormat::Int8>);
+  return launch(k_new, v_new, slot_mapping, num_tokens, k, v, num_kv_heads, block_size, head_dim,
+                block_pitch_bytes, num_slots, stream);
 }
 
 cudaError_t launch_block_copy(void* slab, const int32_t* ops, int32_t num_ops, int32_t num_layers,

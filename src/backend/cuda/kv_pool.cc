@@ -19,21 +19,21 @@ Status check_layout(const KvLayout& layout) {
         layout.num_layers, layout.num_blocks, layout.num_kv_heads, layout.block_size,
         layout.head_dim);
   }
-  if (layout.dtype == DType::F32 || layout.dtype == DType::FP8) {
-    return Status::unsupported("cuda kv pool: dtype {} (bf16, f16 and int8 are supported)",
+  if (layout.dtype == DType::F32) {
+    return Status::unsupported("cuda kv pool: dtype {} (bf16, f16, int8 and fp8 are supported)",
                                dtype_name(layout.dtype));
   }
   if (layout.head_dim % 8 != 0) {
     return Status::unsupported("cuda kv pool: head dim {} is not a multiple of 8", layout.head_dim);
   }
-  // int8 rows and scale runs 16-byte aligned (kernels read them with 16-byte copies), and the
+  // 8-bit rows and scale runs 16-byte aligned (kernels read them with 16-byte copies), and the
   // quantising write's warp-per-row shape
-  if (layout.dtype == DType::I8 &&
+  if (is_kv8(layout.dtype) &&
       (layout.block_size % 8 != 0 || layout.head_dim % 32 != 0 || layout.head_dim > 256)) {
     return Status::unsupported(
-        "cuda kv pool: int8 needs a block size that is a multiple of 8 and a head dim that is a "
+        "cuda kv pool: {} needs a block size that is a multiple of 8 and a head dim that is a "
         "multiple of 32 up to 256 (block size {}, head dim {})",
-        layout.block_size, layout.head_dim);
+        dtype_name(layout.dtype), layout.block_size, layout.head_dim);
   }
   return Status::ok();
 }
@@ -172,16 +172,14 @@ Status DeviceKvPool::copy_blocks_from_host(const PinnedBuffer& host,
 
 Status launch_kv_write(const PagedKv& kv, const KvWrite& write, DType row_dtype,
                        cudaStream_t stream) {
-  if (kv.dtype == DType::FP8) {
-    return Status::unsupported("cuda kv write: fp8 KV is not supported on cuda (int8 is)");
-  }
-  if (kv.dtype == DType::I8) {
+  if (is_kv8(kv.dtype)) {
     return cuda_status(
-        detail::launch_kv_write_int8(write.k, write.v, row_dtype == DType::BF16, write.slot_mapping,
-                                     write.num_tokens, kv.k, kv.v, kv.num_kv_heads, kv.block_size,
-                                     kv.head_dim, kv.block_pitch,
-                                     int64_t{kv.num_blocks} * kv.block_size, stream),
-        "kv_write_int8_kernel");
+        detail::launch_kv_write_kv8(
+            kv.dtype == DType::FP8 ? detail::KvFormat::Fp8 : detail::KvFormat::Int8, write.k,
+            write.v, row_dtype == DType::BF16, write.slot_mapping, write.num_tokens, kv.k, kv.v,
+            kv.num_kv_heads, kv.block_size, kv.head_dim, kv.block_pitch,
+            int64_t{kv.num_blocks} * kv.block_size, stream),
+        "kv_write_kv8_kernel");
   }
   const int64_t elem = static_cast<int64_t>(dtype_size_bytes(kv.dtype));
   return cuda_status(detail::launch_kv_write(
@@ -192,25 +190,23 @@ Status launch_kv_write(const PagedKv& kv, const KvWrite& write, DType row_dtype,
 }
 
 Status launch_kv_write(const PagedKv& kv, const KvWrite& write, cudaStream_t stream) {
-  return launch_kv_write(kv, write, kv.dtype == DType::I8 ? DType::BF16 : kv.dtype, stream);
+  return launch_kv_write(kv, write, is_kv8(kv.dtype) ? DType::BF16 : kv.dtype, stream);
 }
 
 Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
                 cudaStream_t stream) {
-  return kv_write(kv, write, host_slot_mapping, kv.dtype == DType::I8 ? DType::BF16 : kv.dtype,
-                  stream);
+  return kv_write(kv, write, host_slot_mapping, is_kv8(kv.dtype) ? DType::BF16 : kv.dtype, stream);
 }
 
 Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
                 DType row_dtype, cudaStream_t stream) {
-  if (kv.dtype == DType::F32 || kv.dtype == DType::FP8 || kv.head_dim % 8 != 0) {
+  if (kv.dtype == DType::F32 || kv.head_dim % 8 != 0) {
     return Status::unsupported("cuda kv write: dtype {} with head dim {}", dtype_name(kv.dtype),
                                kv.head_dim);
   }
-  const bool rows_ok = kv.dtype == DType::I8
-                           ? (row_dtype == DType::BF16 || row_dtype == DType::F16) &&
-                                 kv.head_dim % 32 == 0 && kv.head_dim <= 256
-                           : row_dtype == kv.dtype;
+  const bool rows_ok = is_kv8(kv.dtype) ? (row_dtype == DType::BF16 || row_dtype == DType::F16) &&
+                                              kv.head_dim % 32 == 0 && kv.head_dim <= 256
+                                        : row_dtype == kv.dtype;
   if (!rows_ok) {
     return Status::unsupported("cuda kv write: {} rows into a {} pool with head dim {}",
                                dtype_name(row_dtype), dtype_name(kv.dtype), kv.head_dim);

@@ -3,8 +3,8 @@
 // launch), and whole-block moves between the device and pinned host memory (session offload).
 //
 //   slab (device, one cudaMalloc):  [num_layers][num_blocks][2 (K, V)][num_kv_heads][block_size]
-//                                   [head_dim] of layout.dtype (int8: each head run followed by
-//                                   its [block_size] f16 scales, cache/kv_layout.h)
+//                                   [head_dim] of layout.dtype (int8 / fp8: each head run followed
+//                                   by its [block_size] f16 scales, cache/kv_layout.h)
 //   host block image (pinned):      [num_moved_blocks][num_layers][2][num_kv_heads][block_size]
 //                                   [head_dim]  -- one block's layers back to back
 //
@@ -70,13 +70,13 @@ class DeviceKvPool {
 
 // Writes new tokens' K and V (device pointers in `write`, rows of row_dtype:
 // [num_tokens][num_kv_heads][head_dim]) into their slots of one layer. row_dtype is kv.dtype for
-// a bf16/f16 pool; an int8 pool takes bf16 or f16 rows and quantises each (token, head) row as
-// quantize_kv8 does for int8 (cache/kv_quant.h), values and f16 scale, bit for bit.
+// a bf16/f16 pool; an int8 / fp8 pool takes bf16 or f16 rows and quantises each (token, head) row
+// as quantize_kv8 does for its dtype (cache/kv_quant.h), codes and f16 scale, bit for bit.
 // host_slot_mapping is a host copy of write.slot_mapping ([write.num_tokens]); it is validated
 // with check_kv_write_args before the launch. Negative slots are skipped. Mutates kv.
 Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
                 DType row_dtype, cudaStream_t stream);
-// The same with row_dtype = kv.dtype (bf16 for an int8 pool).
+// The same with row_dtype = kv.dtype (bf16 for an int8 / fp8 pool).
 Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slot_mapping,
                 cudaStream_t stream);
 
@@ -84,7 +84,7 @@ Status kv_write(const PagedKv& kv, const KvWrite& write, const int64_t* host_slo
 // requires: check_kv_write_args(write with the host slot mapping, kv).is_ok().
 Status launch_kv_write(const PagedKv& kv, const KvWrite& write, DType row_dtype,
                        cudaStream_t stream);
-// The same with row_dtype = kv.dtype (bf16 for an int8 pool).
+// The same with row_dtype = kv.dtype (bf16 for an int8 / fp8 pool).
 Status launch_kv_write(const PagedKv& kv, const KvWrite& write, cudaStream_t stream);
 
 }  // namespace kvp::cuda

@@ -31,6 +31,13 @@ Result<int32_t> sm_count() {
   return count;
 }
 
+// How the kernels read a pool of this dtype.
+detail::KvFormat kv_format(DType dtype) {
+  return dtype == DType::I8    ? detail::KvFormat::Int8
+         : dtype == DType::FP8 ? detail::KvFormat::Fp8
+                               : detail::KvFormat::Native;
+}
+
 // Splits per sequence for decode: as many as keep all CTAs in one wave (as many CTAs as are
 // resident at once, from the occupancy of the kernel that will run), never fewer than
 // min_keys_per_split keys per split, and about 32 at most for contexts up to 8K.
@@ -42,7 +49,7 @@ int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch
   const int32_t span =
       params.window > 0 ? std::min(batch.max_kv_len, params.window) : batch.max_kv_len;
   const int64_t resident =
-      int64_t{detail::decode_ctas_per_sm(kv.dtype != DType::F16, kv.dtype == DType::I8, kv.head_dim,
+      int64_t{detail::decode_ctas_per_sm(kv.dtype != DType::F16, kv_format(kv.dtype), kv.head_dim,
                                          heads_per_cta)} *
       num_sms;
   const int64_t by_occupancy = resident / std::max<int64_t>(ctas, 1);
@@ -56,19 +63,19 @@ int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch
 
 Status check_launchable(const AttentionParams& params, const AttentionBatch& batch,
                         const PagedKv& kv, const void* q, DType q_dtype, const void* out) {
-  if (kv.dtype != DType::BF16 && kv.dtype != DType::F16 && kv.dtype != DType::I8) {
-    return Status::unsupported("cuda attention: KV dtype {} (bf16, f16 and int8 are supported)",
-                               dtype_name(kv.dtype));
+  if (kv.dtype != DType::BF16 && kv.dtype != DType::F16 && !is_kv8(kv.dtype)) {
+    return Status::unsupported(
+        "cuda attention: KV dtype {} (bf16, f16, int8 and fp8 are supported)",
+        dtype_name(kv.dtype));
   }
-  if (kv.dtype == DType::I8 ? (q_dtype != DType::BF16 && q_dtype != DType::F16)
-                            : q_dtype != kv.dtype) {
+  if (is_kv8(kv.dtype) ? (q_dtype != DType::BF16 && q_dtype != DType::F16) : q_dtype != kv.dtype) {
     return Status::unsupported("cuda attention: q dtype {} with KV dtype {}", dtype_name(q_dtype),
                                dtype_name(kv.dtype));
   }
-  if (kv.dtype == DType::I8 && kv.block_size % 8 != 0) {
+  if (is_kv8(kv.dtype) && kv.block_size % 8 != 0) {
     return Status::unsupported(
-        "cuda attention: int8 KV needs a block size that is a multiple of 8 (got {})",
-        kv.block_size);
+        "cuda attention: {} KV needs a block size that is a multiple of 8 (got {})",
+        dtype_name(kv.dtype), kv.block_size);
   }
   if (kv.head_dim != 64 && kv.head_dim != 128 && kv.head_dim != 256) {
     return Status::unsupported("cuda attention: head dim {} (64, 128 and 256 are supported)",
@@ -173,7 +180,7 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   if (batch.num_seqs == 0 || batch.num_tokens == 0) return Status::ok();
   detail::AttentionKernelArgs args = make_args(params, batch, kv, q, out);
   const bool bf16 = q_dtype == DType::BF16;
-  const bool kv_int8 = kv.dtype == DType::I8;
+  const detail::KvFormat kv_kind = kv_format(kv.dtype);
   const int32_t heads_per_cta = decode_heads_per_cta(args.group);
   args.head_chunks = args.group / heads_per_cta;
   KVP_ASSIGN_OR_RETURN(const int32_t num_sms, sm_count());
@@ -186,7 +193,7 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
     args.partial_ml = reinterpret_cast<float*>(static_cast<char*>(workspace.data()) + acc_bytes);
   }
   KVP_RETURN_IF_ERROR(cuda_status(
-      detail::launch_decode_attention(args, bf16, kv_int8, kv.head_dim, heads_per_cta, stream),
+      detail::launch_decode_attention(args, bf16, kv_kind, kv.head_dim, heads_per_cta, stream),
       "decode_attention_kernel"));
   if (args.num_splits > 1) {
     KVP_RETURN_IF_ERROR(cuda_status(detail::launch_merge_splits(args, bf16, kv.head_dim, stream),
@@ -194,7 +201,7 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   }
   if (batch.max_q_len >= 2) {
     KVP_RETURN_IF_ERROR(cuda_status(
-        detail::launch_prefill_attention(args, bf16, kv_int8, kv.head_dim, batch.max_q_len, stream),
+        detail::launch_prefill_attention(args, bf16, kv_kind, kv.head_dim, batch.max_q_len, stream),
         "prefill_attention_kernel"));
   }
   return Status::ok();

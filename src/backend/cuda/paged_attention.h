@@ -11,9 +11,9 @@
 //           plus the new tokens.
 // Each kernel reads q_len from the device metadata and skips the sequences of the other kind.
 //
-// Supported: KV and q/out both bf16 or both f16, or int8 KV (cache/kv_layout.h: per-row f16
-// scales inside the block, block size a multiple of 8) with bf16 or f16 q/out; head_dim 64, 128
-// or 256, any block size, any GQA ratio, soft cap, window. fp32 accumulation throughout.
+// Supported: KV and q/out both bf16 or both f16, or int8 / fp8 (e4m3) KV (cache/kv_layout.h:
+// per-row f16 scales inside the block, block size a multiple of 8) with bf16 or f16 q/out; head_dim
+// 64, 128 or 256, any block size, any GQA ratio, soft cap, window. fp32 accumulation throughout.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -50,7 +50,7 @@ size_t attention_workspace_bytes(const AttentionParams& params, const AttentionB
 // non-null pointers, the host maxima) and launches. Batch pointers (query_start, kv_lens,
 // block_tables) and q, out, kv are device pointers.
 //   q, out : [batch.num_tokens][params.num_q_heads][kv.head_dim] of q_dtype (== kv.dtype, or
-//            bf16 / f16 for an int8 kv)
+//            bf16 / f16 for an int8 / fp8 kv)
 // requires: the device metadata satisfies check_attention_args (else results are undefined;
 // use paged_attention_checked to validate a host copy first). Writes out, nothing else but
 // the workspace.

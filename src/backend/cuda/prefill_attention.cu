@@ -16,9 +16,10 @@
 // Shared memory tiles are [rows][head_dim] with the 16-byte chunk index XOR-swizzled by
 // (row & 7), so the 8 row addresses of every ldmatrix fall in distinct banks.
 //
-// int8 KV (kI8): the cp.async ring holds the raw int8 rows and the 4-byte words of their f16
-// scales; after each tile lands, the CTA widens it int8 -> q's dtype (exact: |q8| <= 127) into
-// one swizzled K and one V tile, so the MMA loops are unchanged. The scales never touch the
+// 8-bit KV (kKv8: int8 or fp8 e4m3): the cp.async ring holds the raw 8-bit rows and the 4-byte
+// words of their f16 scales; after each tile lands, the CTA widens it to q's dtype (exact: int8
+// |q8| <= 127, e4m3 values have 4 significant bits and |q8| <= 448) into one swizzled K and one V
+// tile, so the MMA loops are unchanged. The scales never touch the
 // operands: the K scale multiplies each score column after Q.K^T, the V scale multiplies each
 // probability column after the row sums (P.diag(s_v).V8), both in f32.
 #include <cmath>
@@ -98,20 +99,32 @@ template <int D>
 __host__ __device__ constexpr int rows_per_cta() {
   return kPrefillWarps * 16 * mtiles_per_warp<D>();
 }
-// bf16/f16: Q tile + [2 stages][K, V][kBN][D]. int8: Q tile + one widened K and V tile + the
-// int8 ring [2][K, V][kBN][D] (as many bytes as the 16-bit ring) + scale words and scales.
-template <int D, bool kI8>
+// bf16/f16: Q tile + [2 stages][K, V][kBN][D]. 8-bit: Q tile + one widened K and V tile + the
+// 8-bit ring [2][K, V][kBN][D] (as many bytes as the 16-bit ring) + scale words and scales.
+template <int D, bool kKv8>
 __host__ __device__ constexpr int prefill_smem_bytes() {
-  return kI8 ? (rows_per_cta<D>() * D + 2 * keys_per_tile<D>() * D) * 2 +
-                   4 * keys_per_tile<D>() * D + 4 * keys_per_tile<D>() * 4
-             : (rows_per_cta<D>() * D + 4 * keys_per_tile<D>() * D) * 2;
+  return kKv8 ? (rows_per_cta<D>() * D + 2 * keys_per_tile<D>() * D) * 2 +
+                    4 * keys_per_tile<D>() * D + 4 * keys_per_tile<D>() * 4
+              : (rows_per_cta<D>() * D + 4 * keys_per_tile<D>() * D) * 2;
 }
 
-// 8 int8 values (8 bytes of shared memory) as 8 values of T, exactly.
-template <typename T>
+// 8 codes (8 bytes of shared memory) as their 8 values in T, exactly (fp8: the e4m3 values / 256
+// as halves, times 256 in f32).
+template <typename T, KvFormat kKv>
 __device__ __forceinline__ uint4 widen8(const uint2 raw) {
   float f[8];
-  unpack8_i8(raw, f);
+  if constexpr (kKv == KvFormat::Fp8) {
+    __half2 h[4];
+    unpack8_kv8_half2<kKv>(raw, h);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = __half22float2(h[i]);
+      f[2 * i] = x.x * kv8_code_unit<kKv>();
+      f[2 * i + 1] = x.y * kv8_code_unit<kKv>();
+    }
+  } else {
+    unpack8_i8(raw, f);
+  }
   return make_uint4(pack2<T>(f[0], f[1]), pack2<T>(f[2], f[3]), pack2<T>(f[4], f[5]),
                     pack2<T>(f[6], f[7]));
 }
@@ -121,19 +134,20 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, int src_by
                "r"(src_bytes));
 }
 
-template <typename T, int D, bool kI8>
+template <typename T, int D, KvFormat kKv>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefill_attention_kernel(const AttentionKernelArgs a) {
+  constexpr bool kKv8 = kKv != KvFormat::Native;
   constexpr int kBN = keys_per_tile<D>();
   constexpr int kMT = mtiles_per_warp<D>();
   constexpr int kRows = rows_per_cta<D>();
-  constexpr int kChunks = D / 8;        // 16-byte chunks per row
-  constexpr int kStages = kI8 ? 1 : 2;  // stages of the 16-bit K/V tiles
+  constexpr int kChunks = D / 8;         // 16-byte chunks per row
+  constexpr int kStages = kKv8 ? 1 : 2;  // stages of the 16-bit K/V tiles
   extern __shared__ uint4 smem_raw[];
   T* s_q = reinterpret_cast<T*>(smem_raw);  // [kRows][D]
   T* s_k = s_q + kRows * D;                 // [kStages][kBN][D]
   T* s_v = s_k + kStages * kBN * D;         // [kStages][kBN][D]
-  // int8 only:
+  // 8-bit only:
   int8_t* s_k8 = reinterpret_cast<int8_t*>(s_v + kStages * kBN * D);          // [2][kBN][D]
   int8_t* s_v8 = s_k8 + 2 * kBN * D;                                          // [2][kBN][D]
   uint32_t* s_scale_words = reinterpret_cast<uint32_t*>(s_v8 + 2 * kBN * D);  // [2][K,V][kBN/2]
@@ -166,7 +180,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const T* k = static_cast<const T*>(a.k);
   const T* v = static_cast<const T*>(a.v);
   const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
-  const int64_t head_offset = int64_t{kv_head} * a.block_size * (kI8 ? D + 2 : D);
+  const int64_t head_offset = int64_t{kv_head} * a.block_size * (kKv8 ? D + 2 : D);
 
   // Q tile (rows past the sequence are zero-filled; they are computed but never stored).
   for (int i = tid; i < kRows * kChunks; i += kPrefillThreads) {
@@ -179,10 +193,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
     const T* src = q + (int64_t{q_begin + token} * a.num_q_heads + head) * D + c * 8;
     cp_async16(s_q + swizzle<D>(r, c), src, valid ? 16 : 0);
   }
-  // int8: raw rows (16-byte chunks of 16 values) and, per key pair, the scale words.
+  // 8-bit: raw rows (16-byte chunks of 16 values) and, per key pair, the scale words.
   auto load_kv8 = [&](int tile, int stage) {
     const int n0 = (tile_first + tile) * kBN;
-    const auto* k8 = static_cast<const int8_t*>(a.k);
+    const auto* k8 = static_cast<const int8_t*>(a.k);  // int8 or e4m3 codes
     const auto* v8 = static_cast<const int8_t*>(a.v);
     int8_t* dk = s_k8 + stage * kBN * D;
     int8_t* dv = s_v8 + stage * kBN * D;
@@ -212,7 +226,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
       cp_async4(s_scale_words + stage * kBN + kBN / 2 + tid, v8 + off, valid ? 4 : 0);
     }
   };
-  // int8: widens the landed stage into s_k / s_v and its scales into s_k_scale / s_v_scale
+  // 8-bit: widens the landed stage into s_k / s_v and its scales into s_k_scale / s_v_scale
   // (0 for keys outside [key_begin, kv_len): their p is 0 and must stay 0, never 0 * NaN).
   auto widen_kv8 = [&](int tile, int stage) {
     const int n0 = (tile_first + tile) * kBN;
@@ -222,9 +236,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
       const int r = i / kChunks;
       const int c = i % kChunks;
       *reinterpret_cast<uint4*>(s_k + swizzle<D>(r, c)) =
-          widen8<T>(*reinterpret_cast<const uint2*>(sk + r * D + c * 8));
+          widen8<T, kKv>(*reinterpret_cast<const uint2*>(sk + r * D + c * 8));
       *reinterpret_cast<uint4*>(s_v + swizzle<D>(r, c)) =
-          widen8<T>(*reinterpret_cast<const uint2*>(sv + r * D + c * 8));
+          widen8<T, kKv>(*reinterpret_cast<const uint2*>(sv + r * D + c * 8));
     }
     if (tid < kBN) {
       const int j = n0 + tid;
@@ -239,7 +253,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
     }
   };
   auto load_kv = [&](int tile, int stage) {
-    if constexpr (kI8) {
+    if constexpr (kKv8) {
       load_kv8(tile, stage);
       return;
     }
@@ -298,12 +312,12 @@ __global__ void __launch_bounds__(kPrefillThreads)
       cp_async_wait<0>();
     }
     __syncthreads();
-    if constexpr (kI8) {
+    if constexpr (kKv8) {
       widen_kv8(t, t & 1);
       __syncthreads();
     }
-    const T* tk = s_k + (kI8 ? 0 : (t & 1) * kBN * D);
-    const T* tv = s_v + (kI8 ? 0 : (t & 1) * kBN * D);
+    const T* tk = s_k + (kKv8 ? 0 : (t & 1) * kBN * D);
+    const T* tv = s_v + (kKv8 ? 0 : (t & 1) * kBN * D);
 
     float s[kMT][kBN / 8][4];
 #pragma unroll
@@ -332,7 +346,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
       }
     }
 
-    if constexpr (kI8) {
+    if constexpr (kKv8) {
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
@@ -404,7 +418,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
           l[mt][e >> 1] += s[mt][n][e];
         }
       }
-      if constexpr (kI8) {
+      if constexpr (kKv8) {
 #pragma unroll
         for (int n = 0; n < kBN / 8; ++n) {
 #pragma unroll
@@ -461,10 +475,10 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 }
 
-template <typename T, int D, bool kI8>
+template <typename T, int D, KvFormat kKv>
 cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_len,
                                  cudaStream_t stream) {
-  constexpr int kSmem = prefill_smem_bytes<D, kI8>();
+  constexpr int kSmem = prefill_smem_bytes<D, kKv != KvFormat::Native>();
   // The dynamic shared-memory limit is an attribute of the kernel on each device
   // (cudaFuncSetAttribute applies to the current one): set once per device. Set once per
   // process, a model split over GPUs launched this kernel on its second GPU with the default
@@ -478,7 +492,7 @@ cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_
     std::lock_guard<std::mutex> lock(mutex);
     if (!attribute_set[device]) {
       const cudaError_t e = cudaFuncSetAttribute(
-          prefill_attention_kernel<T, D, kI8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+          prefill_attention_kernel<T, D, kKv>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
       if (e != cudaSuccess) return e;
       attribute_set[device] = true;
     }
@@ -486,35 +500,44 @@ cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_
   const int64_t rows = int64_t{max_q_len} * args.group;
   const dim3 grid(static_cast<unsigned>((rows + rows_per_cta<D>() - 1) / rows_per_cta<D>()),
                   args.num_seqs, args.num_kv_heads);
-  prefill_attention_kernel<T, D, kI8><<<grid, kPrefillThreads, kSmem, stream>>>(args);
+  prefill_attention_kernel<T, D, kKv><<<grid, kPrefillThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
 }
 
-template <typename T, bool kI8>
+template <typename T, KvFormat kKv>
 cudaError_t launch_prefill_dim(const AttentionKernelArgs& args, int32_t head_dim, int32_t max_q_len,
                                cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return launch_prefill_typed<T, 64, kI8>(args, max_q_len, stream);
+      return launch_prefill_typed<T, 64, kKv>(args, max_q_len, stream);
     case 128:
-      return launch_prefill_typed<T, 128, kI8>(args, max_q_len, stream);
+      return launch_prefill_typed<T, 128, kKv>(args, max_q_len, stream);
     case 256:
-      return launch_prefill_typed<T, 256, kI8>(args, max_q_len, stream);
+      return launch_prefill_typed<T, 256, kKv>(args, max_q_len, stream);
     default:
       return cudaErrorInvalidValue;
   }
 }
 
+template <KvFormat kKv>
+cudaError_t launch_prefill_kv(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                              int32_t max_q_len, cudaStream_t stream) {
+  return bf16 ? launch_prefill_dim<__nv_bfloat16, kKv>(args, head_dim, max_q_len, stream)
+              : launch_prefill_dim<__half, kKv>(args, head_dim, max_q_len, stream);
+}
+
 }  // namespace
 
-cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, bool kv_int8,
+cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
                                      int32_t head_dim, int32_t max_q_len, cudaStream_t stream) {
-  if (kv_int8) {
-    return bf16 ? launch_prefill_dim<__nv_bfloat16, true>(args, head_dim, max_q_len, stream)
-                : launch_prefill_dim<__half, true>(args, head_dim, max_q_len, stream);
+  switch (kv) {
+    case KvFormat::Int8:
+      return launch_prefill_kv<KvFormat::Int8>(args, bf16, head_dim, max_q_len, stream);
+    case KvFormat::Fp8:
+      return launch_prefill_kv<KvFormat::Fp8>(args, bf16, head_dim, max_q_len, stream);
+    default:
+      return launch_prefill_kv<KvFormat::Native>(args, bf16, head_dim, max_q_len, stream);
   }
-  return bf16 ? launch_prefill_dim<__nv_bfloat16, false>(args, head_dim, max_q_len, stream)
-              : launch_prefill_dim<__half, false>(args, head_dim, max_q_len, stream);
 }
 
 }  // namespace kvp::cuda::detail

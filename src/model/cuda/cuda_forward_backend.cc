@@ -52,23 +52,23 @@ KvLayout CudaForwardBackend::group_layout(int32_t group, int32_t num_blocks, int
 }
 
 Status CudaForwardBackend::check_kv_dtype(DType dtype) const {
-  // int8: the runner's K/V rows stay bf16 and are quantised by the KV write; attention reads the
-  // int8 pool with bf16 queries (CudaModelRunner::forward)
-  if (dtype == DType::BF16 || dtype == DType::F16 || dtype == DType::I8) return Status::ok();
+  // int8 / fp8: the runner's K/V rows stay bf16 and are quantised by the KV write; attention
+  // reads the 8-bit pool with bf16 queries (CudaModelRunner::forward)
+  if (dtype == DType::BF16 || dtype == DType::F16 || is_kv8(dtype)) return Status::ok();
   return Status::invalid_argument(
-      "KV dtype {} is not supported by the cuda backend (bf16, f16, int8)", dtype_name(dtype));
+      "KV dtype {} is not supported by the cuda backend (bf16, f16, int8, fp8)", dtype_name(dtype));
 }
 
 namespace {
 
-// Copies `num_runs` head runs (cache/kv_layout.h: block_size rows, then the f16 scales for int8)
+// Copies `num_runs` head runs (cache/kv_layout.h: block_size rows, then the f16 scales for 8-bit)
 // between a pool of head dim src_dim and one of dst_dim: rows are cut to dst_dim or extended
-// with the zeros already in dst; int8 scales carry over (pad lanes are zero, so a padded row's
+// with the zeros already in dst; 8-bit scales carry over (pad lanes are zero, so a padded row's
 // scale is its logical row's).
 void copy_head_runs(const std::byte* src, int32_t src_dim, std::byte* dst, int32_t dst_dim,
                     size_t num_runs, int32_t block_size, DType dtype) {
   const size_t elem = dtype_size_bytes(dtype);
-  const size_t scale_bytes = dtype == DType::I8 ? 2 * static_cast<size_t>(block_size) : 0;
+  const size_t scale_bytes = is_kv8(dtype) ? 2 * static_cast<size_t>(block_size) : 0;
   const size_t src_run = static_cast<size_t>(block_size) * src_dim * elem + scale_bytes;
   const size_t dst_run = static_cast<size_t>(block_size) * dst_dim * elem + scale_bytes;
   const size_t row_bytes = static_cast<size_t>(std::min(src_dim, dst_dim)) * elem;
@@ -240,8 +240,9 @@ Status CudaForwardBackend::fill_kv_random(uint64_t seed) {
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
   for (size_t g = 0; g < pools_.size(); ++g) {
     const KvLayout& layout = pools_[g].layout();
-    // int8: the slab's bytes as f16 values in [-1, 1): int8 values and f16 scales both bounded
-    const int64_t count = layout.dtype == DType::I8 ? layout.size_elems() / 2 : layout.size_elems();
+    // 8-bit: the slab's bytes as f16 values in [-1, 1): codes and f16 scales both bounded (an
+    // e4m3 NaN code among them widens to a finite value in the CUDA kernels)
+    const int64_t count = is_kv8(layout.dtype) ? layout.size_elems() / 2 : layout.size_elems();
     KVP_RETURN_IF_ERROR(
         cuda_status(detail::launch_fill_uniform(pools_[g].slab(), layout.dtype == DType::BF16,
                                                 count, seed + g, -1.0f, 1.0f, runner_->stream()),

@@ -407,7 +407,7 @@ Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceK
     const KvLayout& layout = pools[g].layout();
     if (layout.num_layers != static_cast<int32_t>(group_layers_[g].size()) ||
         layout.num_kv_heads != spec_.num_kv_heads || layout.head_dim != padded_head_dim_ ||
-        (layout.dtype != DType::BF16 && layout.dtype != DType::F16 && layout.dtype != DType::I8)) {
+        (layout.dtype != DType::BF16 && layout.dtype != DType::F16 && !is_kv8(layout.dtype))) {
       return Status::invalid_argument(
           "cuda forward: KV pool of cache group {} does not fit the "
           "model (allocate_kv first)",
@@ -861,7 +861,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     write.slot_mapping =
         reinterpret_cast<const int64_t*>(meta_device_.as<const std::byte>() + slot_offset[g]);
     write.num_tokens = T;
-    KVP_RETURN_IF_ERROR(launch_kv_write(kv, write, act_dtype, stream_));  // int8: quantises
+    KVP_RETURN_IF_ERROR(launch_kv_write(kv, write, act_dtype, stream_));  // 8-bit: quantises
     AttentionParams params;
     params.num_q_heads = spec_.num_q_heads;
     params.scale = spec_.attention_scale;

@@ -4,8 +4,8 @@
 //   per step:  host checks of the batch → one pinned staging buffer → one async upload
 //   embed(+scale) → rms_norm ─┐
 //   per layer:  GEMM qkv (f32 out) → qkv_post: +bias, q/k norm, rope, → KV dtype, pad head_dim
-//               → cuda::launch_kv_write (int8 pool: quantising) → cuda::paged_attention
-//               (q bf16 over a bf16 or int8 pool, f16 over an f16 one) → GEMM o (f32 out)
+//               → cuda::launch_kv_write (int8 / fp8 pool: quantising) → cuda::paged_attention
+//               (q bf16 over a bf16, int8 or fp8 pool, f16 over an f16 one) → GEMM o (f32 out)
 //               (→ all-reduce of o when split over GPUs, model/tensor_parallel.h: NCCL, or
 //                PeerAllReduce for decode-sized ones)
 //               → residual_norm: (+post norm) x += o, xn = norm(x)

@@ -94,18 +94,27 @@ TEST_F(CudaKvPool, KvWritePlacesRowsInTheirSlotsAndSkipsNegativeSlots) {
   }
 }
 
-// The quantising write's bytes (int8 values and f16 scales) equal quantize_kv8 (int8) on the host
-// for the same rows widened to f32, bit for bit: random rows of random magnitude, an all-zero
-// row, rows holding a NaN, an infinity, values near the f16 and bf16 limits and tiny ones (f16
-// subnormal scales), bf16 and f16 rows, two head dims and block sizes.
-TEST_F(CudaKvPool, Int8KvWriteMatchesHostQuantisationBitForBit) {
+// ---- 8-bit pools (int8, fp8 e4m3): one test body per behaviour, run for each format ----
+
+class CudaKvPoolKv8 : public CudaKvPool, public ::testing::WithParamInterface<DType> {};
+
+// The quantising write's bytes (8-bit codes and f16 scales) equal quantize_kv8 of the pool's
+// dtype on the host for the same rows widened to f32, bit for bit: random rows of random
+// magnitude, an all-zero row, rows holding a NaN, an infinity, values near the f16 and bf16
+// limits and tiny ones (f16 subnormal scales), a row whose maximum is 448 (scale 1: its values
+// land on the e4m3 grid up to the largest code), one with an outlier 2^12 times its other values
+// (fp8 subnormal codes), one of exact midpoints between neighbouring e4m3 values (ties to even),
+// bf16 and f16 rows, two head dims and block sizes.
+TEST_P(CudaKvPoolKv8, KvWriteMatchesHostQuantisationBitForBit) {
+  const DType kv_dtype = GetParam();
+  std::uniform_int_distribution<int> e4m3_code(0, 0x7d);  // up to 448's lower neighbour
   for (const auto& [row_dtype, head_dim, block_size] :
        std::vector<std::tuple<DType, int32_t, int32_t>>{
            {DType::BF16, 128, 16}, {DType::F16, 64, 32}, {DType::BF16, 256, 8}}) {
     SCOPED_TRACE(fmt::format("{} rows, head dim {}, block size {}", dtype_name(row_dtype), head_dim,
                              block_size));
     const int32_t num_blocks = 7, num_heads = 3, layer = 1;
-    const KvLayout layout{2, num_blocks, num_heads, block_size, head_dim, DType::I8};
+    const KvLayout layout{2, num_blocks, num_heads, block_size, head_dim, kv_dtype};
     Result<DeviceKvPool> pool = DeviceKvPool::create(layout);
     ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
     KVP_ASSERT_CUDA(cudaMemset(pool->slab(), 0, layout.size_bytes()));
@@ -124,11 +133,19 @@ TEST_F(CudaKvPool, Int8KvWriteMatchesHostQuantisationBitForBit) {
         const float magnitude = std::exp2(exponent(rng_));
         for (int32_t d = 0; d < head_dim; ++d) {
           float x = magnitude * unit(rng_);
-          if (r == 5) x = 0.0f;                 // all-zero row
-          if (r == 7 && d == 3) x = nan;        // NaN element
-          if (r == 8 && d == 0) x = -inf;       // infinite element
-          if (r == 9) x = big * unit(rng_);     // near the format's limit
-          if (r == 10) x = 1e-7f * unit(rng_);  // subnormal f16 scale
+          if (r == 5) x = 0.0f;                                    // all-zero row
+          if (r == 7 && d == 3) x = nan;                           // NaN element
+          if (r == 8 && d == 0) x = -inf;                          // infinite element
+          if (r == 9) x = big * unit(rng_);                        // near the format's limit
+          if (r == 10) x = 1e-7f * unit(rng_);                     // subnormal f16 scale
+          if (r == 11) x = d == 0 ? 448.0f : 448.0f * unit(rng_);  // scale exactly 1
+          if (r == 12) x = d == 1 ? -4096.0f * magnitude : x;      // outlier
+          if (r == 13) {  // max 448 (scale 1), the rest midway between two e4m3 values
+            const auto code = static_cast<uint8_t>(e4m3_code(rng_));
+            const float mid =
+                0.5f * (e4m3_to_f32(code) + e4m3_to_f32(static_cast<uint8_t>(code + 1)));
+            x = d == 0 ? 448.0f : (unit(rng_) < 0.0f ? -mid : mid);
+          }
           store_from_f32(rows->data(), row_dtype, r * head_dim + d, x);
         }
       }
@@ -150,7 +167,7 @@ TEST_F(CudaKvPool, Int8KvWriteMatchesHostQuantisationBitForBit) {
             x[d] = load_as_f32(src.data(), row_dtype, (t * row_elems) + h * head_dim + d);
           }
           F16 scale;
-          quantize_kv8(DType::I8, x.data(), head_dim,
+          quantize_kv8(kv_dtype, x.data(), head_dim,
                        reinterpret_cast<uint8_t*>(
                            expected.data() + layout.elem_offset(layer, block, kv, h, in_block)),
                        &scale);
@@ -180,14 +197,19 @@ TEST_F(CudaKvPool, Int8KvWriteMatchesHostQuantisationBitForBit) {
   }
 }
 
-TEST_F(CudaKvPool, Int8KvWriteRefusesRowsOfAnotherDtype) {
-  const KvLayout layout{1, 2, 1, 16, 64, DType::I8};
+TEST_P(CudaKvPoolKv8, KvWriteRefusesRowsOfAnotherDtype) {
+  const KvLayout layout{1, 2, 1, 16, 64, GetParam()};
   Result<DeviceKvPool> pool = DeviceKvPool::create(layout);
   ASSERT_TRUE(pool.is_ok()) << pool.status().to_string();
   KvWrite write;
   const Status s = kv_write(pool->layer(0), write, nullptr, DType::F32, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
 }
+
+INSTANTIATE_TEST_SUITE_P(Kv8, CudaKvPoolKv8, ::testing::Values(DType::I8, DType::FP8),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
 
 TEST_F(CudaKvPool, CopyBlocksCopiesEveryLayerInOneBatch) {
   const KvLayout layout{3, 12, 2, 8, 128, DType::BF16};

@@ -2,8 +2,9 @@
 // on fresh random inputs: block sizes, head dims, GQA ratios, query lengths, kv_len at block
 // multiples +-1, windows, soft cap, mixed batches, long contexts (split-KV), shuffled block
 // tables. The output is poisoned with NaN first, so an unwritten element fails the check.
-// int8 KV: the pool is written on the device by the quantising KV write (rows of random
-// magnitude, so scales differ row to row), copied back, and the reference runs on those bytes.
+// 8-bit KV (int8, fp8 e4m3; every 8-bit test runs for both): the pool is written on the device by
+// the quantising KV write (rows of random magnitude, so scales differ row to row), copied back,
+// and the reference runs on those bytes (the dequantised cache).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -41,7 +42,7 @@ struct Case {
   int32_t head_dim = 128;
   int32_t block_size = 16;
   DType dtype = DType::BF16;    // KV
-  DType q_dtype = DType::BF16;  // q and out when dtype is int8 (else dtype)
+  DType q_dtype = DType::BF16;  // q and out when dtype is 8-bit (else dtype)
   float soft_cap = 0.0f;
   int32_t window = 0;
   std::vector<SeqSpec> seqs;
@@ -51,19 +52,19 @@ struct Case {
 };
 
 std::string describe(const Case& c) {
-  std::string s = fmt::format(
-      "q_heads {} kv_heads {} D {} block {} {}{} cap {} window {} seqs", c.num_q_heads,
-      c.num_kv_heads, c.head_dim, c.block_size, dtype_name(c.dtype),
-      c.dtype == DType::I8 ? fmt::format(" (q {})", dtype_name(c.q_dtype)) : std::string(),
-      c.soft_cap, c.window);
+  std::string s =
+      fmt::format("q_heads {} kv_heads {} D {} block {} {}{} cap {} window {} seqs", c.num_q_heads,
+                  c.num_kv_heads, c.head_dim, c.block_size, dtype_name(c.dtype),
+                  is_kv8(c.dtype) ? fmt::format(" (q {})", dtype_name(c.q_dtype)) : std::string(),
+                  c.soft_cap, c.window);
   for (const SeqSpec& q : c.seqs) s += fmt::format(" ({},{})", q.q_len, q.kv_len);
   return s;
 }
 
-// An int8 pool of `layout` (one layer) written by cuda::kv_write from random rows of row_dtype,
+// An 8-bit pool of `layout` (one layer) written by cuda::kv_write from random rows of row_dtype,
 // every slot of every block: row r of K (V) is uniform in [-m_r, m_r) with m_r = 2^u, u uniform
 // in [-3, 3).
-DeviceBuffer write_int8_pool(const KvLayout& layout, DType row_dtype, std::mt19937_64& rng) {
+DeviceBuffer write_kv8_pool(const KvLayout& layout, DType row_dtype, std::mt19937_64& rng) {
   const int64_t num_slots = int64_t{layout.num_blocks} * layout.block_size;
   const int64_t row_elems = int64_t{layout.num_kv_heads} * layout.head_dim;
   const size_t elem = dtype_size_bytes(row_dtype);
@@ -134,12 +135,12 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   }
 
   KvLayout layout{1, num_blocks, c.num_kv_heads, c.block_size, c.head_dim, c.dtype};
-  const DType q_dtype = c.dtype == DType::I8 ? c.q_dtype : c.dtype;
+  const DType q_dtype = is_kv8(c.dtype) ? c.q_dtype : c.dtype;
   const size_t elem = dtype_size_bytes(q_dtype);
   std::vector<uint8_t> slab(layout.size_bytes());
   DeviceBuffer d_slab;
-  if (c.dtype == DType::I8) {
-    d_slab = write_int8_pool(layout, q_dtype, rng);
+  if (is_kv8(c.dtype)) {
+    d_slab = write_kv8_pool(layout, q_dtype, rng);
     slab = to_host<uint8_t>(d_slab.data(), layout.size_bytes());
   } else {
     kvp::testing::fill_random(slab.data(), c.dtype, static_cast<size_t>(layout.size_elems()), rng);
@@ -225,18 +226,20 @@ INSTANTIATE_TEST_SUITE_P(
                          std::get<2>(info.param), std::get<3>(info.param));
     });
 
-// ---- int8 KV: block sizes 16 and 32 x head dim x GQA 1 and 4 x query length ----
+// ---- 8-bit KV (int8, fp8): block sizes 16 and 32 x head dim x GQA 1 and 4 x query length ----
 
-class PagedAttentionInt8Matrix : public GpuTest,
-                                 public ::testing::WithParamInterface<MatrixParam> {};
+using Kv8MatrixParam = std::tuple<DType, int32_t, int32_t, int32_t, int32_t>;  // KV, MatrixParam
 
-TEST_P(PagedAttentionInt8Matrix, MatchesReferenceOnTheWrittenPool) {
-  const auto [block_size, head_dim, group, q_len] = GetParam();
+class PagedAttentionKv8Matrix : public GpuTest,
+                                public ::testing::WithParamInterface<Kv8MatrixParam> {};
+
+TEST_P(PagedAttentionKv8Matrix, MatchesReferenceOnTheWrittenPool) {
+  const auto [kv_dtype, block_size, head_dim, group, q_len] = GetParam();
   std::mt19937_64 rng(
       std::hash<std::string>{}(::testing::UnitTest::GetInstance()->current_test_info()->name()) ^
       std::random_device{}());
   Case c;
-  c.dtype = DType::I8;
+  c.dtype = kv_dtype;
   c.num_kv_heads = 2;
   c.num_q_heads = 2 * group;
   c.head_dim = head_dim;
@@ -248,14 +251,16 @@ TEST_P(PagedAttentionInt8Matrix, MatchesReferenceOnTheWrittenPool) {
   run_case(c, rng);
 }
 
-INSTANTIATE_TEST_SUITE_P(Grid, PagedAttentionInt8Matrix,
-                         ::testing::Combine(::testing::Values(16, 32),
+INSTANTIATE_TEST_SUITE_P(Grid, PagedAttentionKv8Matrix,
+                         ::testing::Combine(::testing::Values(DType::I8, DType::FP8),
+                                            ::testing::Values(16, 32),
                                             ::testing::Values(64, 128, 256),
                                             ::testing::Values(1, 4), ::testing::Values(1, 3, 64)),
-                         [](const ::testing::TestParamInfo<MatrixParam>& info) {
-                           return fmt::format("block{}_d{}_gqa{}_q{}", std::get<0>(info.param),
+                         [](const ::testing::TestParamInfo<Kv8MatrixParam>& info) {
+                           return fmt::format("{}_block{}_d{}_gqa{}_q{}",
+                                              dtype_name(std::get<0>(info.param)),
                                               std::get<1>(info.param), std::get<2>(info.param),
-                                              std::get<3>(info.param));
+                                              std::get<3>(info.param), std::get<4>(info.param));
                          });
 
 // ---- targeted cases ----
@@ -402,20 +407,27 @@ TEST_F(PagedAttentionArgs, RejectsBadArgumentsBeforeLaunching) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
 }
 
-TEST_F(PagedAttention, Int8MixedBatchOfDecodePrefillAndEmptyQueries) {
+// ---- 8-bit KV targeted cases, each for int8 and fp8 ----
+
+class PagedAttentionKv8 : public GpuTest, public ::testing::WithParamInterface<DType> {
+ protected:
+  std::mt19937_64 rng_{std::random_device{}()};
+};
+
+TEST_P(PagedAttentionKv8, MixedBatchOfDecodePrefillAndEmptyQueries) {
   Case c;
-  c.dtype = DType::I8;
+  c.dtype = GetParam();
   c.num_q_heads = 32;
   c.num_kv_heads = 8;
   c.seqs = {{1, 700}, {64, 64}, {0, 5}, {3, 129}, {1, 1}, {37, 300}, {1, 4097}};
   run_case(c, rng_);
 }
 
-TEST_F(PagedAttention, Int8WindowWithReleasedBlocks) {
+TEST_P(PagedAttentionKv8, WindowWithReleasedBlocks) {
   for (int32_t window : {5, 40}) {
     for (int32_t q_len : {1, 3, 64}) {
       Case c;
-      c.dtype = DType::I8;
+      c.dtype = GetParam();
       c.window = window;
       c.block_size = 16;
       c.release_blocks_behind_window = true;
@@ -425,9 +437,9 @@ TEST_F(PagedAttention, Int8WindowWithReleasedBlocks) {
   }
 }
 
-TEST_F(PagedAttention, Int8SoftCapWithWindowAndGqa) {
+TEST_P(PagedAttentionKv8, SoftCapWithWindowAndGqa) {
   Case c;
-  c.dtype = DType::I8;
+  c.dtype = GetParam();
   c.num_q_heads = 16;
   c.num_kv_heads = 2;
   c.head_dim = 256;
@@ -438,25 +450,25 @@ TEST_F(PagedAttention, Int8SoftCapWithWindowAndGqa) {
   run_case(c, rng_);
 }
 
-TEST_F(PagedAttention, Int8KvWithF16Queries) {
+TEST_P(PagedAttentionKv8, KvWithF16Queries) {
   Case c;
-  c.dtype = DType::I8;
+  c.dtype = GetParam();
   c.q_dtype = DType::F16;
   c.seqs = {{1, 1000}, {64, 200}, {3, 40}};
   run_case(c, rng_);
 }
 
-TEST_F(PagedAttention, Int8LongContextDecodeSplitsKvAndPrefillChunk) {
+TEST_P(PagedAttentionKv8, LongContextDecodeSplitsKvAndPrefillChunk) {
   Case c;
-  c.dtype = DType::I8;
+  c.dtype = GetParam();
   c.num_q_heads = 8;
   c.num_kv_heads = 2;
   c.seqs = {{1, 32768}, {1, 16385}, {1, 31}, {64, 20000}};
   run_case(c, rng_);
 }
 
-TEST_F(PagedAttention, Int8RefusesBlockSizesNotAMultipleOf8) {
-  const KvLayout layout{1, 4, 2, 12, 128, DType::I8};
+TEST_P(PagedAttentionKv8, RefusesBlockSizesNotAMultipleOf8) {
+  const KvLayout layout{1, 4, 2, 12, 128, GetParam()};
   DeviceBuffer slab = DeviceBuffer::allocate(layout.size_bytes()).value();
   AttentionParams params;
   params.num_q_heads = 8;
@@ -464,9 +476,14 @@ TEST_F(PagedAttention, Int8RefusesBlockSizesNotAMultipleOf8) {
   const Status s = paged_attention(params, batch, paged_kv_for_layer(layout, slab.data(), 0),
                                    nullptr, DType::BF16, nullptr, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.to_string();
-  EXPECT_EQ(DeviceKvPool::create(KvLayout{1, 4, 2, 12, 128, DType::I8}).status().code(),
+  EXPECT_EQ(DeviceKvPool::create(KvLayout{1, 4, 2, 12, 128, GetParam()}).status().code(),
             StatusCode::kUnsupported);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kv8, PagedAttentionKv8, ::testing::Values(DType::I8, DType::FP8),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace kvp::cuda

@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "model/model_config.h"
 #include "model/model_runner.h"
@@ -39,6 +41,13 @@ constexpr double kSameDeviceTolerance = 1e-2;
 // A teacher-forced greedy step may pick another token than transformers only where the f32
 // reference's top-2 margin is below this (a near-tie that bf16 rounding can flip).
 constexpr float kNearTieMargin = 0.05f;
+// fp8 KV, CUDA against the CPU fp8 runner: both quantise K/V, the GPU from bf16 rows, the CPU from
+// f32 ones, so a value whose bf16 rounding crosses an e4m3 rounding boundary gets the neighbouring
+// code. e4m3 steps are ~1/8 of the value, against int8's max|x| / 127: an estimate (not measured)
+// puts fp8's excess over the bf16 error at about twice int8's measured 0.9e-2, so the logit bound
+// and the near-tie margin are the bf16 ones times 5/3. The test prints the measured error.
+constexpr double kFp8KvLogitTolerance = kBf16LogitTolerance * 5 / 3;
+constexpr float kFp8KvNearTieMargin = kNearTieMargin * 5 / 3;
 // Mixture-of-experts models: where a token's k-th and (k+1)-th router probabilities are within
 // bf16 rounding of each other, the GPU may route it to another expert than the f32 CPU runner
 // and that row's logits move by more than kBf16LogitTolerance. A few such rows per test are
@@ -354,22 +363,24 @@ INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyModel,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen2_moe",
                                            "qwen3_moe"));
 
-// int8 KV on both sides: the CUDA backend (bf16 K/V rows quantised by the KV write, int8
-// attention kernels) against the CPU runner's int8 pool (f32 rows quantised), all prompts in one
-// batch, prefill then 31 decode steps fed with transformers' greedy tokens. Every step's GPU
-// argmax must equal the CPU int8 runner's unless the CPU's top-2 margin marks a near-tie, and
-// the logits must agree within the bf16 tolerance.
-class CudaInt8Kv : public ::testing::TestWithParam<const char*> {};
+// 8-bit KV (int8, fp8 e4m3) on both sides: the CUDA backend (bf16 K/V rows quantised by the KV
+// write, 8-bit attention kernels) against the CPU runner's pool of the same dtype (f32 rows
+// quantised), all prompts in one batch, prefill then 31 decode steps fed with transformers'
+// greedy tokens. Every step's GPU argmax must equal the CPU 8-bit runner's unless the CPU's top-2
+// margin marks a near-tie, and the logits must agree within the bf16 tolerance (fp8: see
+// kFp8KvLogitTolerance).
+class CudaKv8 : public ::testing::TestWithParam<std::tuple<const char*, DType>> {};
 
-TEST_P(CudaInt8Kv, TeacherForcedMatchesTheCpuInt8Runner) {
+TEST_P(CudaKv8, TeacherForcedMatchesTheCpu8BitRunner) {
   SKIP_WITHOUT_GPU();
-  const Tiny probe = load_tiny(GetParam());
+  const auto [arch, kv_dtype] = GetParam();
+  const Tiny probe = load_tiny(arch);
   const int32_t n = static_cast<int32_t>(probe.prompts.size());
   const int32_t new_tokens = static_cast<int32_t>(probe.greedy[0].size());
   int32_t max_len = 0;
   for (const auto& p : probe.prompts) max_len = std::max<int32_t>(max_len, p.size() + new_tokens);
   Tables t(groups_of(probe.spec), n, max_len, 16, 23);
-  Pair pair(GetParam(), t, DType::I8, DType::I8);
+  Pair pair(arch, t, kv_dtype, kv_dtype);
   const int32_t vocab = pair.vocab();
   std::vector<int32_t> seqs(n), cached(n, 0);
   std::iota(seqs.begin(), seqs.end(), 0);
@@ -393,9 +404,9 @@ TEST_P(CudaInt8Kv, TeacherForcedMatchesTheCpuInt8Runner) {
         ++agree;
       } else {
         const float margin = top2_margin(c);
-        EXPECT_LT(margin, kNearTieMargin)
-            << GetParam() << " prompt " << i << " step " << step << ": gpu picks " << argmax(g)
-            << ", cpu int8 " << argmax(c) << ", cpu margin " << margin;
+        EXPECT_LT(margin, kv_dtype == DType::FP8 ? kFp8KvNearTieMargin : kNearTieMargin)
+            << arch << " prompt " << i << " step " << step << ": gpu picks " << argmax(g)
+            << ", cpu " << dtype_name(kv_dtype) << " " << argmax(c) << ", cpu margin " << margin;
       }
     }
     if (step + 1 == new_tokens) break;
@@ -410,15 +421,21 @@ TEST_P(CudaInt8Kv, TeacherForcedMatchesTheCpuInt8Runner) {
       cached[i] += 1;
     }
   }
+  const std::string name(dtype_name(kv_dtype));
   std::printf(
-      "[ int8 kv ] %s: %d/%d greedy steps agree with the cpu int8 runner, %d/%d with "
-      "transformers (f32 KV); worst step rel err vs cpu int8 %.3e\n",
-      GetParam(), agree, total, agree_hf, total, worst_err);
-  EXPECT_LT(worst_err, kBf16LogitTolerance);
+      "[ %s kv ] %s: %d/%d greedy steps agree with the cpu %s runner, %d/%d with "
+      "transformers (f32 KV); worst step rel err vs cpu %s %.3e\n",
+      name.c_str(), arch, agree, total, name.c_str(), agree_hf, total, name.c_str(), worst_err);
+  EXPECT_LT(worst_err, kv_dtype == DType::FP8 ? kFp8KvLogitTolerance : kBf16LogitTolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, CudaInt8Kv,
-                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaKv8,
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "gemma3", "qwen3"),
+                                            ::testing::Values(DType::I8, DType::FP8)),
+                         [](const ::testing::TestParamInfo<std::tuple<const char*, DType>>& info) {
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  std::string(dtype_name(std::get<1>(info.param)));
+                         });
 
 // A prefill and a decode in one batch give each sequence's logits as when it runs alone.
 class CudaMixedBatch : public ::testing::TestWithParam<const char*> {};
@@ -776,6 +793,7 @@ TEST(CudaForwardBackendErrors, KvDtypeF32IsRefusedAndF16Runs) {
   EXPECT_TRUE(gpu.check_kv_dtype(DType::BF16).is_ok());
   EXPECT_TRUE(gpu.check_kv_dtype(DType::F16).is_ok());
   EXPECT_TRUE(gpu.check_kv_dtype(DType::I8).is_ok());
+  EXPECT_TRUE(gpu.check_kv_dtype(DType::FP8).is_ok());
   const Status st = gpu.check_kv_dtype(DType::F32);
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("f32"), std::string::npos) << st.message();
