@@ -9,7 +9,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$tmp/lib" "$tmp/gpu" "$tmp/tests/model/fixtures" "$dest"
 for b in apps/kvpool tests/kvp_model_gpu_tests tests/kvp_backend_gpu_tests \
-         bench/model_cuda_bench bench/sampler_bench; do
+         bench/model_cuda_bench bench/sampler_bench bench/attention_cuda_bench; do
   [ -x "$build/$b" ] || continue
   cp "$build/$b" "$tmp/"
   strip --strip-debug "$tmp/$(basename "$b")"
