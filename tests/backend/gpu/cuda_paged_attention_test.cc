@@ -349,9 +349,10 @@ TEST_F(PagedAttention, LongContextWindowedDecode) {
 }
 
 // GPT-OSS's sinks: below, near and far above every logit (100: e^(100 - m) overflows f32, the
-// case softmax_output_factor's second branch exists for), over decode rows with one and with
-// several KV splits, prefill rows, a window, and query heads of one KV group with different
-// sinks.
+// case softmax_output_factor's second branch exists for), over decode rows with one KV split
+// (short batches: the decode kernel writes out) and with several (a long sequence in the batch:
+// every decode row goes through the merge), prefill rows, a window, and query heads of one KV
+// group with different sinks.
 TEST_F(PagedAttention, SinksJoinTheDenominatorInDecodeSplitDecodeAndPrefill) {
   Case c;
   c.num_q_heads = 8;
@@ -360,6 +361,8 @@ TEST_F(PagedAttention, SinksJoinTheDenominatorInDecodeSplitDecodeAndPrefill) {
   for (int32_t head_dim : {64, 128}) {
     c.head_dim = head_dim;
     c.window = 0;
+    c.seqs = {{1, 1}, {1, 17}, {1, 31}, {5, 5}};
+    run_case(c, rng_);
     c.seqs = {{1, 1}, {1, 17}, {1, 700}, {1, 8193}, {64, 64}, {5, 300}, {37, 37}};
     run_case(c, rng_);
     c.window = 24;
