@@ -84,7 +84,7 @@ struct AttentionParams {
   int32_t window = 0;     // 0: off; else key j is visible from position p iff p - j < window
   // GPT-OSS's attention sinks: [num_q_heads] logits, one per query head, that join each row's
   // softmax denominator (e^sink added to the sum of e^logit) and are then dropped, so a row's
-  // weights sum to less than 1. Null: off. Host memory for the CPU backend.
+  // weights sum to less than 1. Null: off. Host memory for the CPU backend, device memory for CUDA.
   const float* sinks = nullptr;
 };
 

@@ -35,27 +35,17 @@ Result<quant::QuantMatrix> read_matrix(const WeightSource& source, const std::st
   return m.matrix;
 }
 
-// The routed experts' gate, up [num_experts][inter][hidden] and down [num_experts][hidden][inter]
-// as the source stacks them (read_experts, in place where it can), appended per expert to
-// experts->gate_up (gate, up) and experts->down; their mappings kept alive in w.
-Status add_stacked_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
-                           ExpertWeights* experts, ModelWeights* w) {
-  const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
-  const int32_t num_experts = spec.num_experts;
-  KVP_ASSIGN_OR_RETURN(StackedExperts stacked,
-                       read_stacked_experts(source, layer, num_experts, inter, hidden));
-  auto& gate = stacked.gate;
-  auto& up = stacked.up;
-  auto& down = stacked.down;
-  for (int32_t e = 0; e < num_experts; ++e) {
-    experts->gate_up.push_back(gate[e].matrix);
-    experts->gate_up.push_back(up[e].matrix);
-    experts->down.push_back(down[e].matrix);
-    for (StoredMatrix* m : {&gate[e], &up[e], &down[e]}) {
+// Experts as the source stacks them (read_stacked_experts or read_gpt_oss_experts), appended per
+// expert to experts->gate_up (gate, up) and experts->down; their memory kept alive in w.
+void add_stacked_experts(StackedExperts stacked, ExpertWeights* experts, ModelWeights* w) {
+  for (size_t e = 0; e < stacked.down.size(); ++e) {
+    experts->gate_up.push_back(stacked.gate[e].matrix);
+    experts->gate_up.push_back(stacked.up[e].matrix);
+    experts->down.push_back(stacked.down[e].matrix);
+    for (StoredMatrix* m : {&stacked.gate[e], &stacked.up[e], &stacked.down[e]}) {
       w->keep_alive.push_back(std::move(m->keep_alive));
     }
   }
-  return Status::ok();
 }
 
 // Layer `layer`'s router "model.layers.N.mlp.gate.weight" [num_experts][hidden] and its
@@ -67,7 +57,10 @@ Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t l
   KVP_ASSIGN_OR_RETURN(experts->router,
                        read_matrix(source, fmt::format("model.layers.{}.mlp.gate.weight", layer),
                                    num_experts, hidden, w));
-  KVP_RETURN_IF_ERROR(add_stacked_experts(spec, source, layer, experts, w));
+  KVP_ASSIGN_OR_RETURN(
+      StackedExperts stacked,
+      read_stacked_experts(source, layer, num_experts, spec.moe_intermediate_size, hidden));
+  add_stacked_experts(std::move(stacked), experts, w);
   if (spec.shared_expert_intermediate_size > 0) {
     const int64_t shared = spec.shared_expert_intermediate_size;
     const std::string p = fmt::format("model.layers.{}.mlp.shared_expert", layer);
@@ -83,78 +76,22 @@ Status load_experts(const ModelSpec& spec, const WeightSource& source, int32_t l
   return Status::ok();
 }
 
-// GPT-OSS's experts as llama.cpp's converter writes them (GGUF gpt-oss): gate, up [num_experts]
-// [inter][hidden] and down [num_experts][hidden][inter] stacked per projection, read in place
-// (read_experts), and their biases "mlp.experts.{gate,up,down}_proj.bias" [num_experts][rows].
-Status load_split_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
-                          ExpertWeights* experts, ModelWeights* w) {
-  const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
-  const int32_t num_experts = spec.num_experts;
-  KVP_RETURN_IF_ERROR(add_stacked_experts(spec, source, layer, experts, w));
-  const std::string p = fmt::format("model.layers.{}.mlp.experts.", layer);
-  std::vector<float> gate_bias, up_bias;
-  KVP_RETURN_IF_ERROR(read_into(source, p + "gate_proj.bias", {num_experts, inter}, &gate_bias));
-  KVP_RETURN_IF_ERROR(read_into(source, p + "up_proj.bias", {num_experts, inter}, &up_bias));
-  KVP_RETURN_IF_ERROR(
-      read_into(source, p + "down_proj.bias", {num_experts, hidden}, &experts->down_bias));
-  for (int32_t e = 0; e < num_experts; ++e) {
-    const float* g = gate_bias.data() + e * inter;
-    const float* u = up_bias.data() + e * inter;
-    experts->gate_up_bias.insert(experts->gate_up_bias.end(), g, g + inter);
-    experts->gate_up_bias.insert(experts->gate_up_bias.end(), u, u + inter);
-  }
-  return Status::ok();
-}
-
-// GPT-OSS's layer `layer`: router "model.layers.N.mlp.router.{weight,bias}" and the experts'
-// 3-D tensors as transformers stores them, multiplied from the left (x · W):
-//   experts.gate_up_proj [num_experts][hidden][2 * inter], gate and up interleaved: column 2i is
-//   gate unit i, column 2i + 1 up unit i; gate_up_proj_bias [num_experts][2 * inter] likewise;
-//   experts.down_proj [num_experts][inter][hidden], down_proj_bias [num_experts][hidden].
-// Converted once to the runner's layout (f32): per expert gate, up [inter][hidden] and down
-// [hidden][inter]; biases gate then up.
+// GPT-OSS's layer `layer`: router "model.layers.N.mlp.router.{weight,bias}" and the experts with
+// their biases (read_gpt_oss_experts: transformers' or GGUF's layout).
 Status load_gpt_oss_experts(const ModelSpec& spec, const WeightSource& source, int32_t layer,
                             ExpertWeights* experts, ModelWeights* w) {
-  const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
+  const int64_t hidden = spec.hidden_size;
   const int64_t num_experts = spec.num_experts;
   const std::string p = fmt::format("model.layers.{}.mlp.", layer);
   KVP_ASSIGN_OR_RETURN(experts->router,
                        read_matrix(source, p + "router.weight", num_experts, hidden, w));
   KVP_RETURN_IF_ERROR(read_into(source, p + "router.bias", {num_experts}, &experts->router_bias));
-  if (!source.contains(p + "experts.gate_up_proj"))
-    return load_split_experts(spec, source, layer, experts, w);
-  std::vector<float> gate_up, gate_up_bias, down;
-  KVP_RETURN_IF_ERROR(
-      read_into(source, p + "experts.gate_up_proj", {num_experts, hidden, 2 * inter}, &gate_up));
-  KVP_RETURN_IF_ERROR(
-      read_into(source, p + "experts.gate_up_proj_bias", {num_experts, 2 * inter}, &gate_up_bias));
-  KVP_RETURN_IF_ERROR(
-      read_into(source, p + "experts.down_proj", {num_experts, inter, hidden}, &down));
-  KVP_RETURN_IF_ERROR(
-      read_into(source, p + "experts.down_proj_bias", {num_experts, hidden}, &experts->down_bias));
-  experts->gate_up_bias.resize(gate_up_bias.size());
-  for (int64_t e = 0; e < num_experts; ++e) {
-    const float* gu = gate_up.data() + e * hidden * 2 * inter;  // [hidden][2 * inter]
-    const float* dn = down.data() + e * inter * hidden;         // [inter][hidden]
-    std::vector<float> gate(inter * hidden), up(inter * hidden), down_t(hidden * inter);
-    for (int64_t i = 0; i < inter; ++i) {
-      for (int64_t h = 0; h < hidden; ++h) {
-        gate[i * hidden + h] = gu[h * 2 * inter + 2 * i];
-        up[i * hidden + h] = gu[h * 2 * inter + 2 * i + 1];
-        down_t[h * inter + i] = dn[i * hidden + h];
-      }
-      experts->gate_up_bias[e * 2 * inter + i] = gate_up_bias[e * 2 * inter + 2 * i];
-      experts->gate_up_bias[e * 2 * inter + inter + i] = gate_up_bias[e * 2 * inter + 2 * i + 1];
-    }
-    for (std::vector<float>* m : {&gate, &up}) {
-      StoredMatrix stored = owned_f32_matrix(std::move(*m), inter, hidden);
-      experts->gate_up.push_back(stored.matrix);
-      w->keep_alive.push_back(std::move(stored.keep_alive));
-    }
-    StoredMatrix stored = owned_f32_matrix(std::move(down_t), hidden, inter);
-    experts->down.push_back(stored.matrix);
-    w->keep_alive.push_back(std::move(stored.keep_alive));
-  }
+  KVP_ASSIGN_OR_RETURN(
+      GptOssExperts read,
+      read_gpt_oss_experts(source, layer, spec.num_experts, spec.moe_intermediate_size, hidden));
+  add_stacked_experts(std::move(read.stacked), experts, w);
+  experts->gate_up_bias = std::move(read.gate_up_bias);
+  experts->down_bias = std::move(read.down_bias);
   return Status::ok();
 }
 

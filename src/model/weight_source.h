@@ -66,4 +66,21 @@ struct StackedExperts {
 Result<StackedExperts> read_stacked_experts(const WeightSource& source, int32_t layer,
                                             int32_t num_experts, int64_t inter, int64_t hidden);
 
+// GPT-OSS's routed experts of layer `layer` and their biases, in StackedExperts' layout, from
+// either form a source holds them in:
+//   transformers' 3-D tensors "model.layers.N.mlp.experts.gate_up_proj" [num_experts][hidden]
+//   [2 * inter] (multiplied from the left, x · W; column 2i is gate unit i, 2i + 1 up unit i),
+//   gate_up_proj_bias [num_experts][2 * inter] likewise, down_proj [num_experts][inter][hidden],
+//   down_proj_bias [num_experts][hidden]: converted once to owned f32 matrices;
+//   or per-projection stacks (llama.cpp's GGUF gpt-oss, read_stacked_experts, in place) with
+//   biases "mlp.experts.{gate,up,down}_proj.bias" [num_experts][rows].
+// What the CPU and CUDA runners load; the router (mlp.router.{weight,bias}) is read apart.
+struct GptOssExperts {
+  StackedExperts stacked;
+  std::vector<float> gate_up_bias;  // [num_experts][2 * inter]: expert e's gate bias, then up's
+  std::vector<float> down_bias;     // [num_experts][hidden]
+};
+Result<GptOssExperts> read_gpt_oss_experts(const WeightSource& source, int32_t layer,
+                                           int32_t num_experts, int64_t inter, int64_t hidden);
+
 }  // namespace kvp

@@ -82,6 +82,19 @@ __device__ __forceinline__ float scaled_logit(float dot, const AttentionKernelAr
   return a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(dot * a.qk_mul) : dot * a.qk_mul;
 }
 
+// softmax_output_factor (backend/attention.h) in the kernels' log2 units: the factor that turns a
+// finished row state (max m and sum l of exp2(logit - m), logits in log2 units) of query head
+// q_head into its output. The sink joins the denominator as exp2(sink * log2(e) - m); when it
+// exceeds m the factor is computed as e^(m - s) / (l e^(m - s) + 1), which cannot overflow.
+__device__ __forceinline__ float output_factor(float m, float l, const AttentionKernelArgs& a,
+                                               int q_head) {
+  if (a.sinks == nullptr) return 1.0f / l;
+  const float s = a.sinks[q_head] * 1.4426950408889634f;  // log2(e)
+  if (!(s > m)) return 1.0f / (l + exp2f(s - m));
+  const float r = exp2f(m - s);
+  return r / (l * r + 1.0f);
+}
+
 // Block-table index and offset in the block of key position j; a shift and a mask for the usual
 // power-of-two block sizes, a division otherwise.
 __device__ __forceinline__ int block_index(int j, const AttentionKernelArgs& a) {

@@ -402,7 +402,7 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     }
     if (a.num_splits == 1) {
       static_cast<T*>(a.out)[(int64_t{q_row} * a.num_q_heads + head0 + g) * D + d] =
-          from_float<T>(acc_all / l_all);
+          from_float<T>(acc_all * output_factor(m_all, l_all, a, head0 + g));
     } else {
       const int64_t row = partial_row + int64_t{g} * a.num_splits;
       a.partial_acc[row * D + d] = acc_all;
@@ -456,7 +456,7 @@ __global__ void __launch_bounds__(kMergeParts* D) merge_splits_kernel(const Atte
 #pragma unroll
     for (int p = 1; p < kMergeParts; ++p) acc += s_part[p][d];
     static_cast<T*>(a.out)[(int64_t{q_row} * a.num_q_heads + head) * D + d] =
-        from_float<T>(acc / l_all);
+        from_float<T>(acc * output_factor(m_all, l_all, a, head));
   }
 }
 

@@ -40,6 +40,9 @@ struct AttentionKernelArgs {
   float cap_log2;  // soft cap on: soft_cap*log2(e); off: 0
   int32_t window;  // 0: off
   int32_t num_seqs;
+  // [num_q_heads] f32 device, natural-log units: attention sinks (AttentionParams::sinks), or
+  // null. Applied only where a row's softmax is finished (output_factor, attention_device.cuh).
+  const float* sinks;
   // decode only
   int32_t head_chunks;  // group / heads per CTA
   int32_t num_splits;   // KV splits per sequence; 1: write out directly

@@ -145,6 +145,7 @@ detail::AttentionKernelArgs make_args(const AttentionParams& params, const Atten
   }
   a.window = params.window;
   a.num_seqs = batch.num_seqs;
+  a.sinks = params.sinks;
   return a;
 }
 

@@ -13,7 +13,9 @@
 //
 // Supported: KV and q/out both bf16 or both f16, or int8 / fp8 (e4m3) KV (cache/kv_layout.h:
 // per-row f16 scales inside the block, block size a multiple of 8) with bf16 or f16 q/out; head_dim
-// 64, 128 or 256, any block size, any GQA ratio, soft cap, window. fp32 accumulation throughout.
+// 64, 128 or 256, any block size, any GQA ratio, soft cap, window, attention sinks (params.sinks in
+// device memory, applied where each row's softmax is finished: the decode write, the merge, the
+// prefill write). fp32 accumulation throughout.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -463,7 +463,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int row = row0 + warp_row0 + mt * 16 + lane / 4 + h * 8;
       if (row >= num_rows) continue;
-      const float inv = 1.0f / sum;
+      const float inv = output_factor(m[mt][h], sum, a, kv_head * G + row % G);
       T* dst = out + (int64_t{q_begin + row / G} * a.num_q_heads + kv_head * G + row % G) * D +
                (lane % 4) * 2;
 #pragma unroll

@@ -102,12 +102,6 @@ bool CudaModelRunner::group_is_sliding(int32_t group) const {
 
 Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   KVP_RETURN_IF_ERROR(spec.validate());
-  if (spec.attention_sinks || spec.o_bias || spec.expert_bias) {
-    return Status::unsupported(
-        "cuda model runner: {} needs attention sinks, an output-projection bias and expert "
-        "biases, which run on the CPU backend only",
-        architecture_name(spec.architecture));
-  }
   if (spec.is_moe()) KVP_RETURN_IF_ERROR(check_moe_supported(spec));
   if (spec.head_dim > 256 || spec.head_dim % 2 != 0) {
     return Status::unsupported("cuda model runner: head dim {} (even and at most 256)",
@@ -219,6 +213,17 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::load(const ModelSpec& 
       KVP_ASSIGN_OR_RETURN(lw.o, DeviceBuffer::allocate(bits.size() * 2));
       KVP_RETURN_IF_ERROR(upload(&lw.o, 0, bits.data(), bits.size() * 2));
     }
+    if (spec.o_bias) {
+      const int64_t shape[] = {hidden};
+      KVP_ASSIGN_OR_RETURN(std::vector<float> bias,
+                           source.read_f32(p + "self_attn.o_proj.bias", shape));
+      KVP_ASSIGN_OR_RETURN(lw.o_bias, upload_f32(bias));
+    }
+    if (spec.attention_sinks) {
+      const int64_t shape[] = {spec.num_q_heads};
+      KVP_ASSIGN_OR_RETURN(std::vector<float> sinks, source.read_f32(p + "self_attn.sinks", shape));
+      KVP_ASSIGN_OR_RETURN(lw.sinks, upload_f32(sinks));
+    }
     if (spec.sandwich_norms) {
       KVP_ASSIGN_OR_RETURN(
           lw.post_attn_norm,
@@ -323,6 +328,14 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
       KVP_ASSIGN_OR_RETURN(lw.qkv_bias,
                            upload_f32(std::vector<float>((q_rows + 2 * kv_rows) / n, 0.0f)));
     }
+    // GPT-OSS: zero biases and sinks (a sink of 0 still joins every softmax), so a benchmark
+    // launches what the real model does
+    if (spec.o_bias) {
+      KVP_ASSIGN_OR_RETURN(lw.o_bias, upload_f32(std::vector<float>(hidden, 0.0f)));
+    }
+    if (spec.attention_sinks) {
+      KVP_ASSIGN_OR_RETURN(lw.sinks, upload_f32(std::vector<float>(spec.num_q_heads, 0.0f)));
+    }
     if (spec.qk_norm) {
       KVP_ASSIGN_OR_RETURN(lw.q_norm, ones_of(hd));
       KVP_ASSIGN_OR_RETURN(lw.k_norm, ones_of(hd));
@@ -341,8 +354,8 @@ size_t CudaModelRunner::count_weight_bytes() const {
   size_t bytes = embed_.size_bytes() + lm_head_.size_bytes() + final_norm_.size_bytes();
   for (const DeviceLayerWeights& lw : layers_) {
     for (const DeviceBuffer* b :
-         {&lw.attn_norm, &lw.qkv, &lw.qkv_bias, &lw.q_norm, &lw.k_norm, &lw.o, &lw.post_attn_norm,
-          &lw.mlp_norm, &lw.gate_up, &lw.down, &lw.post_mlp_norm}) {
+         {&lw.attn_norm, &lw.qkv, &lw.qkv_bias, &lw.q_norm, &lw.k_norm, &lw.o, &lw.o_bias,
+          &lw.sinks, &lw.post_attn_norm, &lw.mlp_norm, &lw.gate_up, &lw.down, &lw.post_mlp_norm}) {
       bytes += b->size_bytes();
     }
     bytes += lw.moe.size_bytes();
@@ -867,6 +880,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     params.scale = spec_.attention_scale;
     params.soft_cap = spec_.attn_logit_softcap;
     params.window = sliding ? spec_.sliding_window : 0;
+    params.sinks = lw.sinks.as<float>();  // null without sinks
     AttentionBatch ab;
     ab.num_seqs = num_seqs;
     ab.num_tokens = T;
@@ -888,6 +902,12 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     }
     KVP_RETURN_IF_ERROR(gemm(attn_bf16, lw.o.data(), proj_.data(), true, num_tokens,
                              spec_.num_q_heads * dp, hidden, "o_proj"));
+    if (lw.o_bias.data() != nullptr) {  // TP-split models have none (MoE is not split)
+      KVP_RETURN_IF_ERROR(cuda_status(
+          detail::launch_add_row_bias(proj_.as<float>(), num_tokens, spec_.hidden_size,
+                                      spec_.hidden_size, lw.o_bias.as<float>(), stream_),
+          "add_row_bias_kernel"));
+    }
     KVP_RETURN_IF_ERROR(
         reduce_residual_norm(lw.post_attn_norm.as<float>(), lw.mlp_norm.as<float>(), T, eps));
     if (spec_.layer_moe(l)) {

@@ -5,7 +5,8 @@
 //   embed(+scale) → rms_norm ─┐
 //   per layer:  GEMM qkv (f32 out) → qkv_post: +bias, q/k norm, rope, → KV dtype, pad head_dim
 //               → cuda::launch_kv_write (int8 / fp8 pool: quantising) → cuda::paged_attention
-//               (q bf16 over a bf16, int8 or fp8 pool, f16 over an f16 one) → GEMM o (f32 out)
+//               (q bf16 over a bf16, int8 or fp8 pool, f16 over an f16 one; GPT-OSS's sinks) →
+//               GEMM o (f32 out) (+ o bias)
 //               (→ all-reduce of o when split over GPUs, model/tensor_parallel.h: NCCL, or
 //                PeerAllReduce for decode-sized ones)
 //               → residual_norm: (+post norm) x += o, xn = norm(x)
@@ -55,6 +56,8 @@ struct DeviceLayerWeights {
   DeviceBuffer qkv_bias;        // [q_dim + 2 kv_dim] f32 or empty
   DeviceBuffer q_norm, k_norm;  // [head_dim] f32 or empty
   DeviceBuffer o;               // [hidden][num_q_heads * padded_head_dim] bf16, pad columns 0
+  DeviceBuffer o_bias;          // [hidden] f32 or empty (GPT-OSS)
+  DeviceBuffer sinks;           // [num_q_heads] f32 attention sinks or empty (GPT-OSS)
   DeviceBuffer post_attn_norm;  // [hidden] f32 or empty
   DeviceBuffer mlp_norm;        // [hidden] f32
   // The dense MLP; in a mixture-of-experts layer the shared expert's (intermediate:

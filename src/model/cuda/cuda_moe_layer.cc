@@ -42,6 +42,12 @@ Status upload_matrix_bf16(const quant::QuantMatrix& m, const std::string& what, 
   return Status::ok();
 }
 
+Result<DeviceBuffer> upload_f32_buffer(const std::vector<float>& values) {
+  KVP_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::allocate(values.size() * 4));
+  KVP_RETURN_IF_ERROR(upload_bytes(&buffer, 0, values.data(), values.size() * 4));
+  return buffer;
+}
+
 Status cublas_check(cublasStatus_t st, const char* what) {
   if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
   return Status::internal("cublas: {} failed: {} ({})", what, cublasGetStatusString(st),
@@ -56,7 +62,7 @@ int32_t moe_router_rows(const ModelSpec& spec) {
 
 Status check_moe_supported(const ModelSpec& spec) {
   if (spec.architecture != Architecture::kQwen2Moe &&
-      spec.architecture != Architecture::kQwen3Moe) {
+      spec.architecture != Architecture::kQwen3Moe && spec.architecture != Architecture::kGptOss) {
     return Status::unsupported("cuda model runner: {}'s experts run on the CPU backend only",
                                architecture_name(spec.architecture));
   }
@@ -97,9 +103,11 @@ Status load_moe_weights(const ModelSpec& spec, const WeightSource& source, int32
   const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
   const int32_t num_experts = spec.num_experts;
   const std::string p = fmt::format("model.layers.{}.mlp.", layer);
+  const bool gpt_oss = spec.architecture == Architecture::kGptOss;
   {
     const int64_t shape[] = {num_experts, hidden};
-    KVP_ASSIGN_OR_RETURN(std::vector<float> router, source.read_f32(p + "gate.weight", shape));
+    KVP_ASSIGN_OR_RETURN(std::vector<float> router,
+                         source.read_f32(p + (gpt_oss ? "router.weight" : "gate.weight"), shape));
     if (spec.shared_expert_intermediate_size > 0) {
       const int64_t gate_shape[] = {1, hidden};
       KVP_ASSIGN_OR_RETURN(std::vector<float> gate,
@@ -109,8 +117,19 @@ Status load_moe_weights(const ModelSpec& spec, const WeightSource& source, int32
     KVP_ASSIGN_OR_RETURN(moe->router, DeviceBuffer::allocate(router.size() * 4));
     KVP_RETURN_IF_ERROR(upload_bytes(&moe->router, 0, router.data(), router.size() * 4));
   }
-  KVP_ASSIGN_OR_RETURN(StackedExperts stacked,
-                       read_stacked_experts(source, layer, num_experts, inter, hidden));
+  StackedExperts stacked;
+  if (gpt_oss) {
+    const int64_t shape[] = {num_experts};
+    KVP_ASSIGN_OR_RETURN(std::vector<float> router_bias, source.read_f32(p + "router.bias", shape));
+    KVP_ASSIGN_OR_RETURN(GptOssExperts read,
+                         read_gpt_oss_experts(source, layer, num_experts, inter, hidden));
+    KVP_ASSIGN_OR_RETURN(moe->router_bias, upload_f32_buffer(router_bias));
+    KVP_ASSIGN_OR_RETURN(moe->gate_up_bias, upload_f32_buffer(read.gate_up_bias));
+    KVP_ASSIGN_OR_RETURN(moe->down_bias, upload_f32_buffer(read.down_bias));
+    stacked = std::move(read.stacked);
+  } else {
+    KVP_ASSIGN_OR_RETURN(stacked, read_stacked_experts(source, layer, num_experts, inter, hidden));
+  }
   auto& gate = stacked.gate;
   auto& up = stacked.up;
   auto& down = stacked.down;
@@ -156,6 +175,14 @@ Status random_moe_weights(const ModelSpec& spec, uint64_t* seed, cudaStream_t st
   };
   KVP_RETURN_IF_ERROR(fill(&moe->gate_up, num_experts * 2 * inter, hidden));
   KVP_RETURN_IF_ERROR(fill(&moe->down, num_experts * hidden, inter));
+  if (spec.expert_bias) {  // zero biases: the launches of the real model, the values of none
+    KVP_ASSIGN_OR_RETURN(moe->router_bias,
+                         upload_f32_buffer(std::vector<float>(num_experts, 0.0f)));
+    KVP_ASSIGN_OR_RETURN(moe->gate_up_bias,
+                         upload_f32_buffer(std::vector<float>(num_experts * 2 * inter, 0.0f)));
+    KVP_ASSIGN_OR_RETURN(moe->down_bias,
+                         upload_f32_buffer(std::vector<float>(num_experts * hidden, 0.0f)));
+  }
   if (spec.shared_expert_intermediate_size > 0) {
     const int64_t shared = spec.shared_expert_intermediate_size;
     KVP_RETURN_IF_ERROR(fill(shared_gate_up, 2 * shared, hidden));
@@ -196,6 +223,12 @@ Status CudaModelRunner::enqueue_moe_mlp(int32_t layer, int32_t num_tokens) {
                      CUBLAS_GEMM_DEFAULT),
         "router"));
   }
+  if (mw.router_bias.data() != nullptr) {
+    KVP_RETURN_IF_ERROR(
+        cuda_status(detail::launch_add_row_bias(b.logits.as<float>(), num_tokens, spec_.num_experts,
+                                                router_rows, mw.router_bias.as<float>(), stream_),
+                    "add_row_bias_kernel"));
+  }
   KVP_RETURN_IF_ERROR(cuda_status(
       detail::launch_moe_route(b.logits.as<float>(), router_rows, num_tokens, spec_.num_experts,
                                top_k, spec_.norm_topk_prob, b.expert_ids.as<int32_t>(),
@@ -218,7 +251,21 @@ Status CudaModelRunner::enqueue_moe_mlp(int32_t layer, int32_t num_tokens) {
   ea.top_k = top_k;
   ea.hidden = hidden;
   ea.inter = spec_.moe_intermediate_size;
-  ea.gelu = spec_.moe_activation == cpu::Activation::kGeluTanh;
+  ea.gate_up_bias = mw.gate_up_bias.as<float>();  // null without biases
+  ea.down_bias = mw.down_bias.as<float>();
+  switch (spec_.moe_activation) {
+    case cpu::Activation::kSilu:
+      ea.activation = detail::MoeActivation::kSilu;
+      break;
+    case cpu::Activation::kGeluTanh:
+      ea.activation = detail::MoeActivation::kGeluTanh;
+      break;
+    case cpu::Activation::kClampedSwiglu:
+      ea.activation = detail::MoeActivation::kClampedSwiglu;
+      break;
+  }
+  ea.swiglu_alpha = cpu::kSwigluAlpha;
+  ea.swiglu_limit = cpu::kSwigluLimit;
   ea.act = b.act.as<float>();
   ea.y = b.y.as<float>();
   KVP_RETURN_IF_ERROR(cuda_status(detail::launch_moe_experts(ea, stream_), "moe_experts_kernels"));

@@ -1,10 +1,10 @@
-// The mixture-of-experts MLP of the CUDA model runner (Qwen2-MoE, Qwen3-MoE): its device weights,
-// its per-step buffers, and how they are loaded or made up. The launch sequence is
+// The mixture-of-experts MLP of the CUDA model runner (Qwen2-MoE, Qwen3-MoE, GPT-OSS): its device
+// weights, its per-step buffers, and how they are loaded or made up. The launch sequence is
 // CudaModelRunner::enqueue_moe_mlp (cuda_moe_layer.cc), the kernels moe_kernels.h.
 //
-//   x (f32 residual) ─ rms_norm f32 ─ cuBLAS f32 GEMM router ─▶ logits [T][E (+1)]
+//   x (f32 residual) ─ rms_norm f32 ─ cuBLAS f32 GEMM router (+ bias) ─▶ logits [T][E (+1)]
 //      ─ route (softmax, top-k, renormalise) ─▶ ids, weights [T][k] ─ group ─▶ pairs by expert
-//   xn (bf16) ─ experts: gate_up · act · down per pair ─▶ y [T * k][hidden] f32
+//   xn (bf16) ─ experts: gate_up (+ bias) · act · down (+ bias) per pair ─▶ y [T * k][hidden] f32
 //   (Qwen2-MoE) xn ─ shared expert, the dense MLP path (cuBLAS) ─▶ shared [T][hidden] f32
 //   combine ─▶ proj [T][hidden] f32 (the same slot the dense MLP's down output takes)
 //
@@ -30,9 +30,15 @@ struct DeviceMoeWeights {
   DeviceBuffer router;
   DeviceBuffer gate_up;  // [num_experts][2 * moe_intermediate][hidden] bf16: gate rows, up rows
   DeviceBuffer down;     // [num_experts][hidden][moe_intermediate] bf16
+  // GPT-OSS's biases (spec.expert_bias), else empty: the router's [num_experts], the experts'
+  // gate then up [num_experts][2 * moe_intermediate] and down [num_experts][hidden], all f32
+  DeviceBuffer router_bias;
+  DeviceBuffer gate_up_bias;
+  DeviceBuffer down_bias;
 
   size_t size_bytes() const {
-    return router.size_bytes() + gate_up.size_bytes() + down.size_bytes();
+    return router.size_bytes() + gate_up.size_bytes() + down.size_bytes() +
+           router_bias.size_bytes() + gate_up_bias.size_bytes() + down_bias.size_bytes();
   }
 };
 
@@ -56,15 +62,16 @@ struct MoeBuffers {
 // Rows of the router matrix: the experts', plus one for a shared expert's gate.
 int32_t moe_router_rows(const ModelSpec& spec);
 
-// Whether the CUDA runner runs this model's experts: qwen2_moe and qwen3_moe shapes within the
-// kernels' limits. gpt_oss (expert biases, clamped SwiGLU) is refused by the runner before.
+// Whether the CUDA runner runs this model's experts: qwen2_moe, qwen3_moe and gpt_oss shapes
+// within the kernels' limits.
 Status check_moe_supported(const ModelSpec& spec);
 
 // Layer `layer`'s router, experts and (Qwen2-MoE) shared expert from `source` (Hugging Face names;
 // experts through WeightSource::read_experts, dequantised to f32 one expert at a time, converted
-// to bf16, uploaded). The shared expert's gate and up go to shared_gate_up ([2 * shared_inter]
-// [hidden] bf16, gate rows then up rows) and its down to shared_down ([hidden][shared_inter]),
-// the dense MLP's buffers. requires: spec.layer_moe(layer).
+// to bf16, uploaded; GPT-OSS's router "mlp.router.{weight,bias}" and its experts and biases
+// through read_gpt_oss_experts, the CPU runner's reader). The shared expert's gate and up go to
+// shared_gate_up ([2 * shared_inter] [hidden] bf16, gate rows then up rows) and its down to
+// shared_down ([hidden][shared_inter]), the dense MLP's buffers. requires: spec.layer_moe(layer).
 Status load_moe_weights(const ModelSpec& spec, const WeightSource& source, int32_t layer,
                         DeviceMoeWeights* moe, DeviceBuffer* shared_gate_up,
                         DeviceBuffer* shared_down);

@@ -347,6 +347,14 @@ __global__ void soft_cap_kernel(float* x, int64_t count, float cap) {
   }
 }
 
+__global__ void add_row_bias_kernel(float* rows, int32_t width, int32_t stride, int64_t count,
+                                    const float* bias) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    rows[i / width * stride + i % width] += bias[i % width];
+  }
+}
+
 __global__ void f16_to_bf16_kernel(const __half* in, int64_t count, __nv_bfloat16* out) {
   wait_for_prerequisites();  // launched as a dependent of the attention's merge
   allow_dependents();        // the o product may start loading its weights
@@ -461,6 +469,16 @@ cudaError_t launch_row_summary(const float* logits, int32_t num_rows, int32_t vo
 cudaError_t launch_soft_cap(float* x, int64_t count, float cap, cudaStream_t stream) {
   if (count == 0) return cudaGetLastError();
   soft_cap_kernel<<<grid_for(count), kRowThreads, 0, stream>>>(x, count, cap);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_row_bias(float* rows, int64_t num_rows, int32_t width, int32_t stride,
+                                const float* bias, cudaStream_t stream) {
+  if (width <= 0 || stride < width) return cudaErrorInvalidValue;
+  const int64_t count = num_rows * width;
+  if (count == 0) return cudaGetLastError();
+  add_row_bias_kernel<<<grid_for(count), kRowThreads, 0, stream>>>(rows, width, stride, count,
+                                                                   bias);
   return cudaGetLastError();
 }
 

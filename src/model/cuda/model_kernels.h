@@ -74,6 +74,12 @@ cudaError_t launch_row_summary(const float* logits, int32_t num_rows, int32_t vo
 // In place: x = cap * tanh(x / cap).
 cudaError_t launch_soft_cap(float* x, int64_t count, float cap, cudaStream_t stream);
 
+// In place: rows[r * stride + i] += bias[i] for r < num_rows, i < width (the CPU's bias after a
+// projection, e.g. GPT-OSS's o projection and router). rows f32, bias [width] f32.
+// requires: width > 0, stride >= width.
+cudaError_t launch_add_row_bias(float* rows, int64_t num_rows, int32_t width, int32_t stride,
+                                const float* bias, cudaStream_t stream);
+
 // out (bf16) = in (f16), count elements.
 cudaError_t launch_f16_to_bf16(const void* in, int64_t count, void* out, cudaStream_t stream);
 

@@ -141,13 +141,18 @@ __device__ void bf16x8_to_float(uint4 v, float* f) {
   }
 }
 
-template <bool kGelu>
-__device__ float activate(float g) {
-  if constexpr (kGelu) {
+// act(gate, up) as cpu::gated_activation computes it.
+template <MoeActivation kAct>
+__device__ float activate(float g, float u, float alpha, float limit) {
+  if constexpr (kAct == MoeActivation::kGeluTanh) {
     const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+    return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g))) * u;
+  } else if constexpr (kAct == MoeActivation::kClampedSwiglu) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+    return (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
   } else {
-    return g / (1.0f + expf(-g));
+    return g / (1.0f + expf(-g)) * u;
   }
 }
 
@@ -155,13 +160,14 @@ __device__ float activate(float g) {
 // expert's gate and the same row of its up projection, and runs it over the expert's pairs
 // kMoeChunkTokens at a time, so the two weight rows are read from memory once per chunk (once per
 // step at decode). The x rows of a chunk are shared by the CTA's warps through L1.
-template <bool kGelu>
+template <MoeActivation kAct>
 __global__ void __launch_bounds__(kWarpsPerCta * 32)
     moe_gate_up_kernel(const __nv_bfloat16* __restrict__ x,
                        const __nv_bfloat16* __restrict__ gate_up,
-                       const int32_t* __restrict__ offsets, const int32_t* __restrict__ pairs,
-                       const int32_t* __restrict__ active, int32_t top_k, int32_t hidden,
-                       int32_t inter, float* __restrict__ act) {
+                       const float* __restrict__ gate_up_bias, const int32_t* __restrict__ offsets,
+                       const int32_t* __restrict__ pairs, const int32_t* __restrict__ active,
+                       int32_t top_k, int32_t hidden, int32_t inter, float alpha, float limit,
+                       float* __restrict__ act) {
   if (static_cast<int32_t>(blockIdx.y) >= active[0]) return;
   const int32_t e = active[1 + blockIdx.y];
   const int32_t begin = offsets[e], end = offsets[e + 1];
@@ -173,6 +179,11 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
       reinterpret_cast<const uint4*>(gate_up + (int64_t{e} * 2 * inter + row) * hidden);
   const auto* u_row = g_row + int64_t{inter} * hidden / 8;
   const int32_t vecs = hidden / 8;
+  float g_bias = 0.0f, u_bias = 0.0f;
+  if (gate_up_bias != nullptr) {
+    g_bias = gate_up_bias[int64_t{e} * 2 * inter + row];
+    u_bias = gate_up_bias[int64_t{e} * 2 * inter + inter + row];
+  }
   for (int32_t c = begin; c < end; c += kMoeChunkTokens) {
     const int32_t n = min(kMoeChunkTokens, end - c);
     const uint4* xr[kMoeChunkTokens];
@@ -204,8 +215,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
 #pragma unroll
     for (int j = 0; j < kMoeChunkTokens; ++j) {
       if (j < n) {  // n is the same for the whole warp
-        const float g = warp_sum(ga[j]), u = warp_sum(ua[j]);
-        if (lane == 0) act[int64_t{pairs[c + j]} * inter + row] = activate<kGelu>(g) * u;
+        const float g = warp_sum(ga[j]) + g_bias, u = warp_sum(ua[j]) + u_bias;
+        if (lane == 0) {
+          act[int64_t{pairs[c + j]} * inter + row] = activate<kAct>(g, u, alpha, limit);
+        }
       }
     }
   }
@@ -214,10 +227,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
 // CTA = (row tile, y-th expert with pairs): warp w owns row r of the expert's down projection and
 // runs it over the expert's pairs' activations, kMoeChunkTokens at a time.
 __global__ void __launch_bounds__(kWarpsPerCta * 32)
-    moe_down_kernel(const __nv_bfloat16* __restrict__ down, const int32_t* __restrict__ offsets,
-                    const int32_t* __restrict__ pairs, const int32_t* __restrict__ active,
-                    int32_t hidden, int32_t inter, const float* __restrict__ act,
-                    float* __restrict__ y) {
+    moe_down_kernel(const __nv_bfloat16* __restrict__ down, const float* __restrict__ down_bias,
+                    const int32_t* __restrict__ offsets, const int32_t* __restrict__ pairs,
+                    const int32_t* __restrict__ active, int32_t hidden, int32_t inter,
+                    const float* __restrict__ act, float* __restrict__ y) {
   if (static_cast<int32_t>(blockIdx.y) >= active[0]) return;
   const int32_t e = active[1 + blockIdx.y];
   const int32_t begin = offsets[e], end = offsets[e + 1];
@@ -227,6 +240,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   if (row >= hidden) return;
   const auto* w_row = reinterpret_cast<const uint4*>(down + (int64_t{e} * hidden + row) * inter);
   const int32_t vecs = inter / 8;
+  const float bias = down_bias != nullptr ? down_bias[int64_t{e} * hidden + row] : 0.0f;
   for (int32_t c = begin; c < end; c += kMoeChunkTokens) {
     const int32_t n = min(kMoeChunkTokens, end - c);
     const float4* ar[kMoeChunkTokens];
@@ -251,7 +265,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
 #pragma unroll
     for (int j = 0; j < kMoeChunkTokens; ++j) {
       if (j < n) {
-        const float s = warp_sum(acc[j]);
+        const float s = warp_sum(acc[j]) + bias;
         if (lane == 0) y[int64_t{pairs[c + j]} * hidden + row] = s;
       }
     }
@@ -339,18 +353,29 @@ cudaError_t launch_moe_experts(const MoeExpertArgs& a, cudaStream_t stream) {
   const unsigned max_active = static_cast<unsigned>(std::min(a.num_experts, a.num_pairs));
   if (max_active == 0) return cudaGetLastError();
   const dim3 up_grid((a.inter + kWarpsPerCta - 1) / kWarpsPerCta, max_active);
-  if (a.gelu) {
-    moe_gate_up_kernel<true><<<up_grid, kWarpsPerCta * 32, 0, stream>>>(
-        x, gate_up, a.offsets, a.pairs, a.active, a.top_k, a.hidden, a.inter, a.act);
-  } else {
-    moe_gate_up_kernel<false><<<up_grid, kWarpsPerCta * 32, 0, stream>>>(
-        x, gate_up, a.offsets, a.pairs, a.active, a.top_k, a.hidden, a.inter, a.act);
+  const auto launch_gate_up = [&](auto kernel) {
+    kernel<<<up_grid, kWarpsPerCta * 32, 0, stream>>>(x, gate_up, a.gate_up_bias, a.offsets,
+                                                      a.pairs, a.active, a.top_k, a.hidden, a.inter,
+                                                      a.swiglu_alpha, a.swiglu_limit, a.act);
+  };
+  switch (a.activation) {
+    case MoeActivation::kSilu:
+      launch_gate_up(moe_gate_up_kernel<MoeActivation::kSilu>);
+      break;
+    case MoeActivation::kGeluTanh:
+      launch_gate_up(moe_gate_up_kernel<MoeActivation::kGeluTanh>);
+      break;
+    case MoeActivation::kClampedSwiglu:
+      launch_gate_up(moe_gate_up_kernel<MoeActivation::kClampedSwiglu>);
+      break;
+    default:
+      return cudaErrorInvalidValue;
   }
   const cudaError_t up_status = cudaGetLastError();
   if (up_status != cudaSuccess) return up_status;
   const dim3 down_grid((a.hidden + kWarpsPerCta - 1) / kWarpsPerCta, max_active);
-  moe_down_kernel<<<down_grid, kWarpsPerCta * 32, 0, stream>>>(down, a.offsets, a.pairs, a.active,
-                                                               a.hidden, a.inter, a.act, a.y);
+  moe_down_kernel<<<down_grid, kWarpsPerCta * 32, 0, stream>>>(
+      down, a.down_bias, a.offsets, a.pairs, a.active, a.hidden, a.inter, a.act, a.y);
   return cudaGetLastError();
 }
 

@@ -6,8 +6,8 @@
 //   logits [T][E (+1)] ─ route ─▶ expert_ids, weights [T][k]          (pair p = t * k + slot)
 //   expert_ids ─ group (counting sort) ─▶ offsets [E + 1], pairs [T * k] grouped by expert
 //   for each expert e with pairs, each tile of its rows (one CTA), the pairs of e in chunks:
-//     gate_up rows · x[p / k] ─ act(gate) * up ─▶ act [T * k][inter] f32
-//     down rows · act[p]                        ─▶ y   [T * k][hidden] f32
+//     gate_up rows · x[p / k] (+ bias) ─ act(gate, up) ─▶ act [T * k][inter] f32
+//     down rows · act[p] (+ bias)                      ─▶ y   [T * k][hidden] f32
 //   combine: out[t] = Σ_slot (ascending expert id) weight · y[t * k + slot]
 //                     (+ sigmoid(shared_logit[t]) · shared[t])
 //
@@ -52,6 +52,11 @@ cudaError_t launch_moe_group(const int32_t* expert_ids, int32_t num_pairs, int32
                              int32_t* offsets, int32_t* pairs, int32_t* active,
                              cudaStream_t stream);
 
+// The experts' gated activation act(gate, up): silu(g) * u, gelu_tanh(g) * u, or GPT-OSS's
+// clamped SwiGLU (cpu::Activation::kClampedSwiglu: g = min(g, limit), u = clamp(u, -limit,
+// limit), (u + 1) * g * sigmoid(alpha * g)).
+enum class MoeActivation { kSilu, kGeluTanh, kClampedSwiglu };
+
 struct MoeExpertArgs {
   const void* x;           // [num_tokens][hidden] bf16: the normalised MLP input
   const void* gate_up;     // [num_experts][2 * inter][hidden] bf16: expert e's gate, then up rows
@@ -59,10 +64,15 @@ struct MoeExpertArgs {
   const int32_t* offsets;  // [num_experts + 1] (launch_moe_group)
   const int32_t* pairs;    // [num_pairs] grouped by expert; token of pair p is p / top_k
   const int32_t* active;   // [1 + num_experts]: count, then the experts with pairs
+  // GPT-OSS's biases, or null: [num_experts][2 * inter] f32, expert e's gate bias then up's,
+  // added before the activation; [num_experts][hidden] f32, added to the down output
+  const float* gate_up_bias;
+  const float* down_bias;
   int32_t num_pairs, num_experts, top_k, hidden, inter;
-  bool gelu;   // activation gelu-tanh, else silu
-  float* act;  // [num_pairs][inter] f32, written
-  float* y;    // [num_pairs][hidden] f32, written: each pair's expert output, unweighted
+  MoeActivation activation;
+  float swiglu_alpha, swiglu_limit;  // kClampedSwiglu's constants
+  float* act;                        // [num_pairs][inter] f32, written
+  float* y;  // [num_pairs][hidden] f32, written: each pair's expert output (+ bias), unweighted
 };
 // Whether the expert kernels take these sizes (multiples of 8: rows are read 16 bytes a lane).
 bool moe_experts_support(int32_t hidden, int32_t inter);

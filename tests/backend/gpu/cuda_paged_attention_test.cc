@@ -49,14 +49,15 @@ struct Case {
   // With a window, leave the block-table entries before the first visible block at -1: the
   // kernels must never read them.
   bool release_blocks_behind_window = false;
+  std::vector<float> sinks;  // [num_q_heads] attention sinks, or empty: none
 };
 
 std::string describe(const Case& c) {
   std::string s =
-      fmt::format("q_heads {} kv_heads {} D {} block {} {}{} cap {} window {} seqs", c.num_q_heads,
-                  c.num_kv_heads, c.head_dim, c.block_size, dtype_name(c.dtype),
+      fmt::format("q_heads {} kv_heads {} D {} block {} {}{} cap {} window {}{} seqs",
+                  c.num_q_heads, c.num_kv_heads, c.head_dim, c.block_size, dtype_name(c.dtype),
                   is_kv8(c.dtype) ? fmt::format(" (q {})", dtype_name(c.q_dtype)) : std::string(),
-                  c.soft_cap, c.window);
+                  c.soft_cap, c.window, c.sinks.empty() ? "" : " sinks");
   for (const SeqSpec& q : c.seqs) s += fmt::format(" ({},{})", q.q_len, q.kv_len);
   return s;
 }
@@ -122,6 +123,7 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   params.soft_cap = c.soft_cap;
   params.window = c.window;
+  params.sinks = c.sinks.empty() ? nullptr : c.sinks.data();  // host: the reference's
   for (int32_t i = 0; i < num_seqs; ++i) {
     const int32_t blocks = (c.seqs[i].kv_len + c.block_size - 1) / c.block_size;
     const int32_t first_block =
@@ -173,6 +175,11 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   batch.kv_lens = d_kv_lens.as<int32_t>();
   batch.block_tables = d_tables.as<int32_t>();
   const PagedKv kv = paged_kv_for_layer(layout, d_slab.data(), 0);
+  DeviceBuffer d_sinks;
+  if (!c.sinks.empty()) {
+    d_sinks = to_device(c.sinks);
+    params.sinks = d_sinks.as<float>();
+  }
   AttentionWorkspace workspace;
   // Twice with one workspace: a reused workspace (split states of the first call) must not leak
   // into the second.
@@ -344,6 +351,29 @@ TEST_F(PagedAttention, LongContextWindowedDecode) {
   c.release_blocks_behind_window = true;
   c.seqs = {{1, 32768}, {64, 20000}};
   run_case(c, rng_);
+}
+
+// GPT-OSS's sinks: below, near and far above every logit (100: e^(100 - m) overflows f32, the
+// case softmax_output_factor's second branch exists for), over decode rows with one KV split
+// (short batches: the decode kernel writes out) and with several (a long sequence in the batch:
+// every decode row goes through the merge), prefill rows, a window, and query heads of one KV
+// group with different sinks.
+TEST_F(PagedAttention, SinksJoinTheDenominatorInDecodeSplitDecodeAndPrefill) {
+  Case c;
+  c.num_q_heads = 8;
+  c.num_kv_heads = 2;
+  c.sinks = {-3.0f, 0.0f, 1.5f, 100.0f, 4.0f, -30.0f, 0.5f, 2.0f};
+  for (int32_t head_dim : {64, 128}) {
+    c.head_dim = head_dim;
+    c.window = 0;
+    c.seqs = {{1, 1}, {1, 17}, {1, 31}, {5, 5}};
+    run_case(c, rng_);
+    c.seqs = {{1, 1}, {1, 17}, {1, 700}, {1, 8193}, {64, 64}, {5, 300}, {37, 37}};
+    run_case(c, rng_);
+    c.window = 24;
+    c.seqs = {{1, 9000}, {1, 20}, {40, 200}, {3, 3}};
+    run_case(c, rng_);
+  }
 }
 
 // ---- bad arguments ----

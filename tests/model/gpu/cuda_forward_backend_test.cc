@@ -361,7 +361,7 @@ TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyModel,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen2_moe",
-                                           "qwen3_moe"));
+                                           "qwen3_moe", "gpt_oss"));
 
 // 8-bit KV (int8, fp8 e4m3) on both sides: the CUDA backend (bf16 K/V rows quantised by the KV
 // write, 8-bit attention kernels) against the CPU runner's pool of the same dtype (f32 rows
@@ -471,7 +471,7 @@ TEST_P(CudaMixedBatch, PrefillPlusDecodeEqualsEachAlone) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaMixedBatch,
-                         ::testing::Values("llama", "gemma3", "qwen2_moe", "qwen3_moe"));
+                         ::testing::Values("llama", "gemma3", "qwen2_moe", "qwen3_moe", "gpt_oss"));
 
 // Mixture-of-experts models, each prompt alone: prefilled in chunks of 5 tokens (each chunk
 // attends to the cached ones), every chunk's logits against transformers', then 32 greedy tokens
@@ -534,13 +534,14 @@ TEST_P(CudaMoeAlone, ChunkedPrefillAndGreedyDecodeMatchTransformers) {
               GetParam(), exact, probe.prompts.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(Architectures, CudaMoeAlone, ::testing::Values("qwen2_moe", "qwen3_moe"));
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaMoeAlone,
+                         ::testing::Values("qwen2_moe", "qwen3_moe", "gpt_oss"));
 
 // Decode-only batches run as CUDA graphs (padded to 4 sequences here, and re-captured as the
 // context crosses powers of two): the same steps eagerly give the same logits.
 TEST(CudaForwardBackendGraphs, DecodeGraphsMatchEagerSteps) {
   SKIP_WITHOUT_GPU();
-  for (const char* name : {"llama", "gemma3", "qwen3_moe"}) {
+  for (const char* name : {"llama", "gemma3", "qwen3_moe", "gpt_oss"}) {
     const Tiny probe = load_tiny(name);
     const std::vector<int32_t> members = {1, 2, 3};  // 3 sequences: one padding sequence
     const int32_t steps = 24;
@@ -811,19 +812,6 @@ TEST(CudaForwardBackendErrors, KvDtypeF32IsRefusedAndF16Runs) {
   const double err = relative_error(pair.run_gpu(s), probe.logits[2]);
   std::printf("[ f16 kv  ] qwen2 prompt 2: rel err vs transformers %.3e\n", err);
   EXPECT_LT(err, kBf16LogitTolerance);
-}
-
-// GPT-OSS (attention sinks, output-projection and expert biases, experts) runs on the CPU
-// backend only: the CUDA backend refuses it with a message that names the architecture.
-TEST(CudaForwardBackendErrors, GptOssIsRefusedNamingTheArchitecture) {
-  SKIP_WITHOUT_GPU();
-  const Tiny tiny = load_tiny("gpt_oss");
-  auto backend = make_cuda_backend(tiny.spec, *tiny.weights);
-  ASSERT_FALSE(backend.is_ok());
-  EXPECT_EQ(backend.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(backend.status().message().find("gpt_oss"), std::string::npos)
-      << backend.status().to_string();
-  std::printf("[ refused  ] %s\n", backend.status().to_string().c_str());
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // The CUDA mixture-of-experts kernels (model/cuda/moe_kernels.h) against host computations
 // written here: routing (softmax, top-k with ties to the lower id, renormalisation) on logits
 // with many exact ties, the counting sort by expert, and the experts' gated MLPs plus the
-// weighted combine against a double-precision reference over the same bf16 values, with one
+// weighted combine (silu, and GPT-OSS's biases and clamped SwiGLU) against a double-precision
+// reference over the same bf16 values, with one
 // expert chosen by every token, several sharing others, and some chosen by none. Skips without a
 // CUDA device.
 #include "model/cuda/moe_kernels.h"
@@ -130,6 +131,7 @@ TEST(CudaMoeRoute, TopKMatchesTheHostWithTiesToTheLowerId) {
 
 struct Experts {
   int32_t num_experts, top_k, hidden, inter, num_tokens;
+  bool gpt_oss = false;  // GPT-OSS's expert biases and clamped SwiGLU, else silu without biases
 };
 
 // Tokens' experts: slot 0 is expert 2 for every token; the other slots cycle over {0, 1, 3, 7}
@@ -156,7 +158,8 @@ double bf(uint16_t bits) { return bf16_to_f32(Bf16{bits}); }
 TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
   SKIP_WITHOUT_GPU();
   for (const Experts s :
-       {Experts{8, 2, 64, 32, 20}, Experts{8, 3, 512, 136, 13}, Experts{8, 4, 2048, 768, 3}}) {
+       {Experts{8, 2, 64, 32, 20}, Experts{8, 3, 512, 136, 13}, Experts{8, 4, 2048, 768, 3},
+        Experts{8, 2, 64, 32, 20, true}, Experts{8, 3, 512, 136, 13, true}}) {
     std::mt19937_64 rng(s.hidden);
     const int32_t num_pairs = s.num_tokens * s.top_k;
     const auto x = random_bf16(size_t(s.num_tokens) * s.hidden, 1.0f, rng);
@@ -171,6 +174,15 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
     for (float& v : weights) v = u01(rng);
     for (float& v : shared) v = u01(rng) - 0.5f;
     for (float& v : shared_logits) v = 4 * u01(rng) - 2;
+    // GPT-OSS: biases up to +-10, so that many gate and up values pass the clamp limit (7)
+    std::uniform_real_distribution<float> bias_dist(-10.0f, 10.0f);
+    std::vector<float> gate_up_bias, down_bias;
+    if (s.gpt_oss) {
+      gate_up_bias.resize(size_t(s.num_experts) * 2 * s.inter);
+      down_bias.resize(size_t(s.num_experts) * s.hidden);
+      for (float& v : gate_up_bias) v = bias_dist(rng);
+      for (float& v : down_bias) v = bias_dist(rng) * 0.1f;
+    }
 
     // reference: double over the same bf16 values; experts added in ascending id, then shared
     std::vector<double> want(size_t(s.num_tokens) * s.hidden, 0.0);
@@ -191,12 +203,19 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
             gd += bf(g[i]) * bf(xt[i]);
             ud += bf(up[i]) * bf(xt[i]);
           }
-          act[r] = gd / (1 + std::exp(-gd)) * ud;
+          if (s.gpt_oss) {  // cpu::gated_activation's kClampedSwiglu
+            gd = std::min(gd + gate_up_bias[size_t(e) * 2 * s.inter + r], 7.0);
+            ud = std::clamp(ud + gate_up_bias[size_t(e) * 2 * s.inter + s.inter + r], -7.0, 7.0);
+            act[r] = (ud + 1) * (gd / (1 + std::exp(-1.702 * gd)));
+          } else {
+            act[r] = gd / (1 + std::exp(-gd)) * ud;
+          }
         }
         for (int32_t j = 0; j < s.hidden; ++j) {
           const uint16_t* d = down.data() + (size_t(e) * s.hidden + j) * s.inter;
           double y = 0;
           for (int32_t r = 0; r < s.inter; ++r) y += bf(d[r]) * act[r];
+          if (s.gpt_oss) y += down_bias[size_t(e) * s.hidden + j];
           want[size_t(t) * s.hidden + j] += weights[size_t(t) * s.top_k + k] * y;
         }
       }
@@ -209,6 +228,11 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
     DeviceBuffer d_x = to_device(x), d_gate_up = to_device(gate_up), d_down = to_device(down);
     DeviceBuffer d_ids = to_device(ids), d_w = to_device(weights), d_shared = to_device(shared);
     DeviceBuffer d_shared_logits = to_device(shared_logits);
+    DeviceBuffer d_gate_up_bias, d_down_bias;
+    if (s.gpt_oss) {
+      d_gate_up_bias = to_device(gate_up_bias);
+      d_down_bias = to_device(down_bias);
+    }
     DeviceBuffer d_offsets = DeviceBuffer::allocate((s.num_experts + 1) * 4).value();
     DeviceBuffer d_pairs = DeviceBuffer::allocate(num_pairs * 4).value();
     DeviceBuffer d_active = DeviceBuffer::allocate((s.num_experts + 1) * 4).value();
@@ -231,7 +255,11 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
     a.top_k = s.top_k;
     a.hidden = s.hidden;
     a.inter = s.inter;
-    a.gelu = false;
+    a.activation = s.gpt_oss ? detail::MoeActivation::kClampedSwiglu : detail::MoeActivation::kSilu;
+    a.swiglu_alpha = 1.702f;
+    a.swiglu_limit = 7.0f;
+    a.gate_up_bias = d_gate_up_bias.as<float>();  // null unless gpt_oss
+    a.down_bias = d_down_bias.as<float>();
     a.act = d_act.as<float>();
     a.y = d_y.as<float>();
     ASSERT_EQ(detail::launch_moe_experts(a, nullptr), cudaSuccess);
@@ -275,9 +303,10 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
       if (d > worst) worst = d, worst_at = i;
     }
     std::printf(
-        "[ experts ] %d experts top %d, hidden %d, inter %d, %d tokens: largest |diff| %.2e at "
+        "[ experts ] %d experts top %d, hidden %d, inter %d, %d tokens%s: largest |diff| %.2e at "
         "token %zu col %zu (got %.6f, want %.6f; max |ref| %.3f)\n",
-        s.num_experts, s.top_k, s.hidden, s.inter, s.num_tokens, worst, worst_at / s.hidden,
+        s.num_experts, s.top_k, s.hidden, s.inter, s.num_tokens,
+        s.gpt_oss ? " (biases, clamped swiglu)" : "", worst, worst_at / s.hidden,
         worst_at % s.hidden, out[worst_at], want[worst_at], ref_max);
     EXPECT_LT(worst, 1e-4 * std::max(1.0, ref_max));
   }
