@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
 # Usage: .venv/bin/python scripts/moe_router_gaps.py qwen3_moe|qwen2_moe|gpt_oss [--bf16-weights] [--bf16-acts]
+#        [--dump-gaps]  (writes the fixture's router_gaps.json: for each prompt + greedy position the
+#        smallest k-th/(k+1)-th router probability gap over the MoE layers, read by the CUDA tests)
 #        (from the repository root)
 # Why the CUDA MoE tests allow a few rows over the bf16 tolerance (tests/model/gpu/
 # cuda_forward_backend_test.cc, kRoutingFlipTolerance): with numpy alone (no torch), an f64
@@ -123,13 +125,14 @@ def forward(W, ids, swap=()):  # → logits [T][vocab], per layer top-k sets [T]
 
 def rel(a, b): return np.linalg.norm(a - b) / np.linalg.norm(b)
 Wb = {n: (bf16(v) if gpu_bf16(n) else v) for n, v in W32.items()} if BF_W else None
-allgaps = []; worst = 0; i = 0
+allgaps = []; worst = 0; i = 0; dump = {}
 while f"prompt_{i}" in g:
     ids = np.concatenate([g[f"prompt_{i}"], g[f"greedy_{i}"]]).astype(np.int64)
     ref = g[f"logits_{i}"].reshape(-1, c["vocab_size"]); n = len(ref)
     ra = lambda a: a  # the f32 reference: no activation rounding
     logits, tops, gaps = forward(W32, ids)
     worst = max(worst, rel(logits[:n], ref)); allgaps += [gp for gp in gaps.values()]
+    dump[f"prompt_{i}"] = [float(min(gaps[l][t] for l in gaps)) for t in range(len(ids))]
     if any(s[0] == i for s in SWAP):
         ls, _, _ = forward(W32, ids, [(l, t) for p_, l, t in SWAP if p_ == i])
         print(f"prompt {i} with swaps {[s for s in SWAP if s[0] == i]}: rel err {rel(ls[:n], ref):.3e}; per row "
@@ -145,4 +148,7 @@ while f"prompt_{i}" in g:
               f"{[(round(float(a), 5), l, t) for a, l, t in pg]}")
     i += 1
 gaps = np.sort(np.concatenate(allgaps))
+if "--dump-gaps" in sys.argv:  # the GPU tests' near-tie positions: router_gaps.json beside the fixture
+    json.dump({"source": "scripts/moe_router_gaps.py (f64 forward of the f32 fixture)",
+               "min_gap_per_position": dump}, open(f"{d}/router_gaps.json", "w"), indent=0)
 print(f"{name}: numpy forward vs golden logits rel err {worst:.2e}; {len(gaps)} routing decisions, smallest k-th/(k+1)-th probability gaps {np.round(gaps[:5], 5).tolist()}, {int((gaps < 2e-3).sum())} below 2e-3")

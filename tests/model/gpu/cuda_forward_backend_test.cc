@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -23,6 +25,7 @@
 #include "model/model_runner.h"
 #include "model/random_model.h"
 #include "model/safetensors_weights.h"
+#include "nlohmann/json.hpp"
 
 namespace kvp::cuda {
 namespace {
@@ -51,10 +54,21 @@ constexpr float kNearTieMargin = 0.05f;
 constexpr double kFp8KvLogitTolerance = kBf16LogitTolerance * 3;
 constexpr float kFp8KvNearTieMargin = kNearTieMargin * 3;
 // Mixture-of-experts models: where a token's k-th and (k+1)-th router probabilities are within
-// bf16 rounding of each other, the GPU may route it to another expert than the f32 CPU runner
-// and that row's logits move by more than kBf16LogitTolerance. A few such rows per test are
-// allowed (one in 50 decode rows, at least one), each still within this.
-constexpr double kRoutingFlipTolerance = 0.25;
+// bf16 rounding of each other, the GPU may route it to another expert than the f32 reference,
+// and that row's logits move by far more than the bf16 tolerance. Such a row is allowed only at
+// a position the fixture's router_gaps.json (scripts/moe_router_gaps.py --dump-gaps: an f64
+// forward of the f32 fixture, matching the goldens to ~1e-6) marks as a near-tie: a router gap
+// below kRouterNearTieGap in some layer. The flips measured on the H100 and H200 sat at gaps of
+// 1e-4 to 8.9e-3; the same f64 forward with those experts swapped reproduces the GPU's rows to
+// ~0.01. A flipped row must still be a sane logit row (below kRoutingFlipRowBound).
+constexpr double kRouterNearTieGap = 1.5e-2;
+constexpr double kRoutingFlipRowBound = 1.5;
+// gpt_oss's tiny fixture has larger activations: the f64 forward with bf16 weights and bf16
+// inputs to every product (moe_router_gaps.py --bf16-acts) is 3.8e-2 from the goldens on a
+// 1-token prompt (no routing flip), where the other models sit near 1e-2.
+double bf16_tolerance(const std::string& model) {
+  return model == "gpt_oss" ? 5e-2 : kBf16LogitTolerance;
+}
 
 struct Tiny {
   ModelSpec spec;
@@ -78,6 +92,51 @@ Tiny load_tiny(const std::string& name) {
     t.logits.push_back(golden->read_f32("logits_" + s, shape).value());
   }
   return t;
+}
+
+// [prompt][position] the smallest router probability gap over the MoE layers (router_gaps.json
+// of an MoE fixture; empty for dense models).
+std::vector<std::vector<double>> router_gaps(const std::string& name) {
+  std::ifstream in(kFixtures + name + "/router_gaps.json");
+  if (!in) return {};
+  const auto j = nlohmann::json::parse(in);
+  std::vector<std::vector<double>> gaps;
+  for (int i = 0; j["min_gap_per_position"].contains("prompt_" + std::to_string(i)); ++i) {
+    gaps.push_back(j["min_gap_per_position"]["prompt_" + std::to_string(i)]);
+  }
+  return gaps;
+}
+
+// Rows [rows][vocab] of got against want, row r at position first_position + r of the prompt's
+// ids (prompt + greedy): each row within the model's bf16 tolerance, or, in an MoE model, a
+// routing flip at a near-tie position (above). Returns the rows outside the tolerance.
+int32_t expect_rows_within_tolerance(const std::string& model, int32_t prompt,
+                                     int32_t first_position, std::span<const float> got,
+                                     std::span<const float> want, int32_t vocab, const char* what) {
+  static std::map<std::string, std::vector<std::vector<double>>> cache;
+  if (!cache.count(model)) cache[model] = router_gaps(model);
+  const auto& gaps = cache[model];
+  const double tolerance = bf16_tolerance(model);
+  const auto rows = static_cast<int32_t>(want.size() / vocab);
+  int32_t over = 0;
+  for (int32_t r = 0; r < rows; ++r) {
+    const double err = relative_error(got.subspan(size_t(r) * vocab, vocab),
+                                      want.subspan(size_t(r) * vocab, vocab));
+    if (err < tolerance) continue;
+    ++over;
+    const int32_t position = first_position + r;
+    const double gap = size_t(prompt) < gaps.size() && size_t(position) < gaps[prompt].size()
+                           ? gaps[prompt][position]
+                           : INFINITY;
+    std::printf("[ %s ] %s prompt %d position %d: row rel err %.3e, router gap %.2e\n", what,
+                model.c_str(), prompt, position, err, gap);
+    EXPECT_LT(gap, kRouterNearTieGap)
+        << model << " " << what << " prompt " << prompt << " position " << position
+        << ": row rel err " << err << " where no routing decision is a near-tie";
+    EXPECT_LT(err, kRoutingFlipRowBound)
+        << model << " prompt " << prompt << " position " << position;
+  }
+  return over;
 }
 
 // The goldens were generated with min_new_tokens: end-of-sequence logits are -inf at every step.
@@ -217,8 +276,17 @@ TEST_P(CudaTinyModel, PrefillLogitsMatchTransformersAndCpuRunner) {
     std::printf(
         "[ prefill ] %s prompt %zu (%zu tokens): rel err vs transformers %.3e, vs cpu %.3e\n",
         GetParam(), p, prompt.size(), err_hf, err_cpu);
-    EXPECT_LT(err_hf, kBf16LogitTolerance) << GetParam() << " prompt " << p;
-    EXPECT_LT(err_cpu, kBf16LogitTolerance) << GetParam() << " prompt " << p;
+    if (!probe.spec.is_moe()) {
+      EXPECT_LT(err_hf, kBf16LogitTolerance) << GetParam() << " prompt " << p;
+      EXPECT_LT(err_cpu, kBf16LogitTolerance) << GetParam() << " prompt " << p;
+      continue;
+    }
+    // row by row: a row outside the tolerance must be a routing flip at a near-tie
+    const int32_t vocab = pair.vocab();
+    expect_rows_within_tolerance(GetParam(), static_cast<int32_t>(p), 0, gpu, probe.logits[p],
+                                 vocab, "prefill vs transformers");
+    expect_rows_within_tolerance(GetParam(), static_cast<int32_t>(p), 0, gpu, cpu, vocab,
+                                 "prefill vs cpu");
   }
 }
 
@@ -271,13 +339,12 @@ TEST_P(CudaTinyModel, TeacherForcedGreedyAgreesWithTransformers) {
     cpu = pair.run_cpu(s);
     worst_err = std::max(worst_err, relative_error(gpu, cpu));
     for (int32_t i = 0; i < n; ++i) {
-      const double row_err = relative_error(std::span(gpu).subspan(size_t(i) * vocab, vocab),
-                                            std::span(cpu).subspan(size_t(i) * vocab, vocab));
-      worst_row_err = std::max(worst_row_err, row_err);
-      if (row_err >= kBf16LogitTolerance) {
-        ++rows_over;
-        std::printf("[ teacher ] %s: decode step %d prompt %d: row rel err vs cpu %.3e\n",
-                    GetParam(), step + 1, i, row_err);
+      const auto g_row = std::span<const float>(gpu).subspan(size_t(i) * vocab, vocab);
+      const auto c_row = std::span<const float>(cpu).subspan(size_t(i) * vocab, vocab);
+      worst_row_err = std::max(worst_row_err, relative_error(g_row, c_row));
+      if (probe.spec.is_moe()) {  // a row outside the tolerance: a routing flip at a near-tie
+        rows_over += expect_rows_within_tolerance(GetParam(), i, cached[i], g_row, c_row, vocab,
+                                                  "teacher decode vs cpu");
       }
       last_row[i] = i;
       cached[i] += 1;
@@ -287,12 +354,9 @@ TEST_P(CudaTinyModel, TeacherForcedGreedyAgreesWithTransformers) {
       "[ teacher ] %s: %d/%d greedy steps agree with transformers (%d near-ties), worst "
       "decode-step rel err vs cpu %.3e, worst row %.3e (%d rows over %.0e)\n",
       GetParam(), agree, total, near_ties, worst_err, worst_row_err, rows_over,
-      kBf16LogitTolerance);
+      bf16_tolerance(GetParam()));
   if (!probe.spec.is_moe()) {
     EXPECT_LT(worst_err, kBf16LogitTolerance);
-  } else {
-    EXPECT_LE(rows_over, std::max(1, (new_tokens - 1) * n / 50));
-    EXPECT_LT(worst_row_err, kRoutingFlipTolerance);
   }
 }
 
@@ -504,7 +568,8 @@ TEST_P(CudaMoeAlone, ChunkedPrefillAndGreedyDecodeMatchTransformers) {
     std::printf(
         "[ chunked ] %s prompt %zu (%d tokens, chunks of %d): rel err vs transformers %.3e\n",
         GetParam(), p, len, kChunk, err);
-    EXPECT_LT(err, kBf16LogitTolerance) << GetParam() << " prompt " << p;
+    expect_rows_within_tolerance(GetParam(), static_cast<int32_t>(p), 0, logits, probe.logits[p],
+                                 vocab, "chunked prefill vs transformers");
     std::vector<int32_t> out;
     int32_t next =
         argmax(masked(std::span(logits).subspan(size_t(len - 1) * vocab, vocab), probe.spec));
