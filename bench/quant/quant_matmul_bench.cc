@@ -12,6 +12,10 @@
 //                 miss the last-level cache, so the weights come from memory as in a model.
 //   GFLOP/s       2 rows cols num_rows ÷ time, and for 512 rows next to OpenBLAS sgemm on the
 //                 dequantised f32 matrix (same threads): the prefill baseline kvpool had before.
+//   path          at 32+ rows, block formats run both prefill paths, one line each
+//   (quant_matmul.h's
+//                 ActPrecision): "f32" dequantised panels through sgemm (kF32), "int8" int8
+//                 activations through the integer tiles (kInt8All); fewer rows: "int8" (decode).
 // Times are the median of 7 runs of ≥ 50 ms each.
 #include <cblas.h>
 
@@ -156,10 +160,10 @@ int run(int argc, char** argv) {
   double copy_gbs[2] = {copy_bandwidth(nullptr), copy_bandwidth(&pool2)};
   std::printf("memcpy GB/s: 1 thread %.1f, 2 threads %.1f\n", copy_gbs[0], copy_gbs[1]);
   if (csv)
-    std::fprintf(csv,
-                 "type,rows,cols,num_rows,threads,ms,weight_gbs,copy_gbs,gflops,sgemm_gflops\n");
-  std::printf("%-6s %7s %5s %4s %2s %9s %9s %6s %5s %8s %8s\n", "type", "rows", "cols", "n", "th",
-              "ms", "weightGB/s", "copy", "frac", "GFLOP/s", "sgemm");
+    std::fprintf(
+        csv, "type,rows,cols,num_rows,threads,path,ms,weight_gbs,copy_gbs,gflops,sgemm_gflops\n");
+  std::printf("%-6s %7s %5s %4s %2s %-4s %9s %9s %6s %5s %8s %8s\n", "type", "rows", "cols", "n",
+              "th", "path", "ms", "weightGB/s", "copy", "frac", "GFLOP/s", "sgemm");
   std::mt19937 rng(1);
   constexpr size_t kColdBytes = size_t{96} << 20;  // > 2x the 32 MiB L3
   for (GgmlType type : types) {
@@ -192,35 +196,47 @@ int run(int argc, char** argv) {
           for (int64_t r = 0; r < shape.rows; ++r)
             dequantize_row(w, r, f32.data() + r * shape.cols);
         }
+        // Prefill rows: both paths (quant_matmul.h's ActPrecision), f32 panels first.
+        std::vector<ActPrecision> paths = {ActPrecision::kInt8};
+        if (num_rows >= kPrefillMinRows && type != GgmlType::F32 && type != GgmlType::F16 &&
+            type != GgmlType::BF16) {
+          paths = {ActPrecision::kF32, ActPrecision::kInt8All};
+        }
         for (int th = 1; th <= 2; ++th) {
-          size_t next = 0;
-          const bool rotate = num_rows < 32;
-          const double t = time_per_call([&] {
-            const QuantMatrix& m = rotate ? ws[next++ % ws.size()] : w;
-            matmul(m, x.data(), num_rows, shape.cols, y.data(), shape.rows, pools[th - 1]);
-          });
-          const double gbs = double(w.size_bytes()) / t / 1e9;
-          const double gflops = 2.0 * shape.rows * shape.cols * num_rows / t / 1e9;
-          double sgemm = 0;
-          if (num_rows >= 32) {
-            openblas_set_num_threads(th);
-            const double ts = time_per_call([&] {
-              cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, num_rows, shape.rows, shape.cols,
-                          1.0f, x.data(), shape.cols, f32.data(), shape.cols, 0.0f, y.data(),
-                          shape.rows);
+          for (ActPrecision path : paths) {
+            size_t next = 0;
+            const bool rotate = num_rows < 32;
+            const double t = time_per_call([&] {
+              const QuantMatrix& m = rotate ? ws[next++ % ws.size()] : w;
+              matmul(m, x.data(), num_rows, shape.cols, y.data(), shape.rows, pools[th - 1], path);
             });
-            sgemm = 2.0 * shape.rows * shape.cols * num_rows / ts / 1e9;
-          }
-          std::printf("%-6s %7lld %5lld %4lld %2d %9.3f %9.1f %6.1f %5.2f %8.1f %8.1f  %s\n",
-                      std::string(ggml_type_name(type)).c_str(), (long long)shape.rows,
-                      (long long)shape.cols, (long long)num_rows, th, t * 1e3, gbs,
-                      copy_gbs[th - 1], gbs / copy_gbs[th - 1], gflops, sgemm, shape.what);
-          std::fflush(stdout);
-          if (csv) {
-            std::fprintf(csv, "%s,%lld,%lld,%lld,%d,%.4f,%.2f,%.2f,%.2f,%.2f\n",
-                         std::string(ggml_type_name(type)).c_str(), (long long)shape.rows,
-                         (long long)shape.cols, (long long)num_rows, th, t * 1e3, gbs,
-                         copy_gbs[th - 1], gflops, sgemm);
+            const char* path_name = num_rows < kPrefillMinRows       ? "int8"
+                                    : path == ActPrecision::kF32     ? "f32"
+                                    : path == ActPrecision::kInt8All ? "int8"
+                                                                     : "auto";
+            const double gbs = double(w.size_bytes()) / t / 1e9;
+            const double gflops = 2.0 * shape.rows * shape.cols * num_rows / t / 1e9;
+            double sgemm = 0;
+            if (num_rows >= 32) {
+              openblas_set_num_threads(th);
+              const double ts = time_per_call([&] {
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, num_rows, shape.rows,
+                            shape.cols, 1.0f, x.data(), shape.cols, f32.data(), shape.cols, 0.0f,
+                            y.data(), shape.rows);
+              });
+              sgemm = 2.0 * shape.rows * shape.cols * num_rows / ts / 1e9;
+            }
+            std::printf("%-6s %7lld %5lld %4lld %2d %-4s %9.3f %9.1f %6.1f %5.2f %8.1f %8.1f  %s\n",
+                        std::string(ggml_type_name(type)).c_str(), (long long)shape.rows,
+                        (long long)shape.cols, (long long)num_rows, th, path_name, t * 1e3, gbs,
+                        copy_gbs[th - 1], gbs / copy_gbs[th - 1], gflops, sgemm, shape.what);
+            std::fflush(stdout);
+            if (csv) {
+              std::fprintf(csv, "%s,%lld,%lld,%lld,%d,%s,%.4f,%.2f,%.2f,%.2f,%.2f\n",
+                           std::string(ggml_type_name(type)).c_str(), (long long)shape.rows,
+                           (long long)shape.cols, (long long)num_rows, th, path_name, t * 1e3, gbs,
+                           copy_gbs[th - 1], gflops, sgemm);
+            }
           }
         }
       }

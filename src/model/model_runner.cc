@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 
 #include "backend/attention.h"
 #include "backend/cpu_attention.h"
@@ -260,8 +263,31 @@ std::vector<float> rope_inverse_frequencies(const ModelSpec& spec, const RopeSpe
   return inv;
 }
 
+namespace {
+
+// KVP_PREFILL_ACT (model_runner.h: set_prefill_act_precision), read once per process.
+quant::ActPrecision prefill_precision_from_env() {
+  static const quant::ActPrecision precision = [] {
+    const char* value = std::getenv("KVP_PREFILL_ACT");
+    if (value == nullptr || std::string_view(value) == "int8") {
+      return quant::ActPrecision::kPrefill;
+    }
+    if (std::string_view(value) == "f32") return quant::ActPrecision::kF32;
+    if (std::string_view(value) == "int8-all") return quant::ActPrecision::kInt8All;
+    std::fprintf(stderr, "kvpool: KVP_PREFILL_ACT=%s is not f32, int8 or int8-all; using int8\n",
+                 value);
+    return quant::ActPrecision::kPrefill;
+  }();
+  return precision;
+}
+
+}  // namespace
+
 ModelRunner::ModelRunner(ModelSpec spec, ModelWeights weights, ThreadPool* pool)
-    : spec_(std::move(spec)), weights_(std::move(weights)), pool_(pool) {
+    : spec_(std::move(spec)),
+      weights_(std::move(weights)),
+      pool_(pool),
+      prefill_precision_(prefill_precision_from_env()) {
   KVP_CHECK(spec_.validate().is_ok(), "{}", spec_.validate().to_string());
   CacheGroups groups = assign_cache_groups(spec_);
   group_layers_ = std::move(groups.group_layers);
@@ -384,9 +410,15 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     max_kv_len = std::max(max_kv_len, batch.kv_lens[s]);
   }
 
-  // A step with a prompt chunk in it multiplies in f32; a step of decode rows only in the
-  // runner's precision (int8 activations by default): see set_act_precision.
-  const quant::ActPrecision precision = max_q_len > 1 ? quant::ActPrecision::kF32 : precision_;
+  // A step of decode rows only multiplies in the runner's precision (int8 activations by
+  // default), a step with a prompt chunk in f32, or from 32 rows in the prefill precision (every
+  // product of the step, the lm-head's few rows and the experts' groups included): see
+  // set_act_precision and set_prefill_act_precision.
+  quant::ActPrecision precision = precision_;
+  if (max_q_len > 1 && precision_ != quant::ActPrecision::kF32) {
+    precision =
+        num_tokens >= quant::kPrefillMinRows ? prefill_precision_ : quant::ActPrecision::kF32;
+  }
   std::vector<float> x(num_tokens * hidden);           // [num_tokens][hidden] residual stream
   std::vector<float> xn(num_tokens * hidden);          // [num_tokens][hidden] normed
   std::vector<float> qkv(num_tokens * qkv_dim);        // [num_tokens][q_dim + 2 kv_dim]

@@ -131,13 +131,23 @@ class ModelRunner {
   const ModelWeights& weights() const { return weights_; }
   // How steps of decode rows only multiply activations by block-format weights
   // (quant_matmul.h): int8 activations (default, as llama.cpp) or f32 (exact; tests against
-  // references). A step with a prompt chunk (any sequence with more than one new token) always
-  // multiplies in f32: prompts set up everything a sequence attends to, and int8 activations
-  // there measurably derail small models — SmolLM2-135M with its default system prompt answers
-  // "What is the capital of France?" with "L'Étoile, la Marseillaise, ..." when its prompt is
-  // multiplied with int8 activations (llama.cpp, which does so, gives the same words) and "The
-  // capital of France is Paris." in f32. Prefill of 32+ rows is faster in f32 anyway (panels).
+  // references). A step with a prompt chunk (any sequence with more than one new token) of
+  // fewer than 32 rows multiplies in f32, of 32 or more in the prefill precision below: prompts
+  // set up everything a sequence attends to, and int8 activations there can derail small models —
+  // SmolLM2-135M with its default system prompt answers "What is the capital of France?" with
+  // "L'Étoile, la Marseillaise, ..." when its prompt is multiplied with int8 activations
+  // (llama.cpp, which does so, gives the same words) and "The capital of France is Paris." in f32.
+  // With kF32 here every step multiplies in f32.
   void set_act_precision(quant::ActPrecision precision) { precision_ = precision; }
+  // How prompt steps of quant::kPrefillMinRows (32) or more rows multiply, when the runner's
+  // precision is kInt8 (shorter prompt steps always take f32, see set_act_precision):
+  //   kPrefill (default): int8 activations for the weight formats whose int8 tiles beat
+  //                       dequantise + sgemm here (quant::prefill_prefers_int8), f32 for the rest
+  //   kF32:               f32 for every format (exact up to summation order)
+  //   kInt8All:           int8 for every block format (to compare the paths)
+  // The default comes from the environment variable KVP_PREFILL_ACT (int8 = kPrefill | f32 |
+  // int8-all), read once per process; unset or unknown (a warning on stderr): kPrefill.
+  void set_prefill_act_precision(quant::ActPrecision precision) { prefill_precision_ = precision; }
   // Tensor parallelism (model/tensor_parallel.h): this runner is one rank of a split model and
   // all_reduce sums a buffer over the ranks in place; called on the attention output projection's
   // and the MLP down projection's partial outputs, before any norm or residual.
@@ -170,6 +180,7 @@ class ModelRunner {
   std::vector<float> inv_freq_global_, inv_freq_local_;
   ThreadPool* pool_ = nullptr;
   quant::ActPrecision precision_ = quant::ActPrecision::kInt8;
+  quant::ActPrecision prefill_precision_;             // set_prefill_act_precision
   std::function<void(std::span<float>)> all_reduce_;  // empty: not split
 };
 

@@ -76,22 +76,25 @@ constexpr int64_t kItemRowMultiple = 4;  // whole weight-row tiles per item
 // num_rows x 64 x cols multiply-adds, enough for OpenBLAS's kernels to run at full rate.
 constexpr int64_t kPanelRowsPerItem = 64;
 
-// Cuts every part into items of about kItemBytes (decode) or kPanelRowsPerItem rows (prefill),
-// but at least 4 items per thread overall so the last items balance the threads.
-void plan_items(std::span<const QuantMatrix> parts, int num_threads, bool panels,
-                std::vector<Item>& items) {
+// Cuts every part into items of about kItemBytes (int8 and float kernels) or kPanelRowsPerItem
+// rows (parts on the panel path: panels[p]), but at least 4 items per thread overall so the last
+// items balance the threads.
+void plan_items(std::span<const QuantMatrix> parts, int num_threads,
+                const std::vector<bool>& panels, std::vector<Item>& items) {
   items.clear();
   size_t total_bytes = 0;
-  for (const QuantMatrix& w : parts) total_bytes += w.size_bytes();
+  int64_t total_rows = 0;
+  for (const QuantMatrix& w : parts) {
+    total_bytes += w.size_bytes();
+    total_rows += w.rows;
+  }
   const size_t min_items = static_cast<size_t>(4 * num_threads);
   const size_t item_bytes =
       std::max<size_t>(1, std::min(kItemBytes, total_bytes / std::max<size_t>(min_items, 1)));
   for (size_t p = 0; p < parts.size(); ++p) {
     const QuantMatrix& w = parts[p];
     int64_t rows_per_item = static_cast<int64_t>(item_bytes / std::max<size_t>(w.row_bytes, 1));
-    if (panels) {
-      int64_t total_rows = 0;
-      for (const QuantMatrix& part : parts) total_rows += part.rows;
+    if (panels[p]) {
       rows_per_item = std::min(kPanelRowsPerItem, total_rows / static_cast<int64_t>(min_items));
     }
     rows_per_item =
@@ -102,12 +105,12 @@ void plan_items(std::span<const QuantMatrix> parts, int num_threads, bool panels
   }
 }
 
-// From this many activation rows (prefill) an item dequantises its weight rows once into an f32
-// panel (F32 weights are used in place) and multiplies by it with OpenBLAS's sgemm, run
-// single-threaded inside the item: measured (bench/quant/quant_matmul_bench) at about twice
-// the rate of the Highway f32 kernel and of the int8 path, and exact in f32 (no activation
-// quantisation).
-constexpr int64_t kPanelMinRows = 32;
+// From kPrefillMinRows activation rows (prefill), a part that does not take int8 activations
+// dequantises its weight rows once per item into an f32 panel (F32 weights are used in place)
+// and multiplies by it with OpenBLAS's sgemm, run single-threaded inside the item: measured
+// (bench/quant/quant_matmul_bench) at about twice the rate of the Highway f32 kernel, and exact
+// in f32 (no activation quantisation).
+static_assert(kPrefillMinRows == 32, "docs/models.md and the runner describe 32 rows");
 
 // OpenBLAS runs single-threaded inside our items (its own threads would fight the pool's).
 void openblas_single_threaded() {
@@ -130,6 +133,7 @@ struct Scratch {
   ActBufferK acts_k;
   std::vector<Item> items;
   std::vector<int64_t> offsets;
+  std::vector<bool> panels;  // [parts]: the part goes through f32 panels and sgemm
 };
 
 Scratch& scratch() {
@@ -154,6 +158,13 @@ bool block_kernel_supports(GgmlType type) {
 }
 
 bool matmul_supports(GgmlType type) { return is_float_type(type) || block_kernel_supports(type); }
+
+bool prefill_prefers_int8(GgmlType type) {
+  switch (type) {
+    default:
+      return false;
+  }
+}
 
 void dequantize_row(const QuantMatrix& w, int64_t r, float* out) {
   dequantize(w.type, w.row(r), static_cast<size_t>(w.cols), out);
@@ -190,17 +201,43 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
   }
   const bool any_block = any_32 || any_k;
   Scratch& s = scratch();
+  const bool prefill = num_rows >= kPrefillMinRows;
+  bool any_int8_32 = false, any_int8_k = false, any_panels = false;
+  s.panels.assign(parts.size(), false);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const GgmlType type = parts[p].type;
+    bool int8 = false;
+    switch (precision) {
+      case ActPrecision::kInt8:
+        int8 = !prefill || prefill_prefers_int8(type);
+        break;
+      case ActPrecision::kPrefill:
+        int8 = prefill_prefers_int8(type);
+        break;
+      case ActPrecision::kInt8All:
+        int8 = true;
+        break;
+      case ActPrecision::kF32:
+        break;
+    }
+    int8 = int8 && !is_float_type(type);
+    const bool f32_blocks = precision == ActPrecision::kF32 || precision == ActPrecision::kPrefill;
+    s.panels[p] = !int8 && (prefill || (any_block && f32_blocks));
+    any_int8_k = any_int8_k || (int8 && is_k_type(type));
+    any_int8_32 = any_int8_32 || (int8 && !is_k_type(type));
+    any_panels = any_panels || s.panels[p];
+  }
   ActBlocks acts;
   ActBlocksK acts_k;
-  const bool panels = num_rows >= kPanelMinRows || (any_block && precision == ActPrecision::kF32);
-  if (any_32 && !panels) acts = quantize_acts(x, num_rows, ldx, cols, s.acts);
-  if (any_k && !panels) acts_k = quantize_acts_k(x, num_rows, ldx, cols, s.acts_k);
+  if (any_int8_32) acts = quantize_acts(x, num_rows, ldx, cols, s.acts);
+  if (any_int8_k) acts_k = quantize_acts_k(x, num_rows, ldx, cols, s.acts_k);
   s.offsets.assign(parts.size(), 0);
   for (size_t p = 1; p < parts.size(); ++p) s.offsets[p] = s.offsets[p - 1] + parts[p - 1].rows;
-  if (panels) openblas_single_threaded();
-  plan_items(parts, pool != nullptr ? pool->num_threads() : 1, panels, s.items);
+  if (any_panels) openblas_single_threaded();
+  plan_items(parts, pool != nullptr ? pool->num_threads() : 1, s.panels, s.items);
   const std::vector<Item>& items = s.items;
   const std::vector<int64_t>& offsets = s.offsets;
+  const std::vector<bool>& panels = s.panels;
   parallel_for(pool, static_cast<int64_t>(items.size()), [&](int64_t i, int) {
     const Item& item = items[static_cast<size_t>(i)];
     const QuantMatrix& w = parts[static_cast<size_t>(item.part)];
@@ -211,7 +248,7 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
     rr.num_rows = num_rows;
     rr.y = y + offsets[static_cast<size_t>(item.part)];
     rr.ldy = ldy;
-    if (panels) {
+    if (panels[static_cast<size_t>(item.part)]) {
       const int64_t panel_rows = item.row_end - item.row_begin;
       float* out = rr.y + item.row_begin;
       if (w.type == GgmlType::F32) {

@@ -44,15 +44,28 @@ QuantMatrix slice_rows(const QuantMatrix& w, int64_t row_begin, int64_t num_rows
 // Q2_K..Q6_K, IQ4_NL, IQ4_XS).
 bool matmul_supports(GgmlType type);
 
-// How activations meet block-format weights on the decode path (few activation rows):
-//   kInt8: quantised to int8 with a scale per 32 (32-block formats) or per 256 (K formats), as
-//          llama.cpp's Q8_0 / Q8_1 / Q8_K activations: integer dot products, the fastest
-//          kernels; each product carries the rounding of the activation (error <= 1/254 of
-//          the largest |x| of its block of 32 or 256 per element)
-//   kF32:  the weights are dequantised to f32 and multiplied in f32, as the prefill path always
-//          does: the same numbers as dequantise-then-f32 up to summation order, slower at decode
+// How activations meet block-format weights:
+//   kInt8:    quantised to int8 with a scale per 32 (32-block formats) or per 256 (K formats), as
+//             llama.cpp's Q8_0 / Q8_1 / Q8_K activations: below kPrefillMinRows activation rows
+//             (decode) for every block format; from there as kPrefill. Integer dot products;
+//             each product carries the rounding of the activation (error <= 1/254 of the
+//             largest |x| of its block of 32 or 256 per element)
+//   kF32:     the weights are dequantised to f32 and multiplied in f32 (by OpenBLAS sgemm over
+//             dequantised panels): the same numbers as dequantise-then-f32 up to summation order
+//   kPrefill: a prompt step's products: int8 activations (as kInt8, at any number of rows) for
+//             the formats where prefill_prefers_int8(type), f32 (as kF32) for the others
+//   kInt8All: int8 activations for every block format at every row count, whichever is faster:
+//             for tests and benchmarks that compare the two prefill paths
 // F32/F16/BF16 weights always multiply in f32.
-enum class ActPrecision { kInt8, kF32 };
+enum class ActPrecision { kInt8, kF32, kPrefill, kInt8All };
+
+// From this many activation rows a product counts as prefill (see ActPrecision).
+inline constexpr int64_t kPrefillMinRows = 32;
+
+// Whether kPrefill (and kInt8 from kPrefillMinRows rows) use int8 activations for `type`: true
+// where the int8 tiles were measured faster than dequantise + sgemm at 512 activation rows on
+// this project's reference machine (docs/perf/model.md, "Prefill with int8 activations").
+bool prefill_prefers_int8(GgmlType type);
 
 // y[t * ldy + o] = sum_i x[t * ldx + i] * W[o][i] for t < num_rows, o < w.rows. Overwrites y's
 // w.rows columns of each row and nothing else. Threads: the pool's (null: the caller only).

@@ -160,7 +160,8 @@ int64_t cols_of(GgmlType t, int64_t blocks) {
 
 // Runs matmul on every target and checks every output against its bound; returns the largest
 // |y - ref| / bound seen.
-double check_type(GgmlType type, const Shape& shape, uint32_t seed) {
+double check_type(GgmlType type, const Shape& shape, uint32_t seed,
+                  ActPrecision precision = ActPrecision::kInt8) {
   std::mt19937 rng(seed);
   const int64_t cols = cols_of(type, shape.blocks);
   const int64_t ldx = cols + 5, ldy = shape.rows + 3;
@@ -179,7 +180,7 @@ double check_type(GgmlType type, const Shape& shape, uint32_t seed) {
     for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
       constexpr float kUntouched = 12345.0f;
       std::vector<float> y(ref.size(), kUntouched);
-      matmul(w, x.data(), shape.num_rows, ldx, y.data(), ldy, p);
+      matmul(w, x.data(), shape.num_rows, ldx, y.data(), ldy, p, precision);
       double worst = 0;  // largest |y - ref| / bound
       int64_t worst_at = 0;
       for (int64_t t = 0; t < shape.num_rows; ++t) {
@@ -227,6 +228,67 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulParity, ::testing::ValuesIn(kAllTypes),
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return std::string(ggml_type_name(info.param));
                          });
+
+// The prefill path with int8 activations (ActPrecision::kInt8All: every block format, at 32+
+// activation rows, whether or not kInt8 picks it for the format), within the same derived bound
+// as decode: activation-row counts of 32, 33, 100 and 512 (tiles of 8 activation rows, then 4,
+// then 1-3 left over), weight-row counts that are no multiple of the weight-row tile, 32-block
+// rows whose length is no multiple of 256 (3, 9 and 17 blocks), and enough weight rows (130) for
+// several items per thread.
+constexpr Shape kPrefillShapes[] = {{13, 9, 32},   {37, 3, 33},  {130, 2, 100},
+                                    {11, 17, 100}, {21, 3, 512}, {5, 1, 33}};
+
+class PrefillParity : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(PrefillParity, Int8PrefillMatchesReferenceWithinDerivedBoundOnEveryTarget) {
+  uint32_t seed = 100;
+  double worst = 0;
+  for (const Shape& shape : kPrefillShapes) {
+    worst = std::max(worst, check_type(GetParam(), shape, seed++, ActPrecision::kInt8All));
+  }
+  std::printf("%s prefill int8: largest |y - ref| / bound %.3g\n",
+              std::string(ggml_type_name(GetParam())).c_str(), worst);
+}
+
+INSTANTIATE_TEST_SUITE_P(BlockTypes, PrefillParity,
+                         ::testing::Values(GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+                                           GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q2_K,
+                                           GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K,
+                                           GgmlType::Q6_K, GgmlType::IQ4_NL, GgmlType::IQ4_XS),
+                         [](const ::testing::TestParamInfo<GgmlType>& info) {
+                           return std::string(ggml_type_name(info.param));
+                         });
+
+// kF32 at prefill sizes stays the f32 panel path for every block format: exact up to f32
+// summation, far inside the int8 bound, so the comparison uses the float types' bound.
+TEST(QuantMatmul, F32PrefillIsTheExactPanelPath) {
+  std::mt19937 rng(21);
+  const int64_t rows = 37, num_rows = 40;
+  for (GgmlType type : kAllTypes) {
+    if (is_float_type(type)) continue;
+    const int64_t cols = cols_of(type, 3);
+    const std::vector<uint8_t> data = random_matrix(type, rows, cols, rng);
+    const QuantMatrix w = make_matrix(type, data.data(), rows, cols);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(num_rows * cols));
+    for (float& v : x) v = u(rng);
+    std::vector<float> ref(static_cast<size_t>(num_rows * rows)), y(ref.size());
+    matmul_reference(w, x.data(), num_rows, cols, ref.data(), rows);
+    ThreadPool pool(2);
+    matmul(w, x.data(), num_rows, cols, y.data(), rows, &pool, ActPrecision::kF32);
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t o = 0; o < rows; ++o) {
+      dequantize_row(w, o, row.data());
+      for (int64_t t = 0; t < num_rows; ++t) {
+        double mag = 0;
+        for (int64_t i = 0; i < cols; ++i) mag += std::fabs(double{x[t * cols + i]} * row[i]);
+        const double bound = double(cols + 8) * kU * mag + kU * std::fabs(ref[t * rows + o]);
+        EXPECT_LE(std::fabs(double{y[t * rows + o]} - ref[t * rows + o]), bound)
+            << ggml_type_name(type) << " row " << t << " output " << o;
+      }
+    }
+  }
+}
 
 // A row of an odd number of 32-blocks ends in half a pair: the kernels must pair its last block
 // with zeros, not with the bytes after it. Here those bytes are f16 NaNs (0xff), so reading them
