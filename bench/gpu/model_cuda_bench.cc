@@ -414,6 +414,13 @@ class ModelBench {
     for (CudaForwardBackend* rank : ranks_) rank->runner().set_graphs_enabled(enabled);
   }
 
+ public:
+  void set_moe_gemm_mode(MoeGemmMode mode) {
+    for (CudaForwardBackend* rank : ranks_) rank->runner().set_moe_gemm_mode(mode);
+  }
+
+ private:
+
   std::unique_ptr<ForwardBackend> backend_;
   std::vector<CudaForwardBackend*> ranks_;  // the backend itself, or each rank of it
   int32_t num_blocks_ = 0;
@@ -698,8 +705,20 @@ int run(int argc, char** argv) {
       }
       rows.push_back(bench.decode(1, 512, false));
       print(rows.back());
-      rows.push_back(bench.prefill(2048));
-      print(rows.back());
+      // prompt steps: the experts' grouped GEMMs (the default), one GEMM per expert, the
+      // decode kernels (moe_gemm.h)
+      for (const int length : {2048, 512}) {
+        for (const MoeGemmMode mode :
+             {MoeGemmMode::kGrouped, MoeGemmMode::kLoop, MoeGemmMode::kKernels}) {
+          bench.set_moe_gemm_mode(mode);
+          rows.push_back(bench.prefill(length));
+          rows.back().mode = mode == MoeGemmMode::kGrouped ? "eager, experts grouped GEMM"
+                             : mode == MoeGemmMode::kLoop  ? "eager, experts GEMM per expert"
+                                                           : "eager, experts decode kernels";
+          print(rows.back());
+        }
+      }
+      bench.set_moe_gemm_mode(MoeGemmMode::kGrouped);
     }
   }
   if (tensor_parallel == 1 && !moe) {
