@@ -249,9 +249,6 @@ class CudaModelRunner {
   DeviceBuffer gate_up_;         // [tokens][2 * intermediate] bf16
   DeviceBuffer logits_;          // [rows][vocab] f32
   MoeBuffers moe_buffers_;       // mixture-of-experts models: the experts' per-step buffers
-  MoeGemmScratch moe_gemm_;      // and those of prompt steps' expert GEMMs (moe_gemm.h)
-  MoeGemmMode moe_gemm_mode_ = MoeGemmMode::kGrouped;
-  int32_t moe_gemm_min_tokens_ = 0;  // eager steps of at least this many tokens use the GEMMs
   PinnedBuffer logits_host_;     // [rows][vocab] f32
   DeviceBuffer summaries_;       // [rows] detail::RowSummary
   PinnedBuffer summaries_host_;  // [rows] detail::RowSummary
@@ -268,6 +265,12 @@ class CudaModelRunner {
   bool skinny_gemm_ = true;  // products of <= 8 rows through skinny_gemm.h, not cuBLAS
   detail::SkinnyLaunch skinny_launch_;
   std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)
+
+  // Mixture-of-experts prompt steps' expert GEMMs (moe_gemm.h): eager steps of at least
+  // moe_gemm_min_tokens_ tokens take them, in moe_gemm_mode_, with these buffers.
+  MoeGemmScratch moe_gemm_;
+  MoeGemmMode moe_gemm_mode_ = MoeGemmMode::kGrouped;
+  int32_t moe_gemm_min_tokens_ = 0;
 };
 
 }  // namespace kvp::cuda

@@ -90,22 +90,22 @@ cudaError_t launch_moe_gather(const void* x, const int32_t* pairs, const int32_t
                               int32_t* rows, int32_t* row_expert, cudaStream_t stream);
 
 // act [num_pairs][inter] bf16 = act(gate + bias, up + bias) of the GEMM's rows
-// h [num_pairs][2 * inter] f32 (gate columns, then up columns); biases of row i's expert
+// h [num_pairs][2 * inter] bf16 (gate columns, then up columns); biases of row i's expert
 // row_expert[i] from gate_up_bias ([num_experts][2 * inter] f32) when it is not null.
-cudaError_t launch_moe_gemm_activation(const float* h, const int32_t* row_expert,
-                                       const float* gate_up_bias, int32_t num_pairs,
-                                       int32_t inter, MoeActivation activation, float alpha,
-                                       float limit, void* act, cudaStream_t stream);
+cudaError_t launch_moe_gemm_activation(const void* h, const int32_t* row_expert,
+                                       const float* gate_up_bias, int32_t num_pairs, int32_t inter,
+                                       MoeActivation activation, float alpha, float limit,
+                                       void* act, cudaStream_t stream);
 
 // out [num_tokens][hidden] f32 = Σ over t's slots in ascending expert id of weights[t][slot] ·
 // (y[row(t * top_k + slot)] + down_bias[expert]), then + sigmoid(shared_logits[t *
 // shared_stride]) · shared[t] when shared is not null (the CPU layer's order of additions).
-// row(p) = rows[p], or p when rows is null (launch_moe_experts' y); down_bias null: none (the
-// expert kernels add it to y themselves).
-cudaError_t launch_moe_combine(const float* y, const int32_t* rows, const float* down_bias,
-                               const int32_t* expert_ids, const float* weights,
-                               int32_t num_tokens, int32_t top_k, int32_t hidden,
-                               const float* shared, const float* shared_logits,
+// y: [rows][hidden] f32 (launch_moe_experts), or bf16 when y_bf16 (the GEMM path); row(p) =
+// rows[p], or p when rows is null; down_bias null: none (the expert kernels add it to y).
+cudaError_t launch_moe_combine(const void* y, bool y_bf16, const int32_t* rows,
+                               const float* down_bias, const int32_t* expert_ids,
+                               const float* weights, int32_t num_tokens, int32_t top_k,
+                               int32_t hidden, const float* shared, const float* shared_logits,
                                int32_t shared_stride, float* out, cudaStream_t stream);
 
 }  // namespace kvp::cuda::detail

@@ -157,6 +157,7 @@ std::vector<uint16_t> random_bf16(size_t count, float scale, std::mt19937_64& rn
 }
 
 double bf(uint16_t bits) { return bf16_to_f32(Bf16{bits}); }
+constexpr double kBf16Eps = 1.0 / 256;  // bf16's unit roundoff (8 significant bits)
 
 TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
   SKIP_WITHOUT_GPU();
@@ -191,11 +192,12 @@ TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
     }
 
     // reference: double over the same bf16 values; experts added in ascending id, then shared.
-    // act_bound: what rounding each activation to bf16 (the GEMM path, moe_gemm.h) can move an
-    // output: sum over slots of weight * sum_r |down[j][r]| * |act[r]| * 2^-8 (bf16's unit
-    // roundoff)
+    // gemm_bound: what the GEMM path's roundings to bf16 (moe_gemm.h: gate and up, the
+    // activation, each expert's output; eps = 2^-8, bf16's unit roundoff) can move an output, to
+    // first order: sum over slots of weight * (sum_r |down[j][r]| * (|act[r]| eps + dact[r]) +
+    // |y| eps)
     std::vector<double> want(size_t(s.num_tokens) * s.hidden, 0.0);
-    std::vector<double> act_bound(want.size(), 0.0);
+    std::vector<double> gemm_bound(want.size(), 0.0);
     for (int32_t t = 0; t < s.num_tokens; ++t) {
       const uint16_t* xt = x.data() + size_t(t) * s.hidden;
       std::vector<int32_t> slots(s.top_k);
@@ -204,7 +206,17 @@ TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
                 [&](int32_t a, int32_t b) { return ids[t * s.top_k + a] < ids[t * s.top_k + b]; });
       for (int32_t k : slots) {
         const int32_t e = ids[size_t(t) * s.top_k + k];
-        std::vector<double> act(s.inter);
+        // act of the products g, u (before the biases); dact: how far rounding g and u to bf16
+        // can move it (the largest change over the corners g(1 +- eps), u(1 +- eps))
+        const auto activate = [&](double gd, double ud, int32_t r) {
+          if (s.gpt_oss) {  // cpu::gated_activation's kClampedSwiglu
+            gd = std::min(gd + gate_up_bias[size_t(e) * 2 * s.inter + r], 7.0);
+            ud = std::clamp(ud + gate_up_bias[size_t(e) * 2 * s.inter + s.inter + r], -7.0, 7.0);
+            return (ud + 1) * (gd / (1 + std::exp(-1.702 * gd)));
+          }
+          return gd / (1 + std::exp(-gd)) * ud;
+        };
+        std::vector<double> act(s.inter), dact(s.inter);
         for (int32_t r = 0; r < s.inter; ++r) {
           const uint16_t* g = gate_up.data() + (size_t(e) * 2 * s.inter + r) * s.hidden;
           const uint16_t* up = g + size_t(s.inter) * s.hidden;
@@ -213,25 +225,26 @@ TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
             gd += bf(g[i]) * bf(xt[i]);
             ud += bf(up[i]) * bf(xt[i]);
           }
-          if (s.gpt_oss) {  // cpu::gated_activation's kClampedSwiglu
-            gd = std::min(gd + gate_up_bias[size_t(e) * 2 * s.inter + r], 7.0);
-            ud = std::clamp(ud + gate_up_bias[size_t(e) * 2 * s.inter + s.inter + r], -7.0, 7.0);
-            act[r] = (ud + 1) * (gd / (1 + std::exp(-1.702 * gd)));
-          } else {
-            act[r] = gd / (1 + std::exp(-gd)) * ud;
+          act[r] = activate(gd, ud, r);
+          for (const double sg : {-kBf16Eps, kBf16Eps}) {
+            for (const double su : {-kBf16Eps, kBf16Eps}) {
+              dact[r] =
+                  std::max(dact[r], std::abs(activate(gd * (1 + sg), ud * (1 + su), r) - act[r]));
+            }
           }
         }
         for (int32_t j = 0; j < s.hidden; ++j) {
           const uint16_t* d = down.data() + (size_t(e) * s.hidden + j) * s.inter;
-          double y = 0, y_abs = 0;
+          double y = 0, y_err = 0;
           for (int32_t r = 0; r < s.inter; ++r) {
             y += bf(d[r]) * act[r];
-            y_abs += std::abs(bf(d[r]) * act[r]);
+            // the activation rounded to bf16 after its inputs were
+            y_err += std::abs(bf(d[r])) * ((std::abs(act[r]) + dact[r]) * kBf16Eps + dact[r]);
           }
+          y_err += (std::abs(y) + y_err) * kBf16Eps;  // the expert's output rounded to bf16
           if (s.gpt_oss) y += down_bias[size_t(e) * s.hidden + j];
           want[size_t(t) * s.hidden + j] += weights[size_t(t) * s.top_k + k] * y;
-          act_bound[size_t(t) * s.hidden + j] +=
-              weights[size_t(t) * s.top_k + k] * y_abs * std::ldexp(1.0, -8);
+          gemm_bound[size_t(t) * s.hidden + j] += weights[size_t(t) * s.top_k + k] * y_err;
         }
       }
       const double scale = 1 / (1 + std::exp(-double(shared_logits[size_t(t) * 3])));
@@ -296,19 +309,21 @@ TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
         ASSERT_TRUE(st.is_ok()) << st.to_string();
         rows = scratch.rows.as<int32_t>();
         combine_bias = a.down_bias;
+        EXPECT_FALSE(scratch.grouped_refused)
+            << "cuBLAS refused the grouped GEMM: " << cublasGetStatusString(scratch.refusal);
         grouped_refused = grouped_refused || scratch.grouped_refused;
       }
-      ASSERT_EQ(detail::launch_moe_combine(d_y.as<float>(), rows, combine_bias,
-                                           d_ids.as<int32_t>(), d_w.as<float>(), s.num_tokens,
-                                           s.top_k, s.hidden, d_shared.as<float>(),
-                                           d_shared_logits.as<float>(), 3, d_out.as<float>(),
-                                           nullptr),
-                cudaSuccess);
+      ASSERT_EQ(
+          detail::launch_moe_combine(d_y.data(), path != MoeGemmMode::kKernels, rows, combine_bias,
+                                     d_ids.as<int32_t>(), d_w.as<float>(), s.num_tokens, s.top_k,
+                                     s.hidden, d_shared.as<float>(), d_shared_logits.as<float>(), 3,
+                                     d_out.as<float>(), nullptr),
+          cudaSuccess);
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       outs.push_back(to_host<float>(d_out, want.size()));
     }
-    std::printf("[ experts ] grouped GEMM %s by this cuBLAS\n",
-                grouped_refused ? "REFUSED (loop used)" : "taken");
+    std::printf("[ experts ] grouped GEMM %s\n",
+                grouped_refused ? "REFUSED by this cuBLAS (loop used)" : "taken");
 
     // the grouping: every pair listed once, under its expert
     const auto offsets = to_host<int32_t>(d_offsets, s.num_experts + 1);
@@ -340,12 +355,12 @@ TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
     const char* names[] = {"kernels", "GEMM loop", "grouped GEMM"};
     for (size_t path = 0; path < outs.size(); ++path) {
       const std::vector<float>& out = outs[path];
-      // the kernels keep activations in f32; the GEMMs round them to bf16 (act_bound)
+      // the kernels keep f32 from the products on; the GEMMs round to bf16 (gemm_bound)
       double worst = 0, worst_ratio = 0;
       size_t worst_at = 0;
       for (size_t i = 0; i < out.size(); ++i) {
         const double d = std::abs(out[i] - want[i]);  // NaN (a row never written) fails below
-        const double tol = f32_tol + (path == 0 ? 0.0 : act_bound[i]);
+        const double tol = f32_tol + (path == 0 ? 0.0 : gemm_bound[i]);
         worst = std::max(worst, d);
         if (d / tol > worst_ratio) worst_ratio = d / tol, worst_at = i;
         ASSERT_LE(d, tol) << names[path] << ": token " << i / s.hidden << " col " << i % s.hidden
