@@ -11,6 +11,8 @@
 //                                               # skinny_gemm.h (skinny_rows), nothing else
 //   model_cuda_bench OUT.csv --profile-decode   # one eager 8B decode step (batch 1, context
 //                                               # 512) between cudaProfilerStart/Stop, for ncu
+//   model_cuda_bench OUT.csv --profile-moe-prefill   # one Qwen3-30B-A3B prefill of 2048 tokens
+//                                                    # (experts grouped GEMM) likewise
 //
 // Models with random bf16 weights made on the device (make_random_cuda_backend) and a KV pool
 // filled with random values:
@@ -326,6 +328,11 @@ class ModelBench {
   }
 
   // One eager decode step inside cudaProfilerStart/Stop (after warm-ups), for ncu.
+  void profile_prefill(int length) {
+    profile_next_ = true;
+    prefill(length);
+  }
+
   void profile_decode(int batch, int context) {
     set_graphs(false);
     profile_next_ = true;
@@ -414,6 +421,12 @@ class ModelBench {
     for (CudaForwardBackend* rank : ranks_) rank->runner().set_graphs_enabled(enabled);
   }
 
+ public:
+  void set_moe_gemm_mode(MoeGemmMode mode) {
+    for (CudaForwardBackend* rank : ranks_) rank->runner().set_moe_gemm_mode(mode);
+  }
+
+ private:
   std::unique_ptr<ForwardBackend> backend_;
   std::vector<CudaForwardBackend*> ranks_;  // the backend itself, or each rank of it
   int32_t num_blocks_ = 0;
@@ -618,6 +631,7 @@ int run(int argc, char** argv) {
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
   const bool profile = argc > 2 && std::string(argv[2]) == "--profile-decode";
   const bool moe = argc > 2 && std::string(argv[2]) == "--moe";
+  const bool profile_moe = argc > 2 && std::string(argv[2]) == "--profile-moe-prefill";
   const bool gemm_only = argc > 2 && std::string(argv[2]) == "--gemm";
   const int32_t tensor_parallel =
       argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
@@ -632,6 +646,12 @@ int run(int argc, char** argv) {
   if (profile) {
     ModelBench bench("llama31-8b", llama31_8b(), 4096, 1.0, 1.0, true);
     bench.profile_decode(1, 512);
+    return 0;
+  }
+  if (profile_moe) {
+    const ModelSpec spec = value_or_die(random_model_spec("qwen3-30b-a3b"), "random_model_spec");
+    ModelBench bench("qwen3-30b-a3b", spec, 4096, 1.0, 1.0, true);
+    bench.profile_prefill(2048);
     return 0;
   }
   const double bandwidth = copy_bandwidth();
@@ -698,8 +718,20 @@ int run(int argc, char** argv) {
       }
       rows.push_back(bench.decode(1, 512, false));
       print(rows.back());
-      rows.push_back(bench.prefill(2048));
-      print(rows.back());
+      // prompt steps: the experts' grouped GEMMs (the default), one GEMM per expert, the
+      // decode kernels (moe_gemm.h)
+      for (const int length : {2048, 512}) {
+        for (const MoeGemmMode mode :
+             {MoeGemmMode::kGrouped, MoeGemmMode::kLoop, MoeGemmMode::kKernels}) {
+          bench.set_moe_gemm_mode(mode);
+          rows.push_back(bench.prefill(length));
+          rows.back().mode = mode == MoeGemmMode::kGrouped ? "eager, experts grouped GEMM"
+                             : mode == MoeGemmMode::kLoop  ? "eager, experts GEMM per expert"
+                                                           : "eager, experts decode kernels";
+          print(rows.back());
+        }
+      }
+      bench.set_moe_gemm_mode(MoeGemmMode::kGrouped);
     }
   }
   if (tensor_parallel == 1 && !moe) {

@@ -120,6 +120,20 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   const char* skinny = std::getenv("KVP_SKINNY_GEMM");
   skinny_gemm_ = skinny == nullptr || std::string(skinny) != "0";
   skinny_launch_.dependent = skinny == nullptr || std::string(skinny) != "plain";
+  // MoE prompt steps (moe_gemm.h): "kernels" never uses GEMMs, "loop" one cuBLAS call per
+  // expert; from KVP_MOE_GEMM_MIN_TOKENS tokens a step (default: 16 pairs an expert on average)
+  if (spec.is_moe()) {
+    const char* mode = std::getenv("KVP_MOE_GEMM");
+    const std::string m = mode == nullptr ? "" : mode;
+    moe_gemm_mode_ = m == "kernels" || m == "0" ? MoeGemmMode::kKernels
+                     : m == "loop"              ? MoeGemmMode::kLoop
+                                                : MoeGemmMode::kGrouped;
+    const char* min_tokens = std::getenv("KVP_MOE_GEMM_MIN_TOKENS");
+    moe_gemm_min_tokens_ = std::max(1, 16 * spec.num_experts / spec.num_experts_per_tok);
+    if (min_tokens != nullptr && std::atoi(min_tokens) > 0) {
+      moe_gemm_min_tokens_ = std::atoi(min_tokens);
+    }
+  }
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   KVP_RETURN_IF_ERROR(cublas_status(cublasCreate(&cublas_), "cublasCreate"));

@@ -39,6 +39,7 @@
 #include "backend/cuda/paged_attention.h"
 #include "model/cuda/cuda_device_sampler.h"
 #include "model/cuda/cuda_moe_layer.h"
+#include "model/cuda/moe_gemm.h"
 #include "model/cuda/nccl_library.h"
 #include "model/cuda/peer_all_reduce.h"
 #include "model/cuda/skinny_gemm.h"
@@ -144,6 +145,10 @@ class CudaModelRunner {
     graphs_enabled_ = enabled;
     if (!enabled) clear_graphs();
   }
+  // How eager steps of an MoE model with at least KVP_MOE_GEMM_MIN_TOKENS tokens run the experts
+  // (moe_gemm.h; default kGrouped, or KVP_MOE_GEMM=kernels|loop at creation), for benchmarks
+  // that compare.
+  void set_moe_gemm_mode(MoeGemmMode mode) { moe_gemm_mode_ = mode; }
   // Captured decode graphs (those whose capture succeeded).
   int32_t num_graphs() const {
     int32_t n = 0;
@@ -260,6 +265,12 @@ class CudaModelRunner {
   bool skinny_gemm_ = true;  // products of <= 8 rows through skinny_gemm.h, not cuBLAS
   detail::SkinnyLaunch skinny_launch_;
   std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)
+
+  // Mixture-of-experts prompt steps' expert GEMMs (moe_gemm.h): eager steps of at least
+  // moe_gemm_min_tokens_ tokens take them, in moe_gemm_mode_, with these buffers.
+  MoeGemmScratch moe_gemm_;
+  MoeGemmMode moe_gemm_mode_ = MoeGemmMode::kGrouped;
+  int32_t moe_gemm_min_tokens_ = 0;
 };
 
 }  // namespace kvp::cuda

@@ -266,9 +266,26 @@ Status CudaModelRunner::enqueue_moe_mlp(int32_t layer, int32_t num_tokens) {
   }
   ea.swiglu_alpha = cpu::kSwigluAlpha;
   ea.swiglu_limit = cpu::kSwigluLimit;
+  ea.expert_ids = b.expert_ids.as<int32_t>();
   ea.act = b.act.as<float>();
   ea.y = b.y.as<float>();
-  KVP_RETURN_IF_ERROR(cuda_status(detail::launch_moe_experts(ea, stream_), "moe_experts_kernels"));
+  // prompt steps: GEMMs over the pairs gathered by expert (a host synchronisation, so never in a
+  // graph); y is then in the gathered order, `rows` maps pairs to it, and combine adds the bias
+  const bool gemms =
+      !capturing_ && moe_gemm_mode_ != MoeGemmMode::kKernels && num_tokens >= moe_gemm_min_tokens_;
+  const int32_t* rows = nullptr;
+  const float* combine_bias = nullptr;
+  if (gemms) {
+    if (ea.num_pairs > moe_gemm_.capacity_pairs) {  // grown here, the first such step
+      KVP_RETURN_IF_ERROR(moe_gemm_.allocate(ea.num_pairs, spec_.num_experts, hidden, ea.inter));
+    }
+    KVP_RETURN_IF_ERROR(enqueue_moe_experts_gemm(cublas_, ea, moe_gemm_mode_, &moe_gemm_, stream_));
+    rows = moe_gemm_.rows.as<int32_t>();
+    combine_bias = ea.down_bias;
+  } else {
+    KVP_RETURN_IF_ERROR(
+        cuda_status(detail::launch_moe_experts(ea, stream_), "moe_experts_kernels"));
+  }
   const float* shared = nullptr;
   if (spec_.shared_expert_intermediate_size > 0) {
     // the dense MLP path over the shared expert's weights; its activation overwrites xn_, which
@@ -285,11 +302,12 @@ Status CudaModelRunner::enqueue_moe_mlp(int32_t layer, int32_t num_tokens) {
                              shared_inter, hidden, "shared_down"));
     shared = b.shared.as<float>();
   }
-  return cuda_status(detail::launch_moe_combine(b.y.as<float>(), b.expert_ids.as<int32_t>(),
-                                                b.weights.as<float>(), num_tokens, top_k, hidden,
-                                                shared, b.logits.as<float>() + spec_.num_experts,
-                                                router_rows, proj_.as<float>(), stream_),
-                     "moe_combine_kernel");
+  return cuda_status(
+      detail::launch_moe_combine(b.y.data(), /*y_bf16=*/gemms, rows, combine_bias,
+                                 b.expert_ids.as<int32_t>(), b.weights.as<float>(), num_tokens,
+                                 top_k, hidden, shared, b.logits.as<float>() + spec_.num_experts,
+                                 router_rows, proj_.as<float>(), stream_),
+      "moe_combine_kernel");
 }
 
 }  // namespace kvp::cuda

@@ -5,6 +5,8 @@
 //   x (f32 residual) ─ rms_norm f32 ─ cuBLAS f32 GEMM router (+ bias) ─▶ logits [T][E (+1)]
 //      ─ route (softmax, top-k, renormalise) ─▶ ids, weights [T][k] ─ group ─▶ pairs by expert
 //   xn (bf16) ─ experts: gate_up (+ bias) · act · down (+ bias) per pair ─▶ y [T * k][hidden] f32
+//      (decode: the gathered kernels of moe_kernels.h; eager prompt steps: grouped GEMMs over the
+//      pairs gathered by expert, moe_gemm.h)
 //   (Qwen2-MoE) xn ─ shared expert, the dense MLP path (cuBLAS) ─▶ shared [T][hidden] f32
 //   combine ─▶ proj [T][hidden] f32 (the same slot the dense MLP's down output takes)
 //

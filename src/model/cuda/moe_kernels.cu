@@ -274,7 +274,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
 
 // One CTA per token: its slots ordered by expert id once (top_k <= kMoeMaxTopK), then every
 // thread sums its columns in that order.
-__global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ ids,
+template <typename Y>
+__global__ void moe_combine_kernel(const Y* __restrict__ y, const int32_t* __restrict__ rows,
+                                   const float* __restrict__ down_bias,
+                                   const int32_t* __restrict__ ids,
                                    const float* __restrict__ weights, int32_t top_k, int32_t hidden,
                                    const float* __restrict__ shared,
                                    const float* __restrict__ shared_logits, int32_t shared_stride,
@@ -299,14 +302,90 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* _
     float sum = 0.0f;
     for (int32_t s = 0; s < top_k; ++s) {
       const int64_t p = t * top_k + order[s];
-      sum += weights[p] * y[p * hidden + i];
+      const int64_t row = rows != nullptr ? rows[p] : p;
+      float v = static_cast<float>(y[row * hidden + i]);
+      if (down_bias != nullptr) v += down_bias[int64_t{ids[p]} * hidden + i];
+      sum += weights[p] * v;
     }
     if (shared != nullptr) sum += scale * shared[t * hidden + i];
     out[t * hidden + i] = sum;
   }
 }
 
+// One CTA per gathered row: x's row of the pair's token, 16 bytes a thread.
+__global__ void moe_gather_kernel(const uint4* __restrict__ x, const int32_t* __restrict__ pairs,
+                                  const int32_t* __restrict__ expert_ids, int32_t top_k,
+                                  int32_t vecs, uint4* __restrict__ xg, int32_t* __restrict__ rows,
+                                  int32_t* __restrict__ row_expert) {
+  const int64_t i = blockIdx.x;
+  const int32_t p = pairs[i];
+  if (threadIdx.x == 0) {
+    rows[p] = static_cast<int32_t>(i);
+    row_expert[i] = expert_ids[p];
+  }
+  const uint4* src = x + int64_t{p / top_k} * vecs;
+  for (int32_t v = threadIdx.x; v < vecs; v += blockDim.x) xg[i * vecs + v] = src[v];
+}
+
+template <MoeActivation kAct>
+__global__ void moe_gemm_activation_kernel(const __nv_bfloat16* __restrict__ h,
+                                           const int32_t* __restrict__ row_expert,
+                                           const float* __restrict__ gate_up_bias, int32_t inter,
+                                           float alpha, float limit,
+                                           __nv_bfloat16* __restrict__ act) {
+  const int64_t i = blockIdx.y;
+  const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= inter) return;
+  float g = __bfloat162float(h[i * 2 * inter + j]);
+  float u = __bfloat162float(h[i * 2 * inter + inter + j]);
+  if (gate_up_bias != nullptr) {
+    const float* b = gate_up_bias + int64_t{row_expert[i]} * 2 * inter;
+    g += b[j];
+    u += b[inter + j];
+  }
+  act[i * inter + j] = __float2bfloat16(activate<kAct>(g, u, alpha, limit));
+}
+
 }  // namespace
+
+cudaError_t launch_moe_gather(const void* x, const int32_t* pairs, const int32_t* expert_ids,
+                              int32_t num_pairs, int32_t top_k, int32_t hidden, void* xg,
+                              int32_t* rows, int32_t* row_expert, cudaStream_t stream) {
+  if (hidden % 8 != 0 || top_k <= 0) return cudaErrorInvalidValue;
+  if (num_pairs == 0) return cudaGetLastError();
+  moe_gather_kernel<<<num_pairs, 128, 0, stream>>>(static_cast<const uint4*>(x), pairs, expert_ids,
+                                                   top_k, hidden / 8, static_cast<uint4*>(xg), rows,
+                                                   row_expert);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_moe_gemm_activation(const void* h_bf16, const int32_t* row_expert,
+                                       const float* gate_up_bias, int32_t num_pairs, int32_t inter,
+                                       MoeActivation activation, float alpha, float limit,
+                                       void* act, cudaStream_t stream) {
+  if (inter <= 0) return cudaErrorInvalidValue;
+  if (num_pairs == 0) return cudaGetLastError();
+  const dim3 grid((inter + 255) / 256, num_pairs);
+  auto* out = static_cast<__nv_bfloat16*>(act);
+  const auto* h = static_cast<const __nv_bfloat16*>(h_bf16);
+  switch (activation) {
+    case MoeActivation::kSilu:
+      moe_gemm_activation_kernel<MoeActivation::kSilu>
+          <<<grid, 256, 0, stream>>>(h, row_expert, gate_up_bias, inter, alpha, limit, out);
+      break;
+    case MoeActivation::kGeluTanh:
+      moe_gemm_activation_kernel<MoeActivation::kGeluTanh>
+          <<<grid, 256, 0, stream>>>(h, row_expert, gate_up_bias, inter, alpha, limit, out);
+      break;
+    case MoeActivation::kClampedSwiglu:
+      moe_gemm_activation_kernel<MoeActivation::kClampedSwiglu>
+          <<<grid, 256, 0, stream>>>(h, row_expert, gate_up_bias, inter, alpha, limit, out);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
 
 cudaError_t launch_rms_norm_f32(const float* x, const float* w, int32_t num_rows, int32_t hidden,
                                 float eps, float* out, cudaStream_t stream) {
@@ -379,14 +458,22 @@ cudaError_t launch_moe_experts(const MoeExpertArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-cudaError_t launch_moe_combine(const float* y, const int32_t* expert_ids, const float* weights,
-                               int32_t num_tokens, int32_t top_k, int32_t hidden,
-                               const float* shared, const float* shared_logits,
+cudaError_t launch_moe_combine(const void* y, bool y_bf16, const int32_t* rows,
+                               const float* down_bias, const int32_t* expert_ids,
+                               const float* weights, int32_t num_tokens, int32_t top_k,
+                               int32_t hidden, const float* shared, const float* shared_logits,
                                int32_t shared_stride, float* out, cudaStream_t stream) {
   if (top_k <= 0 || top_k > kMoeMaxTopK) return cudaErrorInvalidValue;
   if (num_tokens == 0) return cudaGetLastError();
-  moe_combine_kernel<<<num_tokens, 256, 0, stream>>>(y, expert_ids, weights, top_k, hidden, shared,
-                                                     shared_logits, shared_stride, out);
+  if (y_bf16) {
+    moe_combine_kernel<<<num_tokens, 256, 0, stream>>>(
+        static_cast<const __nv_bfloat16*>(y), rows, down_bias, expert_ids, weights, top_k, hidden,
+        shared, shared_logits, shared_stride, out);
+  } else {
+    moe_combine_kernel<<<num_tokens, 256, 0, stream>>>(
+        static_cast<const float*>(y), rows, down_bias, expert_ids, weights, top_k, hidden, shared,
+        shared_logits, shared_stride, out);
+  }
   return cudaGetLastError();
 }
 

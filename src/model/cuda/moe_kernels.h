@@ -64,6 +64,7 @@ struct MoeExpertArgs {
   const int32_t* offsets;  // [num_experts + 1] (launch_moe_group)
   const int32_t* pairs;    // [num_pairs] grouped by expert; token of pair p is p / top_k
   const int32_t* active;   // [1 + num_experts]: count, then the experts with pairs
+  const int32_t* expert_ids;  // [num_pairs] (launch_moe_route): read by the GEMM path only
   // GPT-OSS's biases, or null: [num_experts][2 * inter] f32, expert e's gate bias then up's,
   // added before the activation; [num_experts][hidden] f32, added to the down output
   const float* gate_up_bias;
@@ -81,12 +82,30 @@ bool moe_experts_support(int32_t hidden, int32_t inter);
 // decode step launches CTAs for the experts it can touch, not for all of them.
 cudaError_t launch_moe_experts(const MoeExpertArgs& args, cudaStream_t stream);
 
+// Prompt steps (moe_gemm.h) run the experts as GEMMs over the pairs gathered by expert:
+//   xg [num_pairs][hidden] bf16: row i = x[pairs[i] / top_k]; rows [num_pairs]: rows[pairs[i]] = i
+//   (where pair p's output sits in the grouped y); row_expert [num_pairs]: expert_ids[pairs[i]].
+cudaError_t launch_moe_gather(const void* x, const int32_t* pairs, const int32_t* expert_ids,
+                              int32_t num_pairs, int32_t top_k, int32_t hidden, void* xg,
+                              int32_t* rows, int32_t* row_expert, cudaStream_t stream);
+
+// act [num_pairs][inter] bf16 = act(gate + bias, up + bias) of the GEMM's rows
+// h [num_pairs][2 * inter] bf16 (gate columns, then up columns); biases of row i's expert
+// row_expert[i] from gate_up_bias ([num_experts][2 * inter] f32) when it is not null.
+cudaError_t launch_moe_gemm_activation(const void* h, const int32_t* row_expert,
+                                       const float* gate_up_bias, int32_t num_pairs, int32_t inter,
+                                       MoeActivation activation, float alpha, float limit,
+                                       void* act, cudaStream_t stream);
+
 // out [num_tokens][hidden] f32 = Σ over t's slots in ascending expert id of weights[t][slot] ·
-// y[t * top_k + slot], then + sigmoid(shared_logits[t * shared_stride]) · shared[t] when shared
-// is not null (the CPU layer's order of additions).
-cudaError_t launch_moe_combine(const float* y, const int32_t* expert_ids, const float* weights,
-                               int32_t num_tokens, int32_t top_k, int32_t hidden,
-                               const float* shared, const float* shared_logits,
+// (y[row(t * top_k + slot)] + down_bias[expert]), then + sigmoid(shared_logits[t *
+// shared_stride]) · shared[t] when shared is not null (the CPU layer's order of additions).
+// y: [rows][hidden] f32 (launch_moe_experts), or bf16 when y_bf16 (the GEMM path); row(p) =
+// rows[p], or p when rows is null; down_bias null: none (the expert kernels add it to y).
+cudaError_t launch_moe_combine(const void* y, bool y_bf16, const int32_t* rows,
+                               const float* down_bias, const int32_t* expert_ids,
+                               const float* weights, int32_t num_tokens, int32_t top_k,
+                               int32_t hidden, const float* shared, const float* shared_logits,
                                int32_t shared_stride, float* out, cudaStream_t stream);
 
 }  // namespace kvp::cuda::detail

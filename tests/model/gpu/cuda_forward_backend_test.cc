@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -616,6 +617,52 @@ TEST_P(CudaMoeAlone, ChunkedPrefillAndGreedyDecodeMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaMoeAlone,
+                         ::testing::Values("qwen2_moe", "qwen3_moe", "gpt_oss"));
+
+// Prompt steps through the experts' GEMMs (model/cuda/moe_gemm.h): KVP_MOE_GEMM_MIN_TOKENS=1
+// sends every eager step there (the tiny prompts are under the default threshold), one cuBLAS
+// call per expert ("loop") and one grouped call per projection; each prompt whole and in chunks
+// of 5, every row against transformers within the model's tolerance.
+class CudaMoeGemm : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaMoeGemm, PromptStepsThroughExpertGemmsMatchTransformers) {
+  SKIP_WITHOUT_GPU();
+  struct Env {  // set for the runners made below, unset however the test ends
+    Env() { setenv("KVP_MOE_GEMM_MIN_TOKENS", "1", 1); }
+    ~Env() {
+      unsetenv("KVP_MOE_GEMM_MIN_TOKENS");
+      unsetenv("KVP_MOE_GEMM");
+    }
+  } env;
+  const Tiny probe = load_tiny(GetParam());
+  for (const char* mode : {"loop", "grouped"}) {
+    setenv("KVP_MOE_GEMM", mode, 1);
+    for (const int32_t chunk : {1 << 20, 5}) {
+      for (size_t p = 0; p < probe.prompts.size(); ++p) {
+        const auto& prompt = probe.prompts[p];
+        const auto len = static_cast<int32_t>(prompt.size());
+        Tables t(groups_of(probe.spec), 1, len, 4, 31 + p);
+        Pair pair(GetParam(), t);
+        std::vector<float> logits;
+        for (int32_t begin = 0; begin < len; begin += chunk) {
+          const int32_t end = std::min(len, begin + chunk);
+          Step s(t, {0}, {std::vector<int32_t>(prompt.begin() + begin, prompt.begin() + end)},
+                 {begin});
+          const auto part = pair.run_gpu(s);
+          logits.insert(logits.end(), part.begin(), part.end());
+        }
+        std::printf("[ moe gemm] %s %s prompt %zu (%d tokens, chunks of %d): rel err %.3e\n",
+                    GetParam(), mode, p, len, std::min(chunk, len),
+                    relative_error(logits, probe.logits[p]));
+        expect_rows_within_tolerance(GetParam(), static_cast<int32_t>(p), 0, logits,
+                                     probe.logits[p], pair.vocab(),
+                                     "expert GEMM prefill vs transformers");
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaMoeGemm,
                          ::testing::Values("qwen2_moe", "qwen3_moe", "gpt_oss"));
 
 // Decode-only batches run as CUDA graphs (padded to 4 sequences here, and re-captured as the

@@ -3,9 +3,12 @@
 // with many exact ties, the counting sort by expert, and the experts' gated MLPs plus the
 // weighted combine (silu, and GPT-OSS's biases and clamped SwiGLU) against a double-precision
 // reference over the same bf16 values, with one
-// expert chosen by every token, several sharing others, and some chosen by none. Skips without a
+// expert chosen by every token, several sharing others, and some chosen by none; the same experts
+// as GEMMs over the pairs gathered by expert (model/cuda/moe_gemm.h: one cuBLAS call per expert,
+// and grouped), within the bound that rounding their activations to bf16 allows. Skips without a
 // CUDA device.
 #include "model/cuda/moe_kernels.h"
+#include "model/cuda/moe_gemm.h"
 #include "support/gpu_skip.h"
 
 #include <cuda_runtime_api.h>
@@ -154,12 +157,16 @@ std::vector<uint16_t> random_bf16(size_t count, float scale, std::mt19937_64& rn
 }
 
 double bf(uint16_t bits) { return bf16_to_f32(Bf16{bits}); }
+constexpr double kBf16Eps = 1.0 / 256;  // bf16's unit roundoff (8 significant bits)
 
-TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
+TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
   SKIP_WITHOUT_GPU();
+  cublasHandle_t handle = nullptr;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
   for (const Experts s :
        {Experts{8, 2, 64, 32, 20}, Experts{8, 3, 512, 136, 13}, Experts{8, 4, 2048, 768, 3},
-        Experts{8, 2, 64, 32, 20, true}, Experts{8, 3, 512, 136, 13, true}}) {
+        Experts{8, 2, 64, 32, 20, true}, Experts{8, 3, 512, 136, 13, true},
+        Experts{16, 4, 256, 128, 200}, Experts{16, 4, 256, 128, 200, true}}) {
     std::mt19937_64 rng(s.hidden);
     const int32_t num_pairs = s.num_tokens * s.top_k;
     const auto x = random_bf16(size_t(s.num_tokens) * s.hidden, 1.0f, rng);
@@ -184,8 +191,13 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
       for (float& v : down_bias) v = bias_dist(rng) * 0.1f;
     }
 
-    // reference: double over the same bf16 values; experts added in ascending id, then shared
+    // reference: double over the same bf16 values; experts added in ascending id, then shared.
+    // gemm_bound: what the GEMM path's roundings to bf16 (moe_gemm.h: gate and up, the
+    // activation, each expert's output; eps = 2^-8, bf16's unit roundoff) can move an output, to
+    // first order: sum over slots of weight * (sum_r |down[j][r]| * (|act[r]| eps + dact[r]) +
+    // |y| eps)
     std::vector<double> want(size_t(s.num_tokens) * s.hidden, 0.0);
+    std::vector<double> gemm_bound(want.size(), 0.0);
     for (int32_t t = 0; t < s.num_tokens; ++t) {
       const uint16_t* xt = x.data() + size_t(t) * s.hidden;
       std::vector<int32_t> slots(s.top_k);
@@ -194,7 +206,17 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
                 [&](int32_t a, int32_t b) { return ids[t * s.top_k + a] < ids[t * s.top_k + b]; });
       for (int32_t k : slots) {
         const int32_t e = ids[size_t(t) * s.top_k + k];
-        std::vector<double> act(s.inter);
+        // act of the products g, u (before the biases); dact: how far rounding g and u to bf16
+        // can move it (the largest change over the corners g(1 +- eps), u(1 +- eps))
+        const auto activate = [&](double gd, double ud, int32_t r) {
+          if (s.gpt_oss) {  // cpu::gated_activation's kClampedSwiglu
+            gd = std::min(gd + gate_up_bias[size_t(e) * 2 * s.inter + r], 7.0);
+            ud = std::clamp(ud + gate_up_bias[size_t(e) * 2 * s.inter + s.inter + r], -7.0, 7.0);
+            return (ud + 1) * (gd / (1 + std::exp(-1.702 * gd)));
+          }
+          return gd / (1 + std::exp(-gd)) * ud;
+        };
+        std::vector<double> act(s.inter), dact(s.inter);
         for (int32_t r = 0; r < s.inter; ++r) {
           const uint16_t* g = gate_up.data() + (size_t(e) * 2 * s.inter + r) * s.hidden;
           const uint16_t* up = g + size_t(s.inter) * s.hidden;
@@ -203,20 +225,26 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
             gd += bf(g[i]) * bf(xt[i]);
             ud += bf(up[i]) * bf(xt[i]);
           }
-          if (s.gpt_oss) {  // cpu::gated_activation's kClampedSwiglu
-            gd = std::min(gd + gate_up_bias[size_t(e) * 2 * s.inter + r], 7.0);
-            ud = std::clamp(ud + gate_up_bias[size_t(e) * 2 * s.inter + s.inter + r], -7.0, 7.0);
-            act[r] = (ud + 1) * (gd / (1 + std::exp(-1.702 * gd)));
-          } else {
-            act[r] = gd / (1 + std::exp(-gd)) * ud;
+          act[r] = activate(gd, ud, r);
+          for (const double sg : {-kBf16Eps, kBf16Eps}) {
+            for (const double su : {-kBf16Eps, kBf16Eps}) {
+              dact[r] =
+                  std::max(dact[r], std::abs(activate(gd * (1 + sg), ud * (1 + su), r) - act[r]));
+            }
           }
         }
         for (int32_t j = 0; j < s.hidden; ++j) {
           const uint16_t* d = down.data() + (size_t(e) * s.hidden + j) * s.inter;
-          double y = 0;
-          for (int32_t r = 0; r < s.inter; ++r) y += bf(d[r]) * act[r];
+          double y = 0, y_err = 0;
+          for (int32_t r = 0; r < s.inter; ++r) {
+            y += bf(d[r]) * act[r];
+            // the activation rounded to bf16 after its inputs were
+            y_err += std::abs(bf(d[r])) * ((std::abs(act[r]) + dact[r]) * kBf16Eps + dact[r]);
+          }
+          y_err += (std::abs(y) + y_err) * kBf16Eps;  // the expert's output rounded to bf16
           if (s.gpt_oss) y += down_bias[size_t(e) * s.hidden + j];
           want[size_t(t) * s.hidden + j] += weights[size_t(t) * s.top_k + k] * y;
+          gemm_bound[size_t(t) * s.hidden + j] += weights[size_t(t) * s.top_k + k] * y_err;
         }
       }
       const double scale = 1 / (1 + std::exp(-double(shared_logits[size_t(t) * 3])));
@@ -262,13 +290,40 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
     a.down_bias = d_down_bias.as<float>();
     a.act = d_act.as<float>();
     a.y = d_y.as<float>();
-    ASSERT_EQ(detail::launch_moe_experts(a, nullptr), cudaSuccess);
-    ASSERT_EQ(
-        detail::launch_moe_combine(d_y.as<float>(), d_ids.as<int32_t>(), d_w.as<float>(),
-                                   s.num_tokens, s.top_k, s.hidden, d_shared.as<float>(),
-                                   d_shared_logits.as<float>(), 3, d_out.as<float>(), nullptr),
-        cudaSuccess);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    a.expert_ids = d_ids.as<int32_t>();
+    // the three paths in turn: the gathered kernels (decode), the GEMMs one expert at a time,
+    // the grouped GEMMs (prompt steps, moe_gemm.h)
+    const MoeGemmMode paths[] = {MoeGemmMode::kKernels, MoeGemmMode::kLoop, MoeGemmMode::kGrouped};
+    std::vector<std::vector<float>> outs;
+    bool grouped_refused = false;
+    for (const MoeGemmMode path : paths) {
+      ASSERT_EQ(cudaMemset(d_y.data(), 0xff, d_y.size_bytes()), cudaSuccess);  // NaN
+      const int32_t* rows = nullptr;
+      const float* combine_bias = nullptr;
+      MoeGemmScratch scratch;
+      if (path == MoeGemmMode::kKernels) {
+        ASSERT_EQ(detail::launch_moe_experts(a, nullptr), cudaSuccess);
+      } else {
+        ASSERT_TRUE(scratch.allocate(num_pairs, s.num_experts, s.hidden, s.inter).is_ok());
+        const Status st = enqueue_moe_experts_gemm(handle, a, path, &scratch, nullptr);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        rows = scratch.rows.as<int32_t>();
+        combine_bias = a.down_bias;
+        EXPECT_FALSE(scratch.grouped_refused)
+            << "cuBLAS refused the grouped GEMM: " << cublasGetStatusString(scratch.refusal);
+        grouped_refused = grouped_refused || scratch.grouped_refused;
+      }
+      ASSERT_EQ(
+          detail::launch_moe_combine(d_y.data(), path != MoeGemmMode::kKernels, rows, combine_bias,
+                                     d_ids.as<int32_t>(), d_w.as<float>(), s.num_tokens, s.top_k,
+                                     s.hidden, d_shared.as<float>(), d_shared_logits.as<float>(), 3,
+                                     d_out.as<float>(), nullptr),
+          cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      outs.push_back(to_host<float>(d_out, want.size()));
+    }
+    std::printf("[ experts ] grouped GEMM %s\n",
+                grouped_refused ? "REFUSED by this cuBLAS (loop used)" : "taken");
 
     // the grouping: every pair listed once, under its expert
     const auto offsets = to_host<int32_t>(d_offsets, s.num_experts + 1);
@@ -294,22 +349,32 @@ TEST(CudaMoeExperts, GatheredExpertsMatchADoubleReference) {
     EXPECT_EQ(std::vector<int32_t>(active.begin() + 1, active.begin() + 1 + active[0]),
               want_active);
 
-    const auto out = to_host<float>(d_out, want.size());
-    double worst = 0, ref_max = 0;
-    size_t worst_at = 0;
-    for (size_t i = 0; i < out.size(); ++i) {
-      const double d = std::abs(out[i] - want[i]);
-      ref_max = std::max(ref_max, std::abs(want[i]));
-      if (d > worst) worst = d, worst_at = i;
+    double ref_max = 0;
+    for (const double w : want) ref_max = std::max(ref_max, std::abs(w));
+    const double f32_tol = 1e-4 * std::max(1.0, ref_max);
+    const char* names[] = {"kernels", "GEMM loop", "grouped GEMM"};
+    for (size_t path = 0; path < outs.size(); ++path) {
+      const std::vector<float>& out = outs[path];
+      // the kernels keep f32 from the products on; the GEMMs round to bf16 (gemm_bound)
+      double worst = 0, worst_ratio = 0;
+      size_t worst_at = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        const double d = std::abs(out[i] - want[i]);  // NaN (a row never written) fails below
+        const double tol = f32_tol + (path == 0 ? 0.0 : gemm_bound[i]);
+        worst = std::max(worst, d);
+        if (d / tol > worst_ratio) worst_ratio = d / tol, worst_at = i;
+        ASSERT_LE(d, tol) << names[path] << ": token " << i / s.hidden << " col " << i % s.hidden
+                          << " got " << out[i] << " want " << want[i];
+      }
+      std::printf(
+          "[ experts ] %s: %d experts top %d, hidden %d, inter %d, %d tokens%s: largest |diff| "
+          "%.2e, worst diff / tolerance %.3f at token %zu col %zu (max |ref| %.3f)\n",
+          names[path], s.num_experts, s.top_k, s.hidden, s.inter, s.num_tokens,
+          s.gpt_oss ? " (biases, clamped swiglu)" : "", worst, worst_ratio, worst_at / s.hidden,
+          worst_at % s.hidden, ref_max);
     }
-    std::printf(
-        "[ experts ] %d experts top %d, hidden %d, inter %d, %d tokens%s: largest |diff| %.2e at "
-        "token %zu col %zu (got %.6f, want %.6f; max |ref| %.3f)\n",
-        s.num_experts, s.top_k, s.hidden, s.inter, s.num_tokens,
-        s.gpt_oss ? " (biases, clamped swiglu)" : "", worst, worst_at / s.hidden,
-        worst_at % s.hidden, out[worst_at], want[worst_at], ref_max);
-    EXPECT_LT(worst, 1e-4 * std::max(1.0, ref_max));
   }
+  cublasDestroy(handle);
 }
 
 }  // namespace
