@@ -159,11 +159,12 @@ bool block_kernel_supports(GgmlType type) {
 
 bool matmul_supports(GgmlType type) { return is_float_type(type) || block_kernel_supports(type); }
 
+// At 512 activation rows on the 2-core AVX2 machine (no VNNI), the int8 tiles were slower than
+// the panels for Q5_0, Q8_0, Q4_K and Q6_K and level for Q4_1 (docs/perf/model.md, "Prefill
+// with int8 activations"), so no format takes them yet.
 bool prefill_prefers_int8(GgmlType type) {
-  switch (type) {
-    default:
-      return false;
-  }
+  static_cast<void>(type);
+  return false;
 }
 
 void dequantize_row(const QuantMatrix& w, int64_t r, float* out) {
