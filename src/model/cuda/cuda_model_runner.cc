@@ -16,18 +16,13 @@
 #include "backend/cuda/kernels.h"
 #include "common/dtype.h"
 #include "common/parallel_memcpy.h"
+#include "model/cuda/cublas_status.h"
 #include "model/cuda/model_kernels.h"
 
 namespace kvp::cuda {
 namespace {
 
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-
-Status cublas_status(cublasStatus_t st, const char* what) {
-  if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
-  return Status::internal("cublas: {} failed: {} ({})", what, cublasGetStatusString(st),
-                          static_cast<int>(st));
-}
 
 // The head dim the attention kernels run: the model's, or the next of 64, 128, 256.
 int32_t padded_head_dim_for(int32_t head_dim) {

@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_status.h"
 #include "backend/cuda/kernels.h"
 #include "common/dtype.h"
+#include "model/cuda/cublas_status.h"
 #include "model/cuda/cuda_model_runner.h"
 #include "model/cuda/model_kernels.h"
 #include "model/cuda/moe_kernels.h"
@@ -46,12 +47,6 @@ Result<DeviceBuffer> upload_f32_buffer(const std::vector<float>& values) {
   KVP_ASSIGN_OR_RETURN(DeviceBuffer buffer, DeviceBuffer::allocate(values.size() * 4));
   KVP_RETURN_IF_ERROR(upload_bytes(&buffer, 0, values.data(), values.size() * 4));
   return buffer;
-}
-
-Status cublas_check(cublasStatus_t st, const char* what) {
-  if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
-  return Status::internal("cublas: {} failed: {} ({})", what, cublasGetStatusString(st),
-                          static_cast<int>(st));
 }
 
 }  // namespace
@@ -216,7 +211,7 @@ Status CudaModelRunner::enqueue_moe_mlp(int32_t layer, int32_t num_tokens) {
   {
     // row-major logits[T][router_rows] = xn_f32[T][hidden] · routerᵀ, f32 throughout
     const float alpha = 1.0f, beta = 0.0f;
-    KVP_RETURN_IF_ERROR(cublas_check(
+    KVP_RETURN_IF_ERROR(cublas_status(
         cublasGemmEx(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, router_rows, num_tokens, hidden, &alpha,
                      mw.router.data(), CUDA_R_32F, hidden, b.xn_f32.data(), CUDA_R_32F, hidden,
                      &beta, b.logits.data(), CUDA_R_32F, router_rows, CUBLAS_COMPUTE_32F_PEDANTIC,

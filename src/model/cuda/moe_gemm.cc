@@ -4,14 +4,10 @@
 #include <vector>
 
 #include "backend/cuda/cuda_status.h"
+#include "model/cuda/cublas_status.h"
 
 namespace kvp::cuda {
 namespace {
-
-Status cublas_status(cublasStatus_t st, const char* what) {
-  if (st == CUBLAS_STATUS_SUCCESS) return Status::ok();
-  return Status::internal("cuda moe: cuBLAS {} failed: {}", what, cublasGetStatusString(st));
-}
 
 // One projection over the experts with pairs: C_e [n_e][m] bf16 = B_e [n_e][k] bf16 · A_eᵀ, A_e
 // [m][k] bf16 (row-major; cuBLAS sees the transposes in column-major), f32 accumulation. bf16
