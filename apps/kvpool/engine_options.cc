@@ -100,6 +100,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
                   "copied out ahead of need, overlapping the next steps (0: only on demand)")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  cmd->add_flag("--restore-joins-step,!--restore-waits", o->restore_joins_step,
+                "a session coming back from a tier runs in the first step its copy is expected "
+                "to end within, that step ordered after the copy (--restore-waits: in the first "
+                "step after the copy is done; default: joins)");
   cmd->add_option("--preemption", o->preemption,
                   "with a host tier, a running sequence preempted for room is swapped there or "
                   "recomputed: auto (the cheaper by measured copy and prefill rates), swap, "
@@ -276,6 +280,7 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
                        parse_size(o.host_tier, "--host-tier-bytes", true));
   config.host_tier_bytes = static_cast<uint64_t>(host_bytes);
   config.tier_watermark = o.tier_watermark;
+  config.restore_joins_step = o.restore_joins_step;
   config.preemption = o.preemption == "swap"        ? Preemption::kSwap
                       : o.preemption == "recompute" ? Preemption::kRecompute
                                                     : Preemption::kAuto;

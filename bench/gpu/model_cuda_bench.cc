@@ -13,6 +13,8 @@
 //                                               # 512) between cudaProfilerStart/Stop, for ncu
 //   model_cuda_bench OUT.csv --profile-moe-prefill   # one Qwen3-30B-A3B prefill of 2048 tokens
 //                                                    # (experts grouped GEMM) likewise
+//   model_cuda_bench OUT.csv --profile-moe-decode    # one eager Qwen3-30B-A3B decode step
+//                                                    # (batch 1, context 512) likewise
 //
 // Models with random bf16 weights made on the device (make_random_cuda_backend) and a KV pool
 // filled with random values:
@@ -625,13 +627,14 @@ int run(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: model_cuda_bench OUT.csv [--quick | --moe | --gemm | --tensor-parallel N "
-                 "[--70b]]\n");
+                 "[--70b] | --profile-decode | --profile-moe-prefill | --profile-moe-decode]\n");
     return 2;
   }
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
   const bool profile = argc > 2 && std::string(argv[2]) == "--profile-decode";
   const bool moe = argc > 2 && std::string(argv[2]) == "--moe";
   const bool profile_moe = argc > 2 && std::string(argv[2]) == "--profile-moe-prefill";
+  const bool profile_moe_decode = argc > 2 && std::string(argv[2]) == "--profile-moe-decode";
   const bool gemm_only = argc > 2 && std::string(argv[2]) == "--gemm";
   const int32_t tensor_parallel =
       argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
@@ -648,10 +651,14 @@ int run(int argc, char** argv) {
     bench.profile_decode(1, 512);
     return 0;
   }
-  if (profile_moe) {
+  if (profile_moe || profile_moe_decode) {
     const ModelSpec spec = value_or_die(random_model_spec("qwen3-30b-a3b"), "random_model_spec");
     ModelBench bench("qwen3-30b-a3b", spec, 4096, 1.0, 1.0, true);
-    bench.profile_prefill(2048);
+    if (profile_moe) {
+      bench.profile_prefill(2048);
+    } else {
+      bench.profile_decode(1, 512);
+    }
     return 0;
   }
   const double bandwidth = copy_bandwidth();

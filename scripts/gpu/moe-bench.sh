@@ -5,7 +5,7 @@
 # over the MoE kernel and GEMM tests (racecheck too with the section `racecheck`), then model_cuda_bench --moe (decode steps,
 # and prefill of 2048 and 512 tokens with the experts as grouped GEMMs, one GEMM per expert and
 # the decode kernels, same process). Run from the package of scripts/gpu/package-engine.sh:
-#   bash gpu/moe-bench.sh OUTDIR [tests] [sanitize] [racecheck] [profile] [bench]
+#   bash gpu/moe-bench.sh OUTDIR [tests] [sanitize] [racecheck] [profile] [profile-decode] [bench]
 # (no sections: tests, sanitize and bench)
 set -u -o pipefail
 out=${1:?usage: moe-bench.sh OUTDIR}
@@ -35,14 +35,13 @@ if want sanitize || want racecheck; then
     grep -E "ERROR SUMMARY|PASSED|FAILED" "$out/moe-sanitize-$tool.log" | tail -4
   done
 fi
-if want profile; then
-  # kernel times of one Qwen3-30B-A3B prefill of 2048 tokens (ncu, serialised) against its wall
-  # time in the bench: what the kernels take and what the gaps between them do
-  echo "== ncu: one qwen3-30b-a3b prefill of 2048 tokens"
+# kernel times of one Qwen3-30B-A3B step (ncu, serialised): the prefill of 2048 tokens
+# (section profile) or a decode step at batch 1, context 512 (profile-decode), summed per kernel
+profile() {  # NAME FLAG
+  echo "== ncu: one qwen3-30b-a3b $1"
   timeout 300 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
-    ./model_cuda_bench /tmp/moe-p.csv --profile-moe-prefill > "$out/moe-ncu-prefill.csv" 2>&1 \
-    || status=1
-  python3 - "$out/moe-ncu-prefill.csv" <<'PY' | tee "$out/moe-ncu-summary.txt"
+    ./model_cuda_bench /tmp/moe-p.csv "$2" > "$out/moe-ncu-$1.csv" 2>&1 || status=1
+  python3 - "$out/moe-ncu-$1.csv" <<'PY' | tee "$out/moe-ncu-$1-summary.txt"
 import csv, sys, collections
 rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
 t = collections.defaultdict(float); n = collections.Counter()
@@ -57,7 +56,9 @@ print(f"kernels: {sum(n.values())}, {total:.0f} us in all")
 for k, v in sorted(t.items(), key=lambda x: -x[1])[:25]:
     print(f"{v:10.0f} us {100*v/total:5.1f} % {n[k]:5d}x  {k}")
 PY
-fi
+}
+want profile && profile prefill --profile-moe-prefill
+want profile-decode && profile decode --profile-moe-decode
 if want bench; then
   echo "== model_cuda_bench --moe"
   timeout 260 ./model_cuda_bench "$out/moe.csv" --moe 2>&1 | tee "$out/moe-bench.log" || status=1

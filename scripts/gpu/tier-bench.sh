@@ -6,10 +6,11 @@
 # pressure, recomputed or swapped to the host tier. Run from the package of
 # scripts/gpu/package-engine.sh:  bash gpu/tier-bench.sh OUTDIR [SECTION ...]
 # SECTIONs (default all): tests ceilings pressure long 16k restore8k preempt preempt-nocache
+# tpot-moves
 set -u -o pipefail
 out=${1:?usage: tier-bench.sh OUTDIR [SECTION ...]}
 shift
-sections=${*:-tests ceilings pressure long 16k restore8k preempt preempt-nocache}
+sections=${*:-tests ceilings pressure long 16k restore8k preempt preempt-nocache tpot-moves}
 want() { case " $sections " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -80,12 +81,16 @@ want 16k && agents 16k 300 4096 16 7 2048 42949672960 none host
 # short turns 3 s apart; a 20K-token pool holds two of them, so every later turn finds its
 # session evicted. "ttft of later turns" is the comparison. Logs are packed into one file at the
 # end (the device tool brings back 8 files).
-want restore8k && for tier in none host host-ahead disk; do
+# -wait: the restored sequence waits for a step that starts after its copy is done (not joining
+# the step its copy is expected to end within). RESTORE8K_TIERS overrides the list.
+want restore8k && for tier in ${RESTORE8K_TIERS:-none host host-wait host-ahead host-ahead-wait disk}; do
   case $tier in
     none) extra="" ;;
     host) extra="--host-tier-bytes 17179869184" ;;
+    host-wait) extra="--host-tier-bytes 17179869184 --restore-waits" ;;
     # idle sessions written back while the pool is under half free, so a restore finds its room
     host-ahead) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5" ;;
+    host-ahead-wait) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-waits" ;;
     disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
   esac
   echo "== 8B idle 8K-token sessions restored (4 agents x 3 turns, 1280 blocks), tier: $tier"
@@ -114,6 +119,20 @@ want preempt-nocache && for round in 1 2; do
       --prompt-tokens-max 3072 --output-tokens-min 128 --output-tokens-max 256 --max-seqs 32 \
       --step-tokens 4096 --host-tier-bytes 17179869184 --no-prefix-caching --preemption $mode \
       2>&1 | tee "$out/8b-preempt-nocache-$mode-$round.log" | tail -8 || status=1
+  done
+done
+# the other sequences' decode while sessions move (the issue's TPOT goal: p95 with moves <= 1.1x
+# without): the 24 agents x 3 turns of 2K tokens in a 4096-block pool (sessions move to the host
+# tier and back, restores joining steps or waiting) and a 12288-block pool that holds them all
+want tpot-moves && for round in 1 2; do
+  for pool in 4096 4096-wait 12288; do
+    extra=""
+    [ "$pool" = 4096-wait ] && extra="--restore-waits"
+    echo "== 8B TPOT with moves: 24 agents x 3 turns, pool ${pool%-wait} blocks $extra, round $round"
+    timeout 120 $b8 --blocks "${pool%-wait}" --workload agents --agents 24 --turns 3 \
+      --system-prompt-tokens 1024 --turn-tokens 2048 --reply-tokens 64 --max-seqs 8 \
+      --step-tokens 4096 --host-tier-bytes 34359738368 $extra 2>&1 \
+      | tee "$out/8b-tpot-moves-$pool-$round.log" | tail -8 || status=1
   done
 done
 ( cd "$out" && tar -czf tier-logs.tgz --remove-files ./*.log ) 2>/dev/null

@@ -82,9 +82,11 @@ std::string BenchReport::to_text() const {
       "preemptions {} ({} swapped to host, {} tokens swapped back in); session evictions {}\n",
       kv_utilisation_mean * 100, kv_utilisation_peak * 100, prefix_hit_rate * 100, num_preemptions,
       num_preemption_swaps, num_swapped_in_tokens, num_session_evictions);
-  s += fmt::format("  session tiers: moves to host {}, to disk {}; restores {}; tier errors {}\n",
-                   num_session_moves_to_host, num_session_moves_to_disk, num_session_restores,
-                   num_tier_errors);
+  s += fmt::format(
+      "  session tiers: moves to host {}, to disk {}; restores {} ({} ran in a step under their "
+      "copy); tier errors {}\n",
+      num_session_moves_to_host, num_session_moves_to_disk, num_session_restores,
+      num_restores_joined_steps, num_tier_errors);
   auto moves = [](const char* what, const EngineStats::Moves& m) {
     std::string s =
         m.count == 0
@@ -340,6 +342,8 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   report.num_session_moves_to_disk =
       after.num_session_moves_to_disk - before.num_session_moves_to_disk;
   report.num_session_restores = after.num_session_restores - before.num_session_restores;
+  report.num_restores_joined_steps =
+      after.num_restores_joined_steps - before.num_restores_joined_steps;
   report.num_tier_errors = after.num_tier_errors - before.num_tier_errors;
   auto moved = [](const EngineStats::Moves& a, const EngineStats::Moves& b) {
     return EngineStats::Moves{a.count - b.count, a.bytes - b.bytes, a.seconds - b.seconds,

@@ -77,6 +77,7 @@ struct BenchReport {
   int64_t num_preemption_swaps = 0, num_swapped_in_tokens = 0;
   // session tiers (EngineConfig host / disk budgets): moves out of the pool and back
   int64_t num_session_moves_to_host = 0, num_session_moves_to_disk = 0, num_session_restores = 0;
+  int64_t num_restores_joined_steps = 0;  // EngineStats::num_restores_joined_steps
   // spill files that could not be written or read back (damaged, deleted, disk full): the
   // sessions' KV was dropped and recomputed (EngineStats::num_tier_errors)
   int64_t num_tier_errors = 0;

@@ -699,7 +699,8 @@ std::vector<EngineEvent> Engine::step() {
   // 1. running sequences, oldest first
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const SeqId id = running_[i];
-    if (!settle_restore(id, false)) {  // its KV is still being copied in: a later step
+    // its KV still being copied in: this step if the copy ends within it, else a later one
+    if (!settle_restore(id, false) && !order_restore(id)) {
       ++i;
       continue;
     }
@@ -713,9 +714,13 @@ std::vector<EngineEvent> Engine::step() {
     budget -= q;
     ++i;
   }
-  // 2. waiting sequences, in order, while they fit
-  while (budget > 0 && !waiting_.empty() &&
-         static_cast<int32_t>(plan.size() + restoring_.size()) < config_.max_num_seqs) {
+  // 2. waiting sequences, in order, while they fit (restores not planned hold their places)
+  const auto num_seqs = [&] {
+    int32_t n = static_cast<int32_t>(plan.size());
+    for (const auto& [id, r] : restoring_) n += r.ordered ? 0 : 1;
+    return n;
+  };
+  while (budget > 0 && !waiting_.empty() && num_seqs() < config_.max_num_seqs) {
     const SeqId id = waiting_.front();
     Sequence& s = seq(id);
     bool admitted = admit_prefix(s);
@@ -733,13 +738,15 @@ std::vector<EngineEvent> Engine::step() {
       }
       KVP_CHECK(admit_prefix(s), "admission without a session copy to restore");
     }
-    if (restoring_.count(id) > 0) {  // runs once its KV is in (step 1 of a later step)
+    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
+    const int32_t q = std::min(pending, budget);
+    // a restore still copying runs now if its copy ends within the step, else once its KV is in
+    // (step 1 of a later step)
+    if (restoring_.count(id) > 0 && !(cache_->can_append(id, q) && order_restore(id))) {
       waiting_.pop_front();
       running_.push_back(id);
       continue;
     }
-    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
-    const int32_t q = std::min(pending, budget);
     bool fits = cache_->can_append(id, q);
     while (!fits && (evict_idle_session() || release_waiting(id))) {
       fits = cache_->can_append(id, q);
@@ -920,6 +927,7 @@ std::vector<EngineEvent> Engine::step() {
       to_finish.emplace_back(sid, FinishReason::kLength);
     }
   }
+  settle_ordered_restores();  // the forward pass after their copies is done
   for (const auto& [sid, reason] : to_finish) finish(seq(sid), reason, &events);
   start_write_backs();  // finished sessions went idle: the next steps copy while computing
   return events;

@@ -91,6 +91,10 @@ struct EngineConfig {
   // their copies running while the next steps compute; their blocks are freed when the copy
   // completes. 0: only when a step needs the room (synchronously).
   double tier_watermark = 0.1;
+  // A sequence whose KV is still being copied in from a tier joins the first step that the copy
+  // is expected to end within (by the measured copy rate and step time), that step ordered after
+  // the copy on the device; false: it waits for a step that starts after the copy is done.
+  bool restore_joins_step = true;
   // With a host tier, a running sequence preempted for room is swapped there (copied out now,
   // back in at readmission) or recomputed. Without a host tier: always recomputed.
   Preemption preemption = Preemption::kAuto;
@@ -131,7 +135,10 @@ struct EngineStats {
   int64_t num_session_moves_to_disk = 0;  // device or host -> disk
   int64_t num_session_restores = 0;       // host or disk -> device
   int64_t num_restored_tokens = 0;        // tokens whose KV came back from host or disk
-  int64_t num_tier_errors = 0;            // disk writes or reads that failed (the KV was dropped)
+  // restores that ran in a step while their copy was still in flight, the step's forward pass
+  // ordered after the copy on the device (ForwardBackend::order_after_transfers)
+  int64_t num_restores_joined_steps = 0;
+  int64_t num_tier_errors = 0;  // disk writes or reads that failed (the KV was dropped)
   uint64_t host_tier_bytes_used = 0;
   uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
   // Byte moves of the tiers: pool -> host memory (host tier, or a copy on its way to a file),
@@ -285,8 +292,8 @@ class Engine {
   void drop_swapped(SeqId id);
   // Times a copy of pool blocks to the host tier and back, for the cost model's first rate.
   void probe_copy_rate();
-  // Feeds the cost model a forward pass over `entries` that began at `start` (prefill-heavy
-  // passes only).
+  // Feeds the cost model a forward pass over `entries` that began at `start`: its time (the step
+  // time), and its rate for prefill-heavy passes; not a pass ordered after a restore's copy.
   void observe_forward(std::span<const BatchEntry> entries,
                        std::chrono::steady_clock::time_point start);
   void finish(Sequence& seq, FinishReason reason, std::vector<EngineEvent>* events);
@@ -371,6 +378,14 @@ class Engine {
   // Completes seq_id's copy into the pool if it is done (wait: waits for it): the source goes,
   // the blocks are offered to the prefix cache. true when no copy of it is in flight any more.
   bool settle_restore(SeqId seq_id, bool wait);
+  // Whether seq_id, its KV still being copied in, runs in this step: when the copy is expected
+  // to end within a step's time, the backend orders the step after it (once) and true.
+  bool order_restore(SeqId seq_id);
+  // Completes the copies of the restores that ran in the step just taken (done by now).
+  void settle_ordered_restores();
+  // Counts a copy of `bytes` just queued on the backend after those in flight; returns when it
+  // is expected to be done (nullopt while the copy rate is not measured).
+  std::optional<std::chrono::steady_clock::time_point> queue_copy(uint64_t bytes);
   // Keeps a started copy into seq's blocks in restoring_ (and completes it if already done).
   void keep_restoring(Sequence& seq, PendingRestore pending);
   // Moves an idle session's KV (on the device in sequence *resident) down: host, disk or drop.
@@ -409,6 +424,9 @@ class Engine {
   PreemptionCostModel preemption_cost_;
   // copies into the pool in flight, by the sequence they fill (after host_tier_: sources in it)
   std::unordered_map<SeqId, PendingRestore> restoring_;
+  // When the tier copies queued on the backend are expected to be done (they run in order),
+  // from the measured copy rate (queue_copy)
+  std::chrono::steady_clock::time_point copy_queue_end_{};
   struct WriteBack;
   std::deque<std::unique_ptr<WriteBack>> write_backs_;  // in flight, oldest first
   struct PendingWrite;

@@ -104,9 +104,12 @@ struct Engine::PendingRestore {
   uint64_t ticket = 0;
   uint64_t bytes = 0;  // copied into the pool
   std::chrono::steady_clock::time_point start;
+  // when it is expected to be done, after the copies queued before it (Engine::queue_copy)
+  std::optional<std::chrono::steady_clock::time_point> expected_end;
   std::unique_ptr<HostKv> kv;    // the source, kept until the copy completes
   bool charged = false;          // kv's bytes are counted in host_tier_bytes_used until then
   bool ran_under_steps = false;  // found not done once: steps ran while it copied
+  bool ordered = false;          // its sequence runs: the backend orders steps after the copy
 };
 
 // A spill file being read ahead of its session's admission (Engine::start_prefetch).

@@ -127,30 +127,44 @@ void Engine::probe_copy_rate() {
     out.push_back({Pool::Device, BlockId{i}, Pool::Host, (*blocks)[0][i], 0});
     in.push_back({Pool::Host, (*blocks)[0][i], Pool::Device, BlockId{i}, 0});
   }
-  // twice: the first pass pays for first use (streams, page mappings), the second is timed
-  for (int pass = 0; pass < 2; ++pass) {
-    const auto start = std::chrono::steady_clock::now();
+  // the first pass pays for first use (streams, page mappings); the next ones are timed, as many
+  // as make the model's smallest copy to learn from (a small pool's probe is a few KB)
+  const uint64_t pass_bytes = 2 * uint64_t(n) * block_bytes;
+  const int timed = static_cast<int>(std::clamp<uint64_t>(
+      (PreemptionCostModel::kMinCopyBytes + pass_bytes - 1) / std::max<uint64_t>(pass_bytes, 1), 1,
+      64));
+  std::chrono::steady_clock::time_point start;
+  for (int pass = 0; pass <= timed; ++pass) {
+    if (pass == 1) start = std::chrono::steady_clock::now();
     auto a = backend_->start_transfers(0, out, host_tier_->storage());
     if (!a.is_ok() || !backend_->wait_transfers(*a).is_ok()) break;
     auto b = backend_->start_transfers(0, in, host_tier_->storage());
     if (!b.is_ok() || !backend_->wait_transfers(*b).is_ok()) break;
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (pass == 1) preemption_cost_.observe_copy(2 * uint64_t(n) * block_bytes, seconds);
+    if (pass == timed) {
+      preemption_cost_.observe_copy(
+          timed * pass_bytes,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
   }
   host_tier_->release(*blocks);
 }
 
 void Engine::observe_forward(std::span<const BatchEntry> entries,
                              std::chrono::steady_clock::time_point start) {
+  // a step ordered after a restore's copy also waited for it: it times neither steps nor prefill
+  for (const auto& [id, r] : restoring_) {
+    if (r.ordered) return;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  preemption_cost_.observe_step(seconds);
   int64_t tokens = 0, prefill = 0;
   for (const BatchEntry& e : entries) {
     tokens += e.num_tokens;
     if (e.num_tokens > 1) prefill += e.num_tokens;
   }
   if (2 * prefill < tokens) return;  // mostly decodes: their cost is the weights' read
-  preemption_cost_.observe_prefill(
-      tokens, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  preemption_cost_.observe_prefill(tokens, seconds);
 }
 
 }  // namespace kvp

@@ -12,7 +12,10 @@
 // per run of consecutive blocks on a copy stream, on the CPU one memcpy per block and layer. A
 // cache file re-blocks (docs/cache-files.md), so files are the same whichever backend wrote
 // them. Coming back, the session first takes what the prefix cache holds of its tokens (a shared
-// system prompt stays one set of blocks) and copies in only the rest.
+// system prompt stays one set of blocks) and copies in only the rest. The copy in is not waited
+// for (restoring_): the sequence joins the first step that its copy is expected to end within
+// (order_restore: the backend orders that step after the copy), or the first step that starts
+// after the host finds it done (settle_restore).
 #include <unistd.h>
 
 #include <algorithm>
@@ -64,6 +67,7 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
   std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, tier, &ticket);
   if (kv == nullptr) return nullptr;
   if (!backend_->wait_transfers(ticket).is_ok()) return nullptr;
+  copy_queue_end_ = std::chrono::steady_clock::now();  // every copy queued so far is done
   // copies waited for from start to end: what the preemption cost model prices
   preemption_cost_.observe_copy(kv->size_bytes, count_move(stats_.to_host, kv->size_bytes, start));
   return kv;
@@ -118,7 +122,17 @@ std::unique_ptr<Engine::HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num
     kv->tables.push_back(std::move(host_table));
     kv->size_bytes += uint64_t(num_blocks[g]) * cache_spec_.block_bytes(g);
   }
+  queue_copy(kv->size_bytes);
   return kv;
+}
+
+std::optional<std::chrono::steady_clock::time_point> Engine::queue_copy(uint64_t bytes) {
+  const std::optional<double> seconds = preemption_cost_.copy_seconds(bytes);
+  if (!seconds) return std::nullopt;
+  copy_queue_end_ = std::max(copy_queue_end_, std::chrono::steady_clock::now()) +
+                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                        std::chrono::duration<double>(*seconds));
+  return copy_queue_end_;
 }
 
 void Engine::start_write_backs() {
@@ -334,15 +348,18 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, 
     bytes += ops.size() * cache_spec_.block_bytes(g);
   }
   *num_shared = num_matched;
+  const auto expected_end = queue_copy(bytes);
   if (pending != nullptr) {
     pending->ticket = ticket;
     pending->bytes = bytes;
     pending->start = start;
+    pending->expected_end = expected_end;
     return true;
   }
   const Status copied = backend_->wait_transfers(ticket);
   KVP_CHECK(copied.is_ok(), "the {} backend failed to copy a session's blocks: {}",
             backend_->device_name(), copied.to_string());
+  copy_queue_end_ = std::chrono::steady_clock::now();  // every copy queued so far is done
   preemption_cost_.observe_copy(bytes, count_move(stats_.to_pool, bytes, start));
   return true;
 }
@@ -376,6 +393,33 @@ bool Engine::settle_restore(SeqId seq_id, bool wait) {
   // its blocks hold their KV now: other sequences may share them through the prefix cache
   register_full_blocks(seq(seq_id));
   return true;
+}
+
+bool Engine::order_restore(SeqId seq_id) {
+  PendingRestore& r = restoring_.at(seq_id);
+  if (r.ordered) return true;
+  if (!config_.restore_joins_step) return false;
+  // later than that, the step would hold up the other sequences it decodes for longer than it
+  // saves this one (the next step starts when the host finds the copy done)
+  if (!r.expected_end) return false;
+  const double left =
+      std::chrono::duration<double>(*r.expected_end - std::chrono::steady_clock::now()).count();
+  if (!preemption_cost_.within_step(left)) return false;
+  const Status st = backend_->order_after_transfers(r.ticket);
+  KVP_CHECK(st.is_ok(), "the {} backend failed to order a step after a sequence's blocks: {}",
+            backend_->device_name(), st.to_string());
+  r.ordered = true;
+  r.ran_under_steps = true;  // the step's time is in its duration: not a copy's rate
+  ++stats_.num_restores_joined_steps;
+  return true;
+}
+
+void Engine::settle_ordered_restores() {
+  std::vector<SeqId> ordered;
+  for (const auto& [id, r] : restoring_) {
+    if (r.ordered) ordered.push_back(id);
+  }
+  for (SeqId id : ordered) settle_restore(id, false);
 }
 
 void Engine::keep_restoring(Sequence& s, PendingRestore pending) {

@@ -22,9 +22,14 @@ void PreemptionCostModel::observe_prefill(int64_t tokens, double seconds) {
   blend(prefill_rate_, static_cast<double>(tokens) / seconds);
 }
 
+void PreemptionCostModel::observe_step(double seconds) {
+  if (seconds > 0.0) blend(step_seconds_, seconds);
+}
+
 std::optional<double> PreemptionCostModel::swap_seconds(uint64_t bytes) const {
-  if (!copy_rate_) return std::nullopt;
-  return 2.0 * static_cast<double>(bytes) / *copy_rate_;
+  const std::optional<double> one_way = copy_seconds(bytes);
+  if (!one_way) return std::nullopt;
+  return 2.0 * *one_way;
 }
 
 std::optional<double> PreemptionCostModel::recompute_seconds(int64_t tokens) const {
@@ -37,6 +42,15 @@ bool PreemptionCostModel::prefer_swap(uint64_t bytes, int64_t tokens) const {
   const std::optional<double> recompute = recompute_seconds(tokens);
   if (!swap || !recompute) return true;
   return *swap < *recompute;
+}
+
+std::optional<double> PreemptionCostModel::copy_seconds(uint64_t bytes) const {
+  if (!copy_rate_) return std::nullopt;
+  return static_cast<double>(bytes) / *copy_rate_;
+}
+
+bool PreemptionCostModel::within_step(double seconds) const {
+  return step_seconds_ && seconds <= *step_seconds_;
 }
 
 }  // namespace kvp

@@ -148,6 +148,11 @@ class ForwardBackend {
   virtual Result<bool> transfers_done(uint64_t ticket);
   // Blocks until every transfer up to `ticket` has completed.
   virtual Status wait_transfers(uint64_t ticket);
+  // Orders every forward pass and block copy queued from now on after the transfers up to
+  // `ticket`, without blocking where the device can (CUDA: the compute stream waits on the
+  // ticket's event); their destinations may then be read by the next forward pass. Their
+  // sources must still live until transfers_done(ticket). The base implementation waits.
+  virtual Status order_after_transfers(uint64_t ticket) { return wait_transfers(ticket); }
 
  protected:
   // Checks ops for start_transfers; *to_host receives their direction.

@@ -49,6 +49,10 @@ ServerMetrics::ServerMetrics(EngineFront* engine) : engine_(engine) {
           [](const EngineStats& s) { return s.num_session_moves_to_disk; });
   counter("kvpool:session_restores", "Sessions brought back from host memory or disk.",
           [](const EngineStats& s) { return s.num_session_restores; });
+  counter("kvpool:session_restores_joined_steps",
+          "Restores that ran in a step ordered after their copy into the pool (not waiting for a "
+          "later step).",
+          [](const EngineStats& s) { return s.num_restores_joined_steps; });
   counter("kvpool:session_restored_tokens", "Tokens whose KV came back from host memory or disk.",
           [](const EngineStats& s) { return s.num_restored_tokens; });
   counter("kvpool:session_evictions", "Idle sessions whose KV was dropped (recomputed later).",

@@ -3,7 +3,9 @@
 // or wait_transfers is called (the most adverse timing the interface allows: a destination read
 // early holds stale bytes, a source written or freed early is copied wrong). Sessions restored
 // at admission and sequences swapped back in run while their copies are in flight, and their
-// outputs are the same as on the CPU backend, whose copies complete at once.
+// outputs are the same as on the CPU backend, whose copies complete at once. A step ordered
+// after copies (order_after_transfers) completes them only when its device work runs (its block
+// copies or its forward pass), as a GPU stream waiting on the copies' event does.
 #include <gtest/gtest.h>
 
 #include <deque>
@@ -59,6 +61,19 @@ class LateCopiesBackend final : public CpuBackendWrapper {
     }
     return Status::ok();
   }
+  Status order_after_transfers(uint64_t ticket) override {
+    ++num_orders;
+    ordered_ = std::max(ordered_, ticket);
+    return Status::ok();
+  }
+  Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) override {
+    KVP_RETURN_IF_ERROR(run_ordered());
+    return CpuBackendWrapper::copy_blocks(group, ops);
+  }
+  Status forward(const ForwardBatch& batch, std::span<float> logits) override {
+    KVP_RETURN_IF_ERROR(run_ordered());
+    return CpuBackendWrapper::forward(batch, logits);
+  }
 
   // As a GPU backend's pinned slabs: host memory the engine may ask for (counted here).
   const HostKvStorage::SlabAllocator* host_slab_allocator() const override {
@@ -68,6 +83,7 @@ class LateCopiesBackend final : public CpuBackendWrapper {
   static constexpr int kPolls = 3;
   int64_t num_late_to_pool = 0;  // answers "not yet" about copies into the pool
   int64_t num_late_to_host = 0;
+  int64_t num_orders = 0;  // order_after_transfers calls
   bool offers_slabs = false;
   int64_t num_slabs = 0, num_slabs_released = 0;
   int64_t num_copies_into_slabs = 0;     // to the host, into memory of host_slab_allocator
@@ -82,6 +98,13 @@ class LateCopiesBackend final : public CpuBackendWrapper {
     int polls;
     bool to_host;
   };
+  // the device work queued after order_after_transfers: the copies it waits for run first
+  Status run_ordered() {
+    while (!queue_.empty() && queue_.front().ticket <= ordered_) {
+      KVP_RETURN_IF_ERROR(complete_front());
+    }
+    return Status::ok();
+  }
   Status complete_front() {
     Pending p = std::move(queue_.front());
     queue_.pop_front();
@@ -90,6 +113,7 @@ class LateCopiesBackend final : public CpuBackendWrapper {
   }
 
   std::deque<Pending> queue_;
+  uint64_t ordered_ = 0;  // copies up to this ticket complete before the next device work
   std::set<const void*> slabs_made_;
   HostKvStorage::SlabAllocator slabs_{[](size_t bytes, void* self) -> void* {
                                         auto* backend = static_cast<LateCopiesBackend*>(self);
@@ -140,22 +164,37 @@ std::map<std::pair<int, int>, std::vector<int32_t>> run_agents(
   return out;
 }
 
+// Restores that wait for a step after their copy (restore_joins_step false) and restores that
+// join a step ordered after it (true: these tiny sessions' copies take microseconds against
+// steps of a millisecond or more, so every restore still copying at a step joins it).
 TEST(EngineLateCopies, RestoredSessionsRunAfterTheirCopiesWithTheSameOutput) {
   for (const char* model : {"llama", "gemma3"}) {
-    SCOPED_TRACE(model);
-    auto runner = load(model);
-    CpuForwardBackend cpu(runner);
-    EngineStats cpu_stats, late_stats;
-    const auto expected = run_agents(cpu, &cpu_stats);
-    LateCopiesBackend late(runner);
-    const auto got = run_agents(late, &late_stats);
-    EXPECT_EQ(got, expected);
-    EXPECT_GT(late_stats.num_session_restores, 0);
-    EXPECT_GT(late.num_late_to_pool, 0);          // some restore was still copying while steps ran
-    EXPECT_GT(late_stats.to_pool.overlapped, 0);  // and is counted as such, not timed
-    // (how many tokens came back differs: write-backs that complete later change which
-    // sessions are on which tier when)
-    EXPECT_GT(late_stats.num_restored_tokens, 0);
+    for (const bool joins : {false, true}) {
+      SCOPED_TRACE(std::string(model) + (joins ? ", restores join steps" : ", restores wait"));
+      auto runner = load(model);
+      EngineConfig config = small_config(48);
+      config.host_tier_bytes = 64 << 20;
+      config.restore_joins_step = joins;
+      CpuForwardBackend cpu(runner);
+      EngineStats cpu_stats, late_stats;
+      const auto expected = run_agents(cpu, &cpu_stats, config);
+      EXPECT_EQ(cpu_stats.num_restores_joined_steps, 0);  // its copies are done at once
+      LateCopiesBackend late(runner);
+      const auto got = run_agents(late, &late_stats, config);
+      EXPECT_EQ(got, expected);
+      EXPECT_GT(late_stats.num_session_restores, 0);
+      EXPECT_GT(late.num_late_to_pool, 0);  // some restore was still copying while steps ran
+      EXPECT_GT(late_stats.to_pool.overlapped, 0);  // and is counted as such, not timed
+      // (how many tokens came back differs: write-backs that complete later change which
+      // sessions are on which tier when)
+      EXPECT_GT(late_stats.num_restored_tokens, 0);
+      if (joins) {
+        EXPECT_GT(late_stats.num_restores_joined_steps, 0);
+        EXPECT_EQ(late.num_orders, late_stats.num_restores_joined_steps);  // once a restore
+      } else {
+        EXPECT_EQ(late.num_orders, 0);
+      }
+    }
   }
 }
 

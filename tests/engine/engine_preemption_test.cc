@@ -195,5 +195,26 @@ TEST(PreemptionCostModel, KeepsAMovingAverageAndIgnoresTinySamples) {
   EXPECT_DOUBLE_EQ(*model.copy_bytes_per_second(), (1 - w) * gib + w * 2 * gib);
 }
 
+TEST(PreemptionCostModel, TimesCopiesAndSteps) {
+  PreemptionCostModel model;
+  const uint64_t gib = uint64_t{1} << 30;
+  EXPECT_FALSE(model.copy_seconds(gib).has_value());  // nothing measured
+  EXPECT_FALSE(model.within_step(0.0));
+  model.observe_copy(gib, 2.0);  // 0.5 GiB/s
+  EXPECT_DOUBLE_EQ(*model.copy_seconds(gib / 4), 0.5);
+  EXPECT_FALSE(model.within_step(0.0));  // step time not measured
+  model.observe_step(0.010);             // steps of 10 ms
+  model.observe_step(0.0);               // no time: ignored
+  ASSERT_TRUE(model.step_seconds().has_value());
+  EXPECT_DOUBLE_EQ(*model.step_seconds(), 0.010);
+  EXPECT_TRUE(model.within_step(0.009));
+  EXPECT_TRUE(model.within_step(-1.0));  // already past
+  EXPECT_FALSE(model.within_step(0.011));
+  model.observe_step(0.090);
+  const double w = PreemptionCostModel::kWeight;
+  EXPECT_DOUBLE_EQ(*model.step_seconds(), (1 - w) * 0.010 + w * 0.090);  // a moving average
+  EXPECT_TRUE(model.within_step(0.011));
+}
+
 }  // namespace
 }  // namespace kvp

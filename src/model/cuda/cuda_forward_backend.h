@@ -12,8 +12,9 @@
 // start_transfers queues one cudaMemcpy2DAsync per run of consecutive blocks (every layer of the
 // run: num_layers rows, each slab's layer stride apart) on a copy stream of its own, after an
 // event of the compute stream (so a block written by a queued forward pass is copied after it),
-// and records an event per ticket that transfers_done polls. A padded pool falls back to the
-// base implementation (through block images).
+// and records an event per ticket that transfers_done polls and order_after_transfers makes the
+// compute stream wait on. A padded pool falls back to the base implementation (through block
+// images).
 #pragma once
 
 #include <cstdint>
@@ -64,6 +65,7 @@ class CudaForwardBackend final : public ForwardBackend {
                                    HostKvStorage& host) override;
   Result<bool> transfers_done(uint64_t ticket) override;
   Status wait_transfers(uint64_t ticket) override;
+  Status order_after_transfers(uint64_t ticket) override;
 
   // For benchmarks and tests: the runner, and every pool filled with uniform values in [-1, 1).
   const CudaModelRunner& runner() const { return *runner_; }

@@ -131,4 +131,18 @@ Status CudaForwardBackend::wait_transfers(uint64_t ticket) {
   return Status::ok();
 }
 
+Status CudaForwardBackend::order_after_transfers(uint64_t ticket) {
+  // the copy stream runs in order: the event of the last ticket up to `ticket` still in flight
+  // completes after all of them (none in flight: they are done)
+  for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
+    if (it->ticket > ticket) continue;
+    KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+    // the wait is on the event's record as of now: recording it again for a later ticket (it
+    // goes back to spare_events_ once done) does not change what the stream waits for
+    KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(runner_->stream(), it->done, 0));
+    break;
+  }
+  return Status::ok();
+}
+
 }  // namespace kvp::cuda
