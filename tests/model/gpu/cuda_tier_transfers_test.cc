@@ -2,7 +2,8 @@
 // the device pool and a pinned host slab (the backend's slab allocator) on the copy stream, one
 // DMA per run, and land as read_blocks' synchronous image says; they are ordered after the
 // compute stream's queued work (a fill still running when the transfer starts is copied whole);
-// tickets complete in order. Skips without a CUDA device.
+// tickets complete in order; work queued on the compute stream after order_after_transfers sees
+// the copy's bytes. Skips without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -103,6 +104,51 @@ TEST(CudaTierTransfers, BlocksMoveThroughPinnedSlabsInOrderAfterQueuedWork) {
   const std::vector<BlockTransfer> bad = {
       {Pool::Device, BlockId{kBlocks}, Pool::Host, BlockId{0}, 0}};
   EXPECT_FALSE(gpu->start_transfers(0, bad, host).is_ok());
+}
+
+// A copy into the pool of ~750 MB (tens of ms on the copy engine) and, queued on the compute
+// stream right after order_after_transfers, a block copy from the last block it fills: the block
+// copy must read the new bytes, not the pool's old ones (without the order it would run at once,
+// long before the transfer's last block lands).
+TEST(CudaTierTransfers, ComputeWorkOrderedAfterATransferSeesItsBytes) {
+  SKIP_WITHOUT_GPU();
+  auto spec = random_model_spec("smollm2-135m");  // head_dim 64: the pool is not padded
+  ASSERT_TRUE(spec.is_ok());
+  auto made = make_random_cuda_backend(*spec, 1);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  auto* gpu = static_cast<CudaForwardBackend*>(made->get());
+  constexpr int32_t kMoved = 2048, kBlockSize = 16;
+  std::vector<KvLayout> layouts = {gpu->group_layout(0, kMoved + 1, kBlockSize, DType::BF16)};
+  ASSERT_TRUE(gpu->allocate_kv(layouts).is_ok());
+  std::vector<LayerAttention> attention(spec->num_layers, LayerAttention::global());
+  const CacheSpec cache = CacheSpec::create("test", spec->num_layers, spec->num_kv_heads,
+                                            spec->head_dim, DType::BF16, kBlockSize, attention)
+                              .value();
+  auto slab = HostKvStorage::create(cache, std::vector<int32_t>{kMoved},
+                                    HostKvStorage::Init::kUninitialized, gpu->host_slab_allocator());
+  ASSERT_TRUE(slab.is_ok()) << slab.status().to_string();
+  HostKvStorage host = std::move(slab).value();
+  std::memset(host.slab(0).data(), 0x5a, host.slab(0).size());
+  ASSERT_TRUE(gpu->fill_kv_random(3).is_ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<BlockTransfer> in;
+  for (int32_t b = 0; b < kMoved; ++b) {
+    in.push_back({Pool::Host, BlockId{b}, Pool::Device, BlockId{b}, 0});
+  }
+  auto ticket = gpu->start_transfers(0, in, host);
+  ASSERT_TRUE(ticket.is_ok()) << ticket.status().to_string();
+  ASSERT_TRUE(gpu->order_after_transfers(*ticket).is_ok());
+  const std::vector<BlockCopy> copy = {{BlockId{kMoved - 1}, BlockId{kMoved}, 0}};
+  ASSERT_TRUE(gpu->copy_blocks(0, copy).is_ok());
+  const std::vector<std::byte> pool = read_all(*gpu, kMoved + 1);  // on the compute stream
+  const size_t block_bytes = gpu->kv_layout(0).block_size_bytes();
+  const std::byte* copied = pool.data() + size_t(kMoved) * block_bytes;
+  size_t stale = 0;
+  for (size_t i = 0; i < block_bytes; ++i) stale += copied[i] != std::byte{0x5a};
+  EXPECT_EQ(stale, 0u) << "of " << block_bytes << " bytes";
+  ASSERT_TRUE(gpu->wait_transfers(*ticket).is_ok());
+  // a ticket already done orders nothing and is no error
+  EXPECT_TRUE(gpu->order_after_transfers(*ticket).is_ok());
 }
 
 }  // namespace
