@@ -103,7 +103,7 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
   cmd->add_flag("--restore-joins-step,!--restore-waits", o->restore_joins_step,
                 "a session coming back from a tier runs in the first step its copy is expected "
                 "to end within, that step ordered after the copy (--restore-waits: in the first "
-                "step after the copy is done; default: joins)");
+                "step after the copy is done; default: waits)");
   cmd->add_option("--preemption", o->preemption,
                   "with a host tier, a running sequence preempted for room is swapped there or "
                   "recomputed: auto (the cheaper by measured copy and prefill rates), swap, "

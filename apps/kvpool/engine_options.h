@@ -44,7 +44,7 @@ struct EngineOptions {
   bool device_sampling = true;      // EngineConfig::device_sampling
   std::string host_tier = "0";      // bytes of host memory for idle sessions' KV (0: none)
   double tier_watermark = 0.1;      // EngineConfig::tier_watermark
-  bool restore_joins_step = true;   // EngineConfig::restore_joins_step
+  bool restore_joins_step = false;  // EngineConfig::restore_joins_step
   std::string preemption = "auto";  // EngineConfig::preemption: auto, swap, recompute
   std::string disk_dir;             // folder for idle sessions' cache files (empty: none)
   std::string disk_tier = "0";      // bytes of cache files (> 0 with disk_dir; default 16GiB)

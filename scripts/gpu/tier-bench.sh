@@ -81,16 +81,17 @@ want 16k && agents 16k 300 4096 16 7 2048 42949672960 none host
 # short turns 3 s apart; a 20K-token pool holds two of them, so every later turn finds its
 # session evicted. "ttft of later turns" is the comparison. Logs are packed into one file at the
 # end (the device tool brings back 8 files).
-# -wait: the restored sequence waits for a step that starts after its copy is done (not joining
-# the step its copy is expected to end within). RESTORE8K_TIERS overrides the list.
-want restore8k && for tier in ${RESTORE8K_TIERS:-none host host-wait host-ahead host-ahead-wait disk}; do
+# -join: the restored sequence joins the step its copy is expected to end within, that step
+# ordered after the copy (--restore-joins-step); by default it waits for a step that starts after
+# the copy is done. RESTORE8K_TIERS overrides the list.
+want restore8k && for tier in ${RESTORE8K_TIERS:-none host host-join host-ahead host-ahead-join disk}; do
   case $tier in
     none) extra="" ;;
     host) extra="--host-tier-bytes 17179869184" ;;
-    host-wait) extra="--host-tier-bytes 17179869184 --restore-waits" ;;
+    host-join) extra="--host-tier-bytes 17179869184 --restore-joins-step" ;;
     # idle sessions written back while the pool is under half free, so a restore finds its room
     host-ahead) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5" ;;
-    host-ahead-wait) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-waits" ;;
+    host-ahead-join) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-joins-step" ;;
     disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
   esac
   echo "== 8B idle 8K-token sessions restored (4 agents x 3 turns, 1280 blocks), tier: $tier"
@@ -123,13 +124,13 @@ want preempt-nocache && for round in 1 2; do
 done
 # the other sequences' decode while sessions move (the issue's TPOT goal: p95 with moves <= 1.1x
 # without): the 24 agents x 3 turns of 2K tokens in a 4096-block pool (sessions move to the host
-# tier and back, restores joining steps or waiting) and a 12288-block pool that holds them all
+# tier and back, restores waiting or joining steps) and a 12288-block pool that holds them all
 want tpot-moves && for round in 1 2; do
-  for pool in 4096 4096-wait 12288; do
+  for pool in 4096 4096-join 12288; do
     extra=""
-    [ "$pool" = 4096-wait ] && extra="--restore-waits"
-    echo "== 8B TPOT with moves: 24 agents x 3 turns, pool ${pool%-wait} blocks $extra, round $round"
-    timeout 120 $b8 --blocks "${pool%-wait}" --workload agents --agents 24 --turns 3 \
+    [ "$pool" = 4096-join ] && extra="--restore-joins-step"
+    echo "== 8B TPOT with moves: 24 agents x 3 turns, pool ${pool%-join} blocks $extra, round $round"
+    timeout 120 $b8 --blocks "${pool%-join}" --workload agents --agents 24 --turns 3 \
       --system-prompt-tokens 1024 --turn-tokens 2048 --reply-tokens 64 --max-seqs 8 \
       --step-tokens 4096 --host-tier-bytes 34359738368 $extra 2>&1 \
       | tee "$out/8b-tpot-moves-$pool-$round.log" | tail -8 || status=1

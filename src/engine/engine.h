@@ -91,10 +91,12 @@ struct EngineConfig {
   // their copies running while the next steps compute; their blocks are freed when the copy
   // completes. 0: only when a step needs the room (synchronously).
   double tier_watermark = 0.1;
-  // A sequence whose KV is still being copied in from a tier joins the first step that the copy
-  // is expected to end within (by the measured copy rate and step time), that step ordered after
-  // the copy on the device; false: it waits for a step that starts after the copy is done.
-  bool restore_joins_step = true;
+  // true: a sequence whose KV is still being copied in from a tier joins the first step that the
+  // copy is expected to end within (by the measured copy rate and step time), that step ordered
+  // after the copy on the device. false: it waits for a step that starts after the copy is done.
+  // Off by default: on an H100 it took no measurable time off an 8K-token restore and made the
+  // other sequences' TPOT p95 ~2 % longer (docs/perf/engine.md, "Restores joining steps").
+  bool restore_joins_step = false;
   // With a host tier, a running sequence preempted for room is swapped there (copied out now,
   // back in at readmission) or recomputed. Without a host tier: always recomputed.
   Preemption preemption = Preemption::kAuto;
@@ -383,9 +385,9 @@ class Engine {
   bool order_restore(SeqId seq_id);
   // Completes the copies of the restores that ran in the step just taken (done by now).
   void settle_ordered_restores();
-  // Counts a copy of `bytes` just queued on the backend after those in flight; returns when it
-  // is expected to be done (nullopt while the copy rate is not measured).
-  std::optional<std::chrono::steady_clock::time_point> queue_copy(uint64_t bytes);
+  // Counts a copy of `bytes` just queued on the backend after those in flight of its direction;
+  // returns when it is expected to be done (nullopt while the copy rate is not measured).
+  std::optional<std::chrono::steady_clock::time_point> queue_copy(uint64_t bytes, bool into_pool);
   // Keeps a started copy into seq's blocks in restoring_ (and completes it if already done).
   void keep_restoring(Sequence& seq, PendingRestore pending);
   // Moves an idle session's KV (on the device in sequence *resident) down: host, disk or drop.
@@ -424,9 +426,9 @@ class Engine {
   PreemptionCostModel preemption_cost_;
   // copies into the pool in flight, by the sequence they fill (after host_tier_: sources in it)
   std::unordered_map<SeqId, PendingRestore> restoring_;
-  // When the tier copies queued on the backend are expected to be done (they run in order),
-  // from the measured copy rate (queue_copy)
-  std::chrono::steady_clock::time_point copy_queue_end_{};
+  // When the tier copies queued on the backend are expected to be done, [0] out of the pool and
+  // [1] into it (each direction runs in order), from the measured copy rate (queue_copy)
+  std::chrono::steady_clock::time_point copy_queue_end_[2] = {};
   struct WriteBack;
   std::deque<std::unique_ptr<WriteBack>> write_backs_;  // in flight, oldest first
   struct PendingWrite;

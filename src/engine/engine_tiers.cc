@@ -67,7 +67,7 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_token
   std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, tier, &ticket);
   if (kv == nullptr) return nullptr;
   if (!backend_->wait_transfers(ticket).is_ok()) return nullptr;
-  copy_queue_end_ = std::chrono::steady_clock::now();  // every copy queued so far is done
+  copy_queue_end_[0] = std::chrono::steady_clock::now();  // every copy out so far is done
   // copies waited for from start to end: what the preemption cost model prices
   preemption_cost_.observe_copy(kv->size_bytes, count_move(stats_.to_host, kv->size_bytes, start));
   return kv;
@@ -122,17 +122,19 @@ std::unique_ptr<Engine::HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num
     kv->tables.push_back(std::move(host_table));
     kv->size_bytes += uint64_t(num_blocks[g]) * cache_spec_.block_bytes(g);
   }
-  queue_copy(kv->size_bytes);
+  queue_copy(kv->size_bytes, /*into_pool=*/false);
   return kv;
 }
 
-std::optional<std::chrono::steady_clock::time_point> Engine::queue_copy(uint64_t bytes) {
+std::optional<std::chrono::steady_clock::time_point> Engine::queue_copy(uint64_t bytes,
+                                                                        bool into_pool) {
   const std::optional<double> seconds = preemption_cost_.copy_seconds(bytes);
   if (!seconds) return std::nullopt;
-  copy_queue_end_ = std::max(copy_queue_end_, std::chrono::steady_clock::now()) +
-                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                        std::chrono::duration<double>(*seconds));
-  return copy_queue_end_;
+  auto& end = copy_queue_end_[into_pool ? 1 : 0];
+  end = std::max(end, std::chrono::steady_clock::now()) +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(*seconds));
+  return end;
 }
 
 void Engine::start_write_backs() {
@@ -348,7 +350,7 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, 
     bytes += ops.size() * cache_spec_.block_bytes(g);
   }
   *num_shared = num_matched;
-  const auto expected_end = queue_copy(bytes);
+  const auto expected_end = queue_copy(bytes, /*into_pool=*/true);
   if (pending != nullptr) {
     pending->ticket = ticket;
     pending->bytes = bytes;
@@ -359,7 +361,7 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, 
   const Status copied = backend_->wait_transfers(ticket);
   KVP_CHECK(copied.is_ok(), "the {} backend failed to copy a session's blocks: {}",
             backend_->device_name(), copied.to_string());
-  copy_queue_end_ = std::chrono::steady_clock::now();  // every copy queued so far is done
+  copy_queue_end_[1] = std::chrono::steady_clock::now();  // every copy in so far is done
   preemption_cost_.observe_copy(bytes, count_move(stats_.to_pool, bytes, start));
   return true;
 }

@@ -140,18 +140,21 @@ class ForwardBackend {
   // all ops the same way. Returns a ticket (> 0, increasing); the copies may still run when it
   // returns, after everything queued before them (a forward pass writing a source block):
   // until transfers_done(ticket), sources must not be written, nor destinations used, and
-  // `host` must live. invalid_argument (nothing copied) for mixed directions, ids outside
-  // either pool, or a host slab of another layout.
+  // `host` must live. Transfers of one direction complete in ticket order; the two directions
+  // may overlap (a copy into the pool does not wait for an earlier one out of it). invalid_argument
+  // (nothing copied) for mixed directions, ids outside either pool, or a host slab of another
+  // layout.
   virtual Result<uint64_t> start_transfers(int32_t group, std::span<const BlockTransfer> ops,
                                            HostKvStorage& host);
-  // Whether every transfer up to `ticket` has completed (never blocks); an error of the copies.
+  // Whether every transfer up to `ticket` of its direction has completed (never blocks); an
+  // error of the copies.
   virtual Result<bool> transfers_done(uint64_t ticket);
-  // Blocks until every transfer up to `ticket` has completed.
+  // Blocks until every transfer up to `ticket` of its direction has completed.
   virtual Status wait_transfers(uint64_t ticket);
   // Orders every forward pass and block copy queued from now on after the transfers up to
-  // `ticket`, without blocking where the device can (CUDA: the compute stream waits on the
-  // ticket's event); their destinations may then be read by the next forward pass. Their
-  // sources must still live until transfers_done(ticket). The base implementation waits.
+  // `ticket` of its direction, without blocking where the device can (CUDA: the compute stream
+  // waits on the ticket's event); their destinations may then be read by the next forward pass.
+  // Their sources must still live until transfers_done(ticket). The base implementation waits.
   virtual Status order_after_transfers(uint64_t ticket) { return wait_transfers(ticket); }
 
  protected:

@@ -10,11 +10,12 @@
 //
 // Tier transfers (cuda_tier_transfers.cc): host tier slabs are pinned (host_slab_allocator);
 // start_transfers queues one cudaMemcpy2DAsync per run of consecutive blocks (every layer of the
-// run: num_layers rows, each slab's layer stride apart) on a copy stream of its own, after an
-// event of the compute stream (so a block written by a queued forward pass is copied after it),
-// and records an event per ticket that transfers_done polls and order_after_transfers makes the
-// compute stream wait on. A padded pool falls back to the base implementation (through block
-// images).
+// run: num_layers rows, each slab's layer stride apart) on a copy stream of its direction (copies
+// into the pool do not queue behind write-backs out of it: the device has a copy engine each
+// way), after an event of the compute stream (so a block written by a queued forward pass is
+// copied after it), and records an event per ticket that transfers_done polls and
+// order_after_transfers makes the compute stream wait on. A padded pool falls back to the base
+// implementation (through block images).
 #pragma once
 
 #include <cstdint>
@@ -84,13 +85,19 @@ class CudaForwardBackend final : public ForwardBackend {
   // tier transfers
   struct InFlight {
     uint64_t ticket = 0;
-    cudaEvent_t done = nullptr;  // recorded on copy_stream_ after the ticket's copies
+    bool to_host = false;        // which copy stream
+    cudaEvent_t done = nullptr;  // recorded on that stream after the ticket's copies
   };
-  Status ensure_copy_stream();
+  Status ensure_copy_streams();
   void destroy_transfers();
-  cudaStream_t copy_stream_ = nullptr;
+  // The in-flight entry of `ticket` (in_flight_.end(): retired, and with it every earlier ticket
+  // of its direction). Its event completes after every earlier one of its stream.
+  std::deque<InFlight>::iterator in_flight(uint64_t ticket);
+  // Retires `it` and the in-flight tickets of its direction before it (their events are done).
+  void retire_through(std::deque<InFlight>::iterator it);
+  cudaStream_t copy_streams_[2] = {nullptr, nullptr};  // [to_host]: into the pool, out of it
   cudaEvent_t compute_mark_ = nullptr;  // the compute stream's work queued before a transfer
-  std::deque<InFlight> in_flight_;      // tickets in order
+  std::deque<InFlight> in_flight_;      // tickets in order, both directions
   std::vector<cudaEvent_t> spare_events_;
 };
 

@@ -1,6 +1,8 @@
 // CudaForwardBackend's session tier transfers (cuda_forward_backend.h): pinned host slabs, one
-// 2-D DMA per run of consecutive blocks on a copy stream, an event per ticket.
+// 2-D DMA per run of consecutive blocks on the copy stream of its direction, an event per ticket.
 #include <cuda_runtime_api.h>
+
+#include <algorithm>
 
 #include "backend/cuda/cuda_status.h"
 #include "model/cuda/cuda_forward_backend.h"
@@ -29,24 +31,31 @@ const HostKvStorage::SlabAllocator* CudaForwardBackend::host_slab_allocator() co
   return &kPinnedSlabs;
 }
 
-Status CudaForwardBackend::ensure_copy_stream() {
-  if (copy_stream_ != nullptr) return Status::ok();
-  KVP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+Status CudaForwardBackend::ensure_copy_streams() {
+  if (copy_streams_[0] != nullptr) return Status::ok();
   KVP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming));
+  for (cudaStream_t& stream : copy_streams_) {
+    KVP_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
   return Status::ok();
 }
 
 void CudaForwardBackend::destroy_transfers() {
-  if (copy_stream_ == nullptr) return;
+  if (compute_mark_ == nullptr) return;
   cudaSetDevice(runner_->device());
-  cudaStreamSynchronize(copy_stream_);
+  for (cudaStream_t stream : copy_streams_) {
+    if (stream != nullptr) cudaStreamSynchronize(stream);
+  }
   for (const InFlight& f : in_flight_) cudaEventDestroy(f.done);
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   in_flight_.clear();
   spare_events_.clear();
   cudaEventDestroy(compute_mark_);
-  cudaStreamDestroy(copy_stream_);
-  copy_stream_ = nullptr;
+  compute_mark_ = nullptr;
+  for (cudaStream_t& stream : copy_streams_) {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+    stream = nullptr;
+  }
 }
 
 Result<uint64_t> CudaForwardBackend::start_transfers(int32_t group,
@@ -60,11 +69,12 @@ Result<uint64_t> CudaForwardBackend::start_transfers(int32_t group,
   bool to_host = true;
   KVP_RETURN_IF_ERROR(check_transfers(group, ops, host, &to_host));
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
-  KVP_RETURN_IF_ERROR(ensure_copy_stream());
+  KVP_RETURN_IF_ERROR(ensure_copy_streams());
+  cudaStream_t copy_stream = copy_streams_[to_host ? 1 : 0];
   // after the compute stream's queued work: a forward pass may still write a source block, or
   // read a destination block that was freed and handed out again
   KVP_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_mark_, runner_->stream()));
-  KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, compute_mark_, 0));
+  KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, compute_mark_, 0));
   const KvLayout& slab = host.layout(group);
   const size_t elem = dtype_size_bytes(device.dtype);
   const size_t run_bytes = static_cast<size_t>(device.block_pitch()) * elem;  // K + V, one layer
@@ -84,21 +94,22 @@ Result<uint64_t> CudaForwardBackend::start_transfers(int32_t group,
     std::byte* on_host = host_base + host_block * run_bytes;
     const cudaError_t err =
         to_host ? cudaMemcpy2DAsync(on_host, host_pitch, on_device, device_pitch, n * run_bytes,
-                                    device.num_layers, cudaMemcpyDeviceToHost, copy_stream_)
+                                    device.num_layers, cudaMemcpyDeviceToHost, copy_stream)
                 : cudaMemcpy2DAsync(on_device, device_pitch, on_host, host_pitch, n * run_bytes,
-                                    device.num_layers, cudaMemcpyHostToDevice, copy_stream_);
+                                    device.num_layers, cudaMemcpyHostToDevice, copy_stream);
     KVP_CUDA_RETURN_IF_ERROR(err);
     i += n;
   }
   InFlight flight;
   flight.ticket = ++last_ticket_;
+  flight.to_host = to_host;
   if (spare_events_.empty()) {
     KVP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&flight.done, cudaEventDisableTiming));
   } else {
     flight.done = spare_events_.back();
     spare_events_.pop_back();
   }
-  const cudaError_t recorded = cudaEventRecord(flight.done, copy_stream_);
+  const cudaError_t recorded = cudaEventRecord(flight.done, copy_stream);
   if (recorded != cudaSuccess) {
     spare_events_.push_back(flight.done);
     KVP_CUDA_RETURN_IF_ERROR(recorded);
@@ -107,41 +118,50 @@ Result<uint64_t> CudaForwardBackend::start_transfers(int32_t group,
   return flight.ticket;
 }
 
+std::deque<CudaForwardBackend::InFlight>::iterator CudaForwardBackend::in_flight(uint64_t ticket) {
+  return std::find_if(in_flight_.begin(), in_flight_.end(),
+                      [&](const InFlight& f) { return f.ticket == ticket; });
+}
+
+void CudaForwardBackend::retire_through(std::deque<InFlight>::iterator it) {
+  const bool to_host = it->to_host;
+  const uint64_t ticket = it->ticket;
+  std::erase_if(in_flight_, [&](const InFlight& f) {
+    if (f.to_host != to_host || f.ticket > ticket) return false;
+    spare_events_.push_back(f.done);
+    return true;
+  });
+}
+
 Result<bool> CudaForwardBackend::transfers_done(uint64_t ticket) {
-  while (!in_flight_.empty() && in_flight_.front().ticket <= ticket) {
-    const cudaError_t err = cudaEventQuery(in_flight_.front().done);
-    if (err == cudaErrorNotReady) {
-      cudaGetLastError();
-      return false;
-    }
-    KVP_CUDA_RETURN_IF_ERROR(err);
-    spare_events_.push_back(in_flight_.front().done);
-    in_flight_.pop_front();
+  auto it = in_flight(ticket);
+  if (it == in_flight_.end()) return true;
+  const cudaError_t err = cudaEventQuery(it->done);
+  if (err == cudaErrorNotReady) {
+    cudaGetLastError();
+    return false;
   }
+  KVP_CUDA_RETURN_IF_ERROR(err);
+  retire_through(it);
   return true;
 }
 
 Status CudaForwardBackend::wait_transfers(uint64_t ticket) {
-  while (!in_flight_.empty() && in_flight_.front().ticket <= ticket) {
-    KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
-    KVP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(in_flight_.front().done));
-    spare_events_.push_back(in_flight_.front().done);
-    in_flight_.pop_front();
-  }
+  auto it = in_flight(ticket);
+  if (it == in_flight_.end()) return Status::ok();
+  KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(it->done));
+  retire_through(it);
   return Status::ok();
 }
 
 Status CudaForwardBackend::order_after_transfers(uint64_t ticket) {
-  // the copy stream runs in order: the event of the last ticket up to `ticket` still in flight
-  // completes after all of them (none in flight: they are done)
-  for (auto it = in_flight_.rbegin(); it != in_flight_.rend(); ++it) {
-    if (it->ticket > ticket) continue;
-    KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
-    // the wait is on the event's record as of now: recording it again for a later ticket (it
-    // goes back to spare_events_ once done) does not change what the stream waits for
-    KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(runner_->stream(), it->done, 0));
-    break;
-  }
+  auto it = in_flight(ticket);
+  if (it == in_flight_.end()) return Status::ok();
+  KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  // the wait is on the event's record as of now: recording it again for a later ticket (it goes
+  // back to spare_events_ once retired) does not change what the stream waits for
+  KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(runner_->stream(), it->done, 0));
   return Status::ok();
 }
 

@@ -272,8 +272,9 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   }
 }
 
-// One CTA per token: its slots ordered by expert id once (top_k <= kMoeMaxTopK), then every
-// thread sums its columns in that order.
+// CTAs (token, part): the token's slots ordered by expert id (top_k <= kMoeMaxTopK), then
+// every thread sums its columns of the part in that order. Parts split a token's columns over
+// several CTAs where tokens are few (a decode step's one token over one SM took 15 us).
 template <typename Y>
 __global__ void moe_combine_kernel(const Y* __restrict__ y, const int32_t* __restrict__ rows,
                                    const float* __restrict__ down_bias,
@@ -298,7 +299,7 @@ __global__ void moe_combine_kernel(const Y* __restrict__ y, const int32_t* __res
   __syncthreads();
   float scale = 0.0f;
   if (shared != nullptr) scale = 1.0f / (1.0f + expf(-shared_logits[t * shared_stride]));
-  for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) {
+  for (int32_t i = blockIdx.y * blockDim.x + threadIdx.x; i < hidden; i += blockDim.x * gridDim.y) {
     float sum = 0.0f;
     for (int32_t s = 0; s < top_k; ++s) {
       const int64_t p = t * top_k + order[s];
@@ -465,14 +466,21 @@ cudaError_t launch_moe_combine(const void* y, bool y_bf16, const int32_t* rows,
                                int32_t shared_stride, float* out, cudaStream_t stream) {
   if (top_k <= 0 || top_k > kMoeMaxTopK) return cudaErrorInvalidValue;
   if (num_tokens == 0) return cudaGetLastError();
+  // a thread a column while there are fewer than ~2 CTAs per SM of tokens, else a CTA a token
+  constexpr int32_t kThreads = 256;
+  const int32_t parts =
+      num_tokens >= 256
+          ? 1
+          : std::max(1, std::min((hidden + kThreads - 1) / kThreads, 256 / num_tokens));
+  const dim3 grid(num_tokens, parts);
   if (y_bf16) {
-    moe_combine_kernel<<<num_tokens, 256, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(y), rows, down_bias, expert_ids, weights, top_k, hidden,
-        shared, shared_logits, shared_stride, out);
+    moe_combine_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(y), rows,
+                                                      down_bias, expert_ids, weights, top_k, hidden,
+                                                      shared, shared_logits, shared_stride, out);
   } else {
-    moe_combine_kernel<<<num_tokens, 256, 0, stream>>>(
-        static_cast<const float*>(y), rows, down_bias, expert_ids, weights, top_k, hidden, shared,
-        shared_logits, shared_stride, out);
+    moe_combine_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(y), rows, down_bias,
+                                                      expert_ids, weights, top_k, hidden, shared,
+                                                      shared_logits, shared_stride, out);
   }
   return cudaGetLastError();
 }

@@ -124,8 +124,9 @@ TEST(CudaTierTransfers, ComputeWorkOrderedAfterATransferSeesItsBytes) {
   const CacheSpec cache = CacheSpec::create("test", spec->num_layers, spec->num_kv_heads,
                                             spec->head_dim, DType::BF16, kBlockSize, attention)
                               .value();
-  auto slab = HostKvStorage::create(cache, std::vector<int32_t>{kMoved},
-                                    HostKvStorage::Init::kUninitialized, gpu->host_slab_allocator());
+  auto slab =
+      HostKvStorage::create(cache, std::vector<int32_t>{kMoved},
+                            HostKvStorage::Init::kUninitialized, gpu->host_slab_allocator());
   ASSERT_TRUE(slab.is_ok()) << slab.status().to_string();
   HostKvStorage host = std::move(slab).value();
   std::memset(host.slab(0).data(), 0x5a, host.slab(0).size());
