@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
+#include <optional>
 
 #include "cache/cache_spec.h"
 #include "model/cuda/cuda_forward_backend.h"
@@ -25,20 +27,37 @@ std::vector<std::byte> read_all(const ForwardBackend& backend, int32_t num_block
   return image;
 }
 
-TEST(CudaTierTransfers, BlocksMoveThroughPinnedSlabsInOrderAfterQueuedWork) {
-  SKIP_WITHOUT_GPU();
-  auto spec = random_model_spec("smollm2-135m");  // head_dim 64: the pool is not padded
+// A backend of the SmolLM2-135M shape (head_dim 64: the pool is not padded) with a bf16 pool of
+// num_blocks blocks of 16 tokens, and the CacheSpec of host slabs in its layout.
+struct TestPool {
+  std::unique_ptr<ForwardBackend> owner;
+  CudaForwardBackend* gpu = nullptr;
+  std::optional<CacheSpec> cache;
+};
+void make_pool(int32_t num_blocks, TestPool* pool) {
+  constexpr int32_t kBlockSize = 16;
+  auto spec = random_model_spec("smollm2-135m");
   ASSERT_TRUE(spec.is_ok());
   auto made = make_random_cuda_backend(*spec, 1);
   ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  auto* gpu = static_cast<CudaForwardBackend*>(made->get());
-  constexpr int32_t kBlocks = 32, kBlockSize = 16;
-  std::vector<KvLayout> layouts = {gpu->group_layout(0, kBlocks, kBlockSize, DType::BF16)};
-  ASSERT_TRUE(gpu->allocate_kv(layouts).is_ok());
+  pool->owner = std::move(made).value();
+  pool->gpu = static_cast<CudaForwardBackend*>(pool->owner.get());
+  std::vector<KvLayout> layouts = {pool->gpu->group_layout(0, num_blocks, kBlockSize, DType::BF16)};
+  ASSERT_TRUE(pool->gpu->allocate_kv(layouts).is_ok());
   std::vector<LayerAttention> attention(spec->num_layers, LayerAttention::global());
-  const CacheSpec cache = CacheSpec::create("test", spec->num_layers, spec->num_kv_heads,
-                                            spec->head_dim, DType::BF16, kBlockSize, attention)
-                              .value();
+  pool->cache = CacheSpec::create("test", spec->num_layers, spec->num_kv_heads, spec->head_dim,
+                                  DType::BF16, kBlockSize, attention)
+                    .value();
+}
+
+TEST(CudaTierTransfers, BlocksMoveThroughPinnedSlabsInOrderAfterQueuedWork) {
+  SKIP_WITHOUT_GPU();
+  constexpr int32_t kBlocks = 32;
+  TestPool made;
+  make_pool(kBlocks, &made);
+  if (HasFatalFailure()) return;
+  CudaForwardBackend* gpu = made.gpu;
+  const CacheSpec& cache = *made.cache;
   auto slab = HostKvStorage::create(cache, std::vector<int32_t>{8}, HostKvStorage::Init::kZeroed,
                                     gpu->host_slab_allocator());
   ASSERT_TRUE(slab.is_ok()) << slab.status().to_string();
@@ -112,18 +131,12 @@ TEST(CudaTierTransfers, BlocksMoveThroughPinnedSlabsInOrderAfterQueuedWork) {
 // long before the transfer's last block lands).
 TEST(CudaTierTransfers, ComputeWorkOrderedAfterATransferSeesItsBytes) {
   SKIP_WITHOUT_GPU();
-  auto spec = random_model_spec("smollm2-135m");  // head_dim 64: the pool is not padded
-  ASSERT_TRUE(spec.is_ok());
-  auto made = make_random_cuda_backend(*spec, 1);
-  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
-  auto* gpu = static_cast<CudaForwardBackend*>(made->get());
-  constexpr int32_t kMoved = 2048, kBlockSize = 16;
-  std::vector<KvLayout> layouts = {gpu->group_layout(0, kMoved + 1, kBlockSize, DType::BF16)};
-  ASSERT_TRUE(gpu->allocate_kv(layouts).is_ok());
-  std::vector<LayerAttention> attention(spec->num_layers, LayerAttention::global());
-  const CacheSpec cache = CacheSpec::create("test", spec->num_layers, spec->num_kv_heads,
-                                            spec->head_dim, DType::BF16, kBlockSize, attention)
-                              .value();
+  constexpr int32_t kMoved = 2048;
+  TestPool made;
+  make_pool(kMoved + 1, &made);
+  if (HasFatalFailure()) return;
+  CudaForwardBackend* gpu = made.gpu;
+  const CacheSpec& cache = *made.cache;
   auto slab =
       HostKvStorage::create(cache, std::vector<int32_t>{kMoved},
                             HostKvStorage::Init::kUninitialized, gpu->host_slab_allocator());
