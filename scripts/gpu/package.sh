@@ -13,8 +13,9 @@
 set -euo pipefail
 dest=${1:-/work/main/.gpu}
 build=${KVP_BUILD:-build/cuda}
-bins=(tests/kvp_backend_gpu_tests tests/kvp_model_gpu_tests bench/attention_cuda_bench
-      bench/model_cuda_bench)
+# KVP_BINS (space-separated, relative to the build) packs fewer, e.g. for gpu/prefill-bench.sh:
+#   KVP_BINS="tests/kvp_backend_gpu_tests bench/attention_cuda_bench"
+read -r -a bins <<< "${KVP_BINS:-tests/kvp_backend_gpu_tests tests/kvp_model_gpu_tests bench/attention_cuda_bench bench/model_cuda_bench}"
 final=$dest
 dest=$(mktemp -d)
 trap 'rm -rf "$dest"' EXIT

@@ -4,7 +4,7 @@ same way (CUDA graph of many back-to-back calls rotating over input sets larger 
 of the replays, per call; plus eager per call), and the two ceilings of the same run: device
 copy bandwidth (bytes read + written) and a dense bf16 matmul rate (8192^3).
 
-    python3 scripts/gpu/sdpa_peer.py OUT.csv [--quick]
+    python3 scripts/gpu/sdpa_peer.py OUT.csv [--quick] [--kinds decode,prefill]
 """
 import math
 import statistics
@@ -120,7 +120,10 @@ def run(kind, batch, ctx, q_len, repeats):
 
 def main():
     out_path = sys.argv[1]
-    quick = len(sys.argv) > 2 and sys.argv[2] == "--quick"
+    quick = "--quick" in sys.argv[2:]
+    kinds = ["decode", "prefill"]
+    if "--kinds" in sys.argv[2:-1]:
+        kinds = sys.argv[sys.argv.index("--kinds") + 1].split(",")
     repeats = 5 if quick else 15
     torch.manual_seed(0)
     props = torch.cuda.get_device_properties(0)
@@ -130,6 +133,7 @@ def main():
     print(f"ceiling copy_GBps={bw:.0f} matmul_TFLOPs={mm:.0f}")
     shapes = [("decode", b, c, 1) for b in (1, 16, 64, 256) for c in (512, 4096, 16384)]
     shapes += [("prefill", 1, n, n) for n in (2048, 8192, 32768)]
+    shapes = [s for s in shapes if s[0] in kinds]
     with open(out_path, "w") as f:
         f.write("kind,batch,ctx,q_len,graph_us,eager_us,bytes,flops,gbps,frac_copy,tflops,"
                 "frac_matmul,sets,copy_gbps,matmul_tflops\n")

@@ -1,5 +1,5 @@
-// Internal to the CUDA attention kernels (.cu only): bf16/f16, int8 and fp8 (e4m3) conversions
-// shared by the decode and prefill kernels.
+// Internal to the CUDA attention kernels (.cu only): bf16/f16, int8 and fp8 (e4m3) conversions,
+// cp.async and the per-device shared-memory limit, shared by the decode and prefill kernels.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,11 +7,50 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 
 #include "backend/cuda/kernels.h"
 
 namespace kvp::cuda::detail {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Raises Kernel's dynamic shared-memory limit to `bytes` on the current device, once per device.
+// The limit is an attribute of the kernel on each device (cudaFuncSetAttribute applies to the
+// current one). Set once per process, a model split over GPUs launched a kernel on its second GPU
+// with the default 48 KiB limit, the launch failed there, and the other GPU waited in its
+// all-reduce forever.
+template <auto Kernel>
+cudaError_t set_smem_limit_once(int bytes) {
+  constexpr int kMaxDevices = 64;  // CUDA devices one process may launch on
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  static std::mutex mutex;
+  static bool attribute_set[kMaxDevices] = {};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!attribute_set[device]) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (e != cudaSuccess) return e;
+    attribute_set[device] = true;
+  }
+  return cudaSuccess;
+}
 
 // 8 int8 values to f32 without the int-to-float unit (a quarter of the FMA rate on Hopper): each
 // byte, biased to unsigned (x + 128, an xor of its sign bit), is placed by one byte permute as the

@@ -48,14 +48,6 @@ __host__ __device__ constexpr int decode_smem_bytes() {
               : kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
 // 4- or 8-byte asynchronous copy (through L1); src_bytes = 0 fills with zeros.
 template <int N>
 __device__ __forceinline__ void cp_async_small(void* dst, const void* src, int src_bytes) {
@@ -65,11 +57,6 @@ __device__ __forceinline__ void cp_async_small(void* dst, const void* src, int s
 // The f16 scale of token j from the word holding the scales of tokens j & ~1 and j | 1.
 __device__ __forceinline__ float scale_of(uint32_t word, int j) {
   return __half2float(__ushort_as_half(static_cast<uint16_t>((j & 1) ? word >> 16 : word)));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 template <typename T, int D, int G, KvFormat kKv>

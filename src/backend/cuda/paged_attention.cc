@@ -1,5 +1,6 @@
 // cuda::paged_attention: argument checks, the split-KV decision and the launches (see
-// paged_attention.h). The kernels live in decode_attention.cu and prefill_attention.cu.
+// paged_attention.h). The kernels live in decode_attention.cu, prefill_attention.cu and
+// sm90/prefill_attention_sm90.cu.
 #include "backend/cuda/paged_attention.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@ namespace {
 
 constexpr int32_t kDefaultMinKeysPerSplit = 32;
 std::atomic<int32_t> g_min_keys_per_split{kDefaultMinKeysPerSplit};
+std::atomic<PrefillKernel> g_prefill_kernel{PrefillKernel::Auto};
 
 // Heads of one KV group handled by one decode CTA: the largest of 8, 4, 2, 1 dividing the group.
 int32_t decode_heads_per_cta(int32_t group) {
@@ -149,7 +151,32 @@ detail::AttentionKernelArgs make_args(const AttentionParams& params, const Atten
   return a;
 }
 
+// Whether the current device is compute capability 9.0, the one the sm_90a kernels run on.
+bool device_is_sm90() {
+  int device = 0;
+  int major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    return false;
+  }
+  return major == 9 && minor == 0;
+}
+
+bool hopper_prefill(detail::KvFormat kv, int32_t head_dim) {
+  return g_prefill_kernel.load(std::memory_order_relaxed) == PrefillKernel::Auto &&
+         detail::prefill_attention_sm90_covers(kv, head_dim) && device_is_sm90();
+}
+
 }  // namespace
+
+void set_prefill_kernel(PrefillKernel kernel) {
+  g_prefill_kernel.store(kernel, std::memory_order_relaxed);
+}
+
+bool uses_hopper_prefill(DType kv_dtype, int32_t head_dim) {
+  return hopper_prefill(kv_format(kv_dtype), head_dim);
+}
 
 void set_decode_min_keys_per_split(int32_t min_keys) {
   g_min_keys_per_split.store(min_keys > 0 ? min_keys : kDefaultMinKeysPerSplit,
@@ -201,9 +228,16 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
                                     "merge_splits_kernel"));
   }
   if (batch.max_q_len >= 2) {
-    KVP_RETURN_IF_ERROR(cuda_status(
-        detail::launch_prefill_attention(args, bf16, kv_kind, kv.head_dim, batch.max_q_len, stream),
-        "prefill_attention_kernel"));
+    if (hopper_prefill(kv_kind, kv.head_dim)) {
+      KVP_RETURN_IF_ERROR(cuda_status(
+          detail::launch_prefill_attention_sm90(args, bf16, kv.head_dim, batch.max_q_len, stream),
+          "prefill_attention_sm90_kernel"));
+    } else {
+      KVP_RETURN_IF_ERROR(
+          cuda_status(detail::launch_prefill_attention(args, bf16, kv_kind, kv.head_dim,
+                                                       batch.max_q_len, stream),
+                      "prefill_attention_kernel"));
+    }
   }
   return Status::ok();
 }

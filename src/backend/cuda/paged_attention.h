@@ -6,9 +6,9 @@
 //           heads of one KV group share every K/V load. With several splits (flash-decoding) each
 //           CTA leaves a partial softmax state (max, sum, unnormalised accumulator) and
 //   merge   combines the splits exactly (rescaling by exp(max_i - max)).
-//   prefill (q_len >= 2): tensor-core (mma.sync m16n8k16) flash attention over rows
-//           (token, query head of one group), causal and window masks over the cached prefix
-//           plus the new tokens.
+//   prefill (q_len >= 2): tensor-core flash attention over rows (token, query head of one
+//           group), causal and window masks over the cached prefix plus the new tokens: wgmma
+//           on Hopper (sm_90a) where it covers the shape, mma.sync m16n8k16 elsewhere.
 // Each kernel reads q_len from the device metadata and skips the sequences of the other kind.
 //
 // Supported: KV and q/out both bf16 or both f16, or int8 / fp8 (e4m3) KV (cache/kv_layout.h:
@@ -43,6 +43,16 @@ class AttentionWorkspace {
 // Tuning knob for benchmarks: the fewest keys a decode split may get (default 32; <= 0 restores
 // the default). Process-wide; changes the results only by rounding.
 void set_decode_min_keys_per_split(int32_t min_keys);
+
+// Which kernel runs prefill rows (benchmarks and tests compare them in one process): Auto takes
+// the Hopper kernel (wgmma, sm90/prefill_attention_sm90.cu) on compute capability 9.0 devices
+// where it covers the shape (bf16 / f16 KV, head dim 64 or 128) and the portable mma.sync kernel
+// elsewhere; Portable always takes the mma.sync kernel. Process-wide; the default is Auto.
+enum class PrefillKernel { Auto, Portable };
+void set_prefill_kernel(PrefillKernel kernel);
+// Whether prefill rows of a pool of this dtype and head dim run on the Hopper kernel on the
+// current device under the current setting.
+bool uses_hopper_prefill(DType kv_dtype, int32_t head_dim);
 
 // Bytes of workspace a call with these arguments needs (0 when no split is used).
 size_t attention_workspace_bytes(const AttentionParams& params, const AttentionBatch& batch,

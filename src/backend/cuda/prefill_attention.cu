@@ -23,14 +23,11 @@
 // operands: the K scale multiplies each score column after Q.K^T, the V scale multiplies each
 // probability column after the row sums (P.diag(s_v).V8), both in f32.
 #include <cmath>
-#include <mutex>
 
 #include "backend/cuda/attention_device.cuh"
 
 namespace kvp::cuda::detail {
 namespace {
-
-constexpr int kMaxDevices = 64;  // CUDA devices one process may launch on
 
 constexpr int kPrefillWarps = 4;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
@@ -38,21 +35,6 @@ constexpr int kPrefillThreads = kPrefillWarps * 32;
 template <int D>
 __device__ __forceinline__ int swizzle(int row, int chunk) {
   return row * D + ((chunk ^ (row & 7)) << 3);
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte asynchronous copy; src_bytes = 0 fills the destination with zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
@@ -479,23 +461,9 @@ template <typename T, int D, KvFormat kKv>
 cudaError_t launch_prefill_typed(const AttentionKernelArgs& args, int32_t max_q_len,
                                  cudaStream_t stream) {
   constexpr int kSmem = prefill_smem_bytes<D, kKv != KvFormat::Native>();
-  // The dynamic shared-memory limit is an attribute of the kernel on each device
-  // (cudaFuncSetAttribute applies to the current one): set once per device. Set once per
-  // process, a model split over GPUs launched this kernel on its second GPU with the default
-  // 48 KiB limit, the launch failed there, and the other GPU waited in its all-reduce forever.
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
-  {
-    static std::mutex mutex;
-    static bool attribute_set[kMaxDevices] = {};
-    std::lock_guard<std::mutex> lock(mutex);
-    if (!attribute_set[device]) {
-      const cudaError_t e = cudaFuncSetAttribute(
-          prefill_attention_kernel<T, D, kKv>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (e != cudaSuccess) return e;
-      attribute_set[device] = true;
-    }
+  if (const cudaError_t e = set_smem_limit_once<prefill_attention_kernel<T, D, kKv>>(kSmem);
+      e != cudaSuccess) {
+    return e;
   }
   const int64_t rows = int64_t{max_q_len} * args.group;
   const dim3 grid(static_cast<unsigned>((rows + rows_per_cta<D>() - 1) / rows_per_cta<D>()),

@@ -181,22 +181,36 @@ void run_case(const Case& c, std::mt19937_64& rng) {
     params.sinks = d_sinks.as<float>();
   }
   AttentionWorkspace workspace;
-  // Twice with one workspace: a reused workspace (split states of the first call) must not leak
-  // into the second.
-  for (int call = 0; call < 2; ++call) {
-    KVP_ASSERT_CUDA(cudaMemset(d_out.data(), 0xff, q_elems * elem));  // NaN in bf16 and f16
-    const Status status = paged_attention_checked(params, batch, host_batch, kv, d_q.data(),
-                                                  q_dtype, d_out.data(), workspace, nullptr);
-    ASSERT_TRUE(status.is_ok()) << status.to_string();
-    KVP_ASSERT_CUDA(cudaDeviceSynchronize());
-    const std::vector<uint8_t> out = to_host<uint8_t>(d_out.data(), q_elems * elem);
-    const kvp::testing::TensorDiff diff =
-        kvp::testing::compare(out.data(), q_dtype, ref.data(), q_dtype, q_elems);
-    std::printf("%s call %d: %s\n", describe(c).c_str(), call, diff.describe().c_str());
-    const double tolerance = q_dtype == DType::BF16 ? 1e-2 : 5e-3;
-    EXPECT_EQ(diff.non_finite, 0u) << "call " << call << ": " << diff.describe();
-    EXPECT_LE(diff.relative_error, tolerance) << "call " << call << ": " << diff.describe();
+  // Prefill rows run on the Hopper kernel where the device and shape allow it: then the portable
+  // kernel is checked as well, on the same inputs.
+  std::vector<PrefillKernel> kernels = {PrefillKernel::Auto};
+  if (max_q >= 2 && uses_hopper_prefill(c.dtype, c.head_dim)) {
+    kernels.push_back(PrefillKernel::Portable);
   }
+  for (const PrefillKernel kernel : kernels) {
+    set_prefill_kernel(kernel);
+    const char* kernel_name =
+        kernel == PrefillKernel::Auto && kernels.size() > 1 ? "hopper prefill" : "";
+    // Twice with one workspace: a reused workspace (split states of the first call) must not
+    // leak into the second.
+    for (int call = 0; call < 2; ++call) {
+      KVP_ASSERT_CUDA(cudaMemset(d_out.data(), 0xff, q_elems * elem));  // NaN in bf16 and f16
+      const Status status = paged_attention_checked(params, batch, host_batch, kv, d_q.data(),
+                                                    q_dtype, d_out.data(), workspace, nullptr);
+      ASSERT_TRUE(status.is_ok()) << status.to_string();
+      KVP_ASSERT_CUDA(cudaDeviceSynchronize());
+      const std::vector<uint8_t> out = to_host<uint8_t>(d_out.data(), q_elems * elem);
+      const kvp::testing::TensorDiff diff =
+          kvp::testing::compare(out.data(), q_dtype, ref.data(), q_dtype, q_elems);
+      std::printf("%s %s call %d: %s\n", describe(c).c_str(), kernel_name, call,
+                  diff.describe().c_str());
+      const double tolerance = q_dtype == DType::BF16 ? 1e-2 : 5e-3;
+      EXPECT_EQ(diff.non_finite, 0u) << kernel_name << " call " << call << ": " << diff.describe();
+      EXPECT_LE(diff.relative_error, tolerance)
+          << kernel_name << " call " << call << ": " << diff.describe();
+    }
+  }
+  set_prefill_kernel(PrefillKernel::Auto);
 }
 
 // ---- the matrix: block size x head dim x GQA ratio x query length ----
@@ -351,6 +365,46 @@ TEST_F(PagedAttention, LongContextWindowedDecode) {
   c.release_blocks_behind_window = true;
   c.seqs = {{1, 32768}, {64, 20000}};
   run_case(c, rng_);
+}
+
+// The Hopper prefill kernel: it must run wherever it can (an H100 that silently fell back would
+// leave it untested), over tiles of 128 rows and 128 keys: several row tiles per sequence, key
+// tiles cut by the causal diagonal at every offset, a window cutting tiles, GQA 1 and 8, a soft
+// cap, and sequences whose prefix ends inside a key tile.
+TEST_F(PagedAttention, HopperPrefillRunsOnComputeCapability90) {
+  int device = 0, major = 0, minor = 0;
+  KVP_ASSERT_CUDA(cudaGetDevice(&device));
+  KVP_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KVP_ASSERT_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const bool hopper = major == 9 && minor == 0;
+  EXPECT_EQ(uses_hopper_prefill(DType::BF16, 128), hopper);
+  EXPECT_EQ(uses_hopper_prefill(DType::F16, 64), hopper);
+  EXPECT_FALSE(uses_hopper_prefill(DType::BF16, 256));
+  EXPECT_FALSE(uses_hopper_prefill(DType::I8, 128));
+  set_prefill_kernel(PrefillKernel::Portable);
+  EXPECT_FALSE(uses_hopper_prefill(DType::BF16, 128));
+  set_prefill_kernel(PrefillKernel::Auto);
+}
+
+TEST_F(PagedAttention, PrefillTilesCutByTheDiagonalAndWindows) {
+  for (const auto& [q_heads, kv_heads, head_dim, window, cap] :
+       std::vector<std::tuple<int, int, int, int, float>>{{2, 2, 128, 0, 0.0f},
+                                                          {32, 4, 128, 0, 0.0f},
+                                                          {8, 1, 64, 0, 0.0f},
+                                                          {8, 2, 128, 200, 0.0f},
+                                                          {8, 2, 64, 129, 30.0f}}) {
+    Case c;
+    c.num_q_heads = q_heads;
+    c.num_kv_heads = kv_heads;
+    c.head_dim = head_dim;
+    c.window = window;
+    c.soft_cap = cap;
+    c.release_blocks_behind_window = window > 0;
+    c.seqs = {{600, 600}, {255, 1000}, {129, 129}, {2, 130}, {1, 300}, {300, 427}};
+    run_case(c, rng_);
+    c.dtype = DType::F16;
+    run_case(c, rng_);
+  }
 }
 
 // GPT-OSS's sinks: below, near and far above every logit (100: e^(100 - m) overflows f32, the

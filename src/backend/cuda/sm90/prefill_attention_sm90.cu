@@ -1,0 +1,292 @@
+// Prefill / append attention (q_len >= 2) for Hopper (sm_90a): flash attention on wgmma, the
+// warpgroup matrix multiply that reads its B operand (and Q) straight from shared memory, with K/V
+// pages gathered through the block table by cp.async into a two-stage ring. Built only for
+// sm_90a (its own library, kvp_backend_sm90); paged_attention.cc launches it on compute
+// capability 9.0 devices for bf16 / f16 KV of head dim 64 or 128 and falls back to the mma.sync
+// kernel (prefill_attention.cu) everywhere else.
+//
+// grid (row tiles, num_seqs, num_kv_heads), 256 threads = 2 warpgroups. Rows are the (token,
+// query head of the group) pairs of one sequence and KV head, token-major, as in the mma.sync
+// kernel, so the G query heads sharing a KV head share every K/V tile:
+//
+//   row r = token * G + g      (query head kv_head * G + g, position kv_len - q_len + token)
+//   CTA tile = 128 rows; warpgroup wg owns rows 64 wg .. 64 wg + 63
+//   key tile = 128 keys, double-buffered
+//
+// Per key tile each warpgroup computes S = Q K^T (wgmma, Q and K from shared memory), the
+// online softmax on S in registers, then O += P V (wgmma, P from registers: the accumulator
+// layout of S is, pairwise packed, the A-fragment layout; V from shared memory through the
+// instruction's transpose). Causal and window masks, soft cap and sinks as in the mma.sync kernel.
+//
+// Shared memory holds every tile in wgmma's 128-byte-swizzle form: panels of 64 columns, each
+// panel [rows][64] with 128-byte rows, the 16-byte chunk c of row r stored at chunk c ^ (r & 7).
+// Q and K are K-major operands (descriptor stride 1024 bytes = 8 rows); V is an N-major operand
+// (leading offset = one panel, stride 1024 bytes = 8 keys).
+#include "backend/cuda/attention_device.cuh"
+#include "backend/cuda/sm90/wgmma.cuh"
+
+namespace kvp::cuda::detail {
+namespace {
+
+constexpr int kWarpgroups = 2;
+constexpr int kThreads = kWarpgroups * 128;
+constexpr int kRows = kWarpgroups * 64;  // query rows per CTA
+constexpr int kKeys = 128;               // keys per tile
+constexpr int kAlign = 1024;             // the 128-byte swizzle repeats every 8 rows
+
+// Byte offset of 16-byte chunk `chunk` of row r in a swizzled tile of R rows.
+template <int R>
+__device__ __forceinline__ uint32_t tile_offset(int r, int chunk) {
+  return (chunk >> 3) * (R * 128) + r * 128 + (((chunk & 7) ^ (r & 7)) << 4);
+}
+
+template <int D>
+__host__ __device__ constexpr int sm90_smem_bytes() {
+  return (kRows * D + 2 * 2 * kKeys * D) * 2 + kAlign;  // Q + [2 stages][K, V] + alignment
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_attention_sm90_kernel(const AttentionKernelArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kChunks = D / 8;  // 16-byte chunks per row
+  constexpr uint32_t kQBytes = kRows * D * 2;
+  constexpr uint32_t kTileBytes = kKeys * D * 2;  // one K or V tile
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw_addr = smem_addr(smem_raw);
+  const uint32_t base = (raw_addr + kAlign - 1) & ~static_cast<uint32_t>(kAlign - 1);
+  uint8_t* smem = smem_raw + (base - raw_addr);
+  // Q at base, then stage s: K at kQBytes + 2 s kTileBytes, V after it.
+
+  const int seq = blockIdx.y;
+  const int kv_head = blockIdx.z;
+  const int q_begin = a.query_start[seq];
+  const int q_len = a.query_start[seq + 1] - q_begin;
+  if (q_len < 2) return;  // decode rows belong to the decode kernel
+  const int G = a.group;
+  const int num_rows = q_len * G;
+  // Latest rows first: they see the most keys, so the longest CTAs start earliest.
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kRows;
+  if (row0 >= num_rows) return;
+  const int kv_len = a.kv_lens[seq];
+  const int first_pos = kv_len - q_len;  // position of token 0
+  const int pos_lo = first_pos + row0 / G;
+  const int pos_hi = first_pos + min(num_rows - 1, row0 + kRows - 1) / G;
+  const int key_begin = a.window > 0 ? max(0, pos_lo - a.window + 1) : 0;
+  const int key_end = pos_hi + 1;
+  const int tile_first = key_begin / kKeys;
+  const int num_tiles = (key_end + kKeys - 1) / kKeys - tile_first;
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;
+  const int warp = (tid / 32) % 4;  // within the warpgroup
+  const int lane = tid % 32;
+  const T* q = static_cast<const T*>(a.q);
+  const T* k = static_cast<const T*>(a.k);
+  const T* v = static_cast<const T*>(a.v);
+  const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
+  const int64_t head_offset = int64_t{kv_head} * a.block_size * D;
+
+  // Q tile (rows past the sequence are zero-filled; they are computed but never stored).
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks;
+    const int c = i % kChunks;
+    const int row = row0 + r;
+    const bool valid = row < num_rows;
+    const int token = valid ? row / G : 0;
+    const int head = kv_head * G + (valid ? row % G : 0);
+    const T* src = q + (int64_t{q_begin + token} * a.num_q_heads + head) * D + c * 8;
+    cp_async16(smem + tile_offset<kRows>(r, c), src, valid ? 16 : 0);
+  }
+  auto load_kv = [&](int tile, int stage) {
+    const int n0 = (tile_first + tile) * kKeys;
+    uint8_t* dk = smem + kQBytes + stage * 2 * kTileBytes;
+    uint8_t* dv = dk + kTileBytes;
+    for (int i = tid; i < kKeys * kChunks; i += kThreads) {
+      const int r = i / kChunks;
+      const int c = i % kChunks;
+      const int j = n0 + r;
+      int64_t off = 0;
+      // Keys before key_begin are masked for every row; a windowed group may have released
+      // their blocks (table entry -1), so they are zero-filled instead of read. Zero-filled keys
+      // are masked: p = 0 times a zero V row stays 0 (never 0 * NaN).
+      const bool valid = j >= key_begin && j < kv_len;
+      if (valid) {
+        off = int64_t{table[block_index(j, a)]} * a.block_pitch + head_offset +
+              index_in_block(j, a) * D + c * 8;
+      }
+      cp_async16(dk + tile_offset<kKeys>(r, c), k + off, valid ? 16 : 0);
+      cp_async16(dv + tile_offset<kKeys>(r, c), v + off, valid ? 16 : 0);
+    }
+  };
+  load_kv(0, 0);
+  cp_async_commit();
+  if (num_tiles > 1) load_kv(1, 1);
+  cp_async_commit();  // possibly empty: one group per tile keeps the wait counts uniform
+
+  // This thread's rows: accumulator rows lane/4 (h = 0) and lane/4 + 8 (h = 1) of its warp's 16.
+  const int my_row0 = row0 + wg * 64 + warp * 16 + lane / 4;
+  int pos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = my_row0 + h * 8;
+    pos[h] = row < num_rows ? first_pos + row / G : pos_hi;
+  }
+  float
+      o[D / 2];  // 64 x D accumulator of the warpgroup: o[4n + e], column 8n + 2(lane % 4) + e % 2
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  const bool soft_cap = a.cap_log2 > 0.0f;
+  const uint32_t q_addr = base + wg * 64 * 128;  // this warpgroup's 64 rows in each Q panel
+
+  for (int t = 0; t < num_tiles; ++t) {
+    cp_async_wait<1>();  // tile t (and Q) landed for this thread's copies
+    // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    const int stage = t & 1;
+    const uint32_t k_addr = base + kQBytes + stage * 2 * kTileBytes;
+    const uint32_t v_addr = k_addr + kTileBytes;
+
+    // S = Q K^T: 64 x kKeys per warpgroup, D / 16 steps of k16.
+    float s[kKeys / 2];
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t panel = kk / 4, within = (kk % 4) * 32;
+      const uint64_t da = sm90::smem_desc_sw128(q_addr + panel * (kRows * 128) + within, 16, 1024);
+      const uint64_t db = sm90::smem_desc_sw128(k_addr + panel * (kKeys * 128) + within, 16, 1024);
+      sm90::wgmma_ss<kKeys, T>(s, da, db, kk > 0 ? 1 : 0);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(s);
+
+    const int n0 = (tile_first + t) * kKeys;
+    const bool need_mask = n0 + kKeys - 1 > pos_lo || (a.window > 0 && pos_hi - n0 >= a.window);
+    // Without a soft cap the scores stay raw: the scale is folded into the exp2's FMA (mul > 0,
+    // so maxima commute with it). The soft cap's tanh runs under a uniform branch.
+    float mul = a.qk_mul;
+    if (soft_cap) {
+      mul = 1.0f;
+#pragma unroll
+      for (int i = 0; i < kKeys / 2; ++i) s[i] = a.cap_log2 * tanhf(s[i] * a.qk_mul);
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) {
+      const int h = (i >> 1) & 1;
+      float x = s[i];
+      if (need_mask) {
+        const int j = n0 + (i / 4) * 8 + (lane % 4) * 2 + (i & 1);
+        if (j > pos[h] || (a.window > 0 && pos[h] - j >= a.window)) x = -INFINITY;
+      }
+      s[i] = x;
+      tile_max[h] = fmaxf(tile_max[h], x);
+    }
+    float base_max[2], correction[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float m_new = fmaxf(m[h], tile_max[h] * mul);
+      base_max[h] = m_new == -INFINITY ? 0.0f : m_new;  // a row with no visible key yet
+      correction[h] = exp2f(m[h] - base_max[h]);
+      m[h] = m_new;
+      l[h] *= correction[h];
+    }
+    // Most tiles leave every row maximum of the warp unchanged: skip the accumulator rescale.
+    if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] *= correction[(i >> 1) & 1];
+    }
+#pragma unroll
+    for (int i = 0; i < kKeys / 2; ++i) {
+      const int h = (i >> 1) & 1;
+      s[i] = exp2f(fmaf(s[i], mul, -base_max[h]));
+      l[h] += s[i];
+    }
+
+    // O += P V: P's accumulator pairs are its A fragments (keys 16 kk .. 16 kk + 15).
+    uint32_t pa[kKeys / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+    sm90::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint64_t db = sm90::smem_desc_sw128(v_addr + kk * 16 * 128, kKeys * 128, 1024);
+      sm90::wgmma_rs<D, T>(o, pa[kk], db);
+    }
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    sm90::fence_operands(o);
+
+    __syncthreads();  // both warpgroups are done with this stage
+    if (t + 2 < num_tiles) load_kv(t + 2, stage);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  T* out = static_cast<T*>(a.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = my_row0 + h * 8;
+    if (row >= num_rows) continue;
+    const float inv = output_factor(m[h], sum, a, kv_head * G + row % G);
+    T* dst = out + (int64_t{q_begin + row / G} * a.num_q_heads + kv_head * G + row % G) * D +
+             (lane % 4) * 2;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + n * 8) =
+          pack2<T>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+    }
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+template <typename T, int D>
+cudaError_t launch_typed(const AttentionKernelArgs& args, int32_t max_q_len, cudaStream_t stream) {
+  constexpr int kSmem = sm90_smem_bytes<D>();
+  if (const cudaError_t e = set_smem_limit_once<prefill_attention_sm90_kernel<T, D>>(kSmem);
+      e != cudaSuccess) {
+    return e;
+  }
+  const int64_t rows = int64_t{max_q_len} * args.group;
+  const dim3 grid(static_cast<unsigned>((rows + kRows - 1) / kRows), args.num_seqs,
+                  args.num_kv_heads);
+  prefill_attention_sm90_kernel<T, D><<<grid, kThreads, kSmem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool prefill_attention_sm90_covers(KvFormat kv, int32_t head_dim) {
+  return kv == KvFormat::Native && (head_dim == 64 || head_dim == 128);
+}
+
+cudaError_t launch_prefill_attention_sm90(const AttentionKernelArgs& args, bool bf16,
+                                          int32_t head_dim, int32_t max_q_len,
+                                          cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return bf16 ? launch_typed<__nv_bfloat16, 64>(args, max_q_len, stream)
+                  : launch_typed<__half, 64>(args, max_q_len, stream);
+    case 128:
+      return bf16 ? launch_typed<__nv_bfloat16, 128>(args, max_q_len, stream)
+                  : launch_typed<__half, 128>(args, max_q_len, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace kvp::cuda::detail
