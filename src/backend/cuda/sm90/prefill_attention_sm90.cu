@@ -11,12 +11,15 @@
 //
 //   row r = token * G + g      (query head kv_head * G + g, position kv_len - q_len + token)
 //   CTA tile = 128 rows; warpgroup wg owns rows 64 wg .. 64 wg + 63
-//   key tile = 128 keys, double-buffered
+//   key tile = 128 keys, three stages (K and V of a tile share one)
 //
 // Per key tile each warpgroup computes S = Q K^T (wgmma, Q and K from shared memory), the
-// online softmax on S in registers, then O += P V (wgmma, P from registers: the accumulator
+// online softmax on S in registers, and O += P V (wgmma, P from registers: the accumulator
 // layout of S is, pairwise packed, the A-fragment layout; V from shared memory through the
-// instruction's transpose). Causal and window masks, soft cap and sinks as in the mma.sync kernel.
+// instruction's transpose). Iteration t issues S of tile t and P V of tile t - 1 together and
+// runs the softmax of t while the tensor cores work through P V, so the stages hold K of t, V of
+// t - 1 and the copies of t + 1. Causal and window masks, soft cap and sinks as in the mma.sync
+// kernel.
 //
 // Shared memory holds every tile in wgmma's 128-byte-swizzle form: panels of 64 columns, each
 // panel [rows][64] with 128-byte rows, the 16-byte chunk c of row r stored at chunk c ^ (r & 7).
@@ -40,9 +43,11 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int chunk) {
   return (chunk >> 3) * (R * 128) + r * 128 + (((chunk & 7) ^ (r & 7)) << 4);
 }
 
+constexpr int kStages = 3;  // K/V tiles in shared memory
+
 template <int D>
 __host__ __device__ constexpr int sm90_smem_bytes() {
-  return (kRows * D + 2 * 2 * kKeys * D) * 2 + kAlign;  // Q + [2 stages][K, V] + alignment
+  return (kRows * D + kStages * 2 * kKeys * D) * 2 + kAlign;  // Q + [stages][K, V] + alignment
 }
 
 template <typename T, int D>
@@ -57,6 +62,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw_addr + kAlign - 1) & ~static_cast<uint32_t>(kAlign - 1);
   uint8_t* smem = smem_raw + (base - raw_addr);
   // Q at base, then stage s: K at kQBytes + 2 s kTileBytes, V after it.
+  static_assert(sm90_smem_bytes<D>() <= 227 * 1024, "shared memory of one CTA on sm_90");
 
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
@@ -119,11 +125,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       cp_async16(dv + tile_offset<kKeys>(r, c), v + off, valid ? 16 : 0);
     }
   };
-  load_kv(0, 0);
-  cp_async_commit();
-  if (num_tiles > 1) load_kv(1, 1);
-  cp_async_commit();  // possibly empty: one group per tile keeps the wait counts uniform
-
   // This thread's rows: accumulator rows lane/4 (h = 0) and lane/4 + 8 (h = 1) of its warp's 16.
   const int my_row0 = row0 + wg * 64 + warp * 16 + lane / 4;
   int pos[2];
@@ -132,39 +133,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int row = my_row0 + h * 8;
     pos[h] = row < num_rows ? first_pos + row / G : pos_hi;
   }
-  float
-      o[D / 2];  // 64 x D accumulator of the warpgroup: o[4n + e], column 8n + 2(lane % 4) + e % 2
+  // 64 x D accumulator of the warpgroup: o[4n + e], column 8n + 2(lane % 4) + e % 2
+  float o[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY};
   float l[2] = {0.0f, 0.0f};
   const bool soft_cap = a.cap_log2 > 0.0f;
   const uint32_t q_addr = base + wg * 64 * 128;  // this warpgroup's 64 rows in each Q panel
+  auto k_addr = [&](int tile) { return base + kQBytes + (tile % kStages) * 2 * kTileBytes; };
 
-  for (int t = 0; t < num_tiles; ++t) {
-    cp_async_wait<1>();  // tile t (and Q) landed for this thread's copies
-    // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    const int stage = t & 1;
-    const uint32_t k_addr = base + kQBytes + stage * 2 * kTileBytes;
-    const uint32_t v_addr = k_addr + kTileBytes;
-
-    // S = Q K^T: 64 x kKeys per warpgroup, D / 16 steps of k16.
-    float s[kKeys / 2];
-    sm90::wgmma_fence();
+  // S = Q K^T of `tile` (64 x kKeys per warpgroup, D / 16 steps of k16), issued, not waited for.
+  float s[kKeys / 2];
+  auto issue_qk = [&](int tile) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       const uint32_t panel = kk / 4, within = (kk % 4) * 32;
       const uint64_t da = sm90::smem_desc_sw128(q_addr + panel * (kRows * 128) + within, 16, 1024);
-      const uint64_t db = sm90::smem_desc_sw128(k_addr + panel * (kKeys * 128) + within, 16, 1024);
+      const uint64_t db =
+          sm90::smem_desc_sw128(k_addr(tile) + panel * (kKeys * 128) + within, 16, 1024);
       sm90::wgmma_ss<kKeys, T>(s, da, db, kk > 0 ? 1 : 0);
     }
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(s);
-
-    const int n0 = (tile_first + t) * kKeys;
+  };
+  // O += P V of `tile`: P's accumulator pairs are its A fragments (keys 16 kk .. 16 kk + 15).
+  uint32_t pa[kKeys / 16][4];
+  auto issue_pv = [&](int tile) {
+    const uint32_t v_addr = k_addr(tile) + kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const uint64_t db = sm90::smem_desc_sw128(v_addr + kk * 16 * 128, kKeys * 128, 1024);
+      sm90::wgmma_rs<D, T>(o, pa[kk], db);
+    }
+    sm90::wgmma_commit();
+  };
+  // Online softmax of S (tile `tile`) in place: masks, the new row maxima, l, and the factor the
+  // accumulator must be rescaled by before this tile's P V joins it.
+  auto softmax = [&](int tile, float(&correction)[2]) {
+    const int n0 = (tile_first + tile) * kKeys;
     const bool need_mask = n0 + kKeys - 1 > pos_lo || (a.window > 0 && pos_hi - n0 >= a.window);
     // Without a soft cap the scores stay raw: the scale is folded into the exp2's FMA (mul > 0,
     // so maxima commute with it). The soft cap's tanh runs under a uniform branch.
@@ -186,7 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       s[i] = x;
       tile_max[h] = fmaxf(tile_max[h], x);
     }
-    float base_max[2], correction[2];
+    float base_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
@@ -197,20 +203,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       m[h] = m_new;
       l[h] *= correction[h];
     }
-    // Most tiles leave every row maximum of the warp unchanged: skip the accumulator rescale.
-    if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] *= correction[(i >> 1) & 1];
-    }
 #pragma unroll
     for (int i = 0; i < kKeys / 2; ++i) {
       const int h = (i >> 1) & 1;
       s[i] = exp2f(fmaf(s[i], mul, -base_max[h]));
       l[h] += s[i];
     }
-
-    // O += P V: P's accumulator pairs are its A fragments (keys 16 kk .. 16 kk + 15).
-    uint32_t pa[kKeys / 16][4];
+  };
+  auto pack_p = [&] {
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -218,21 +218,61 @@ __global__ void __launch_bounds__(kThreads, 1)
       pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
     }
-    sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint64_t db = sm90::smem_desc_sw128(v_addr + kk * 16 * 128, kKeys * 128, 1024);
-      sm90::wgmma_rs<D, T>(o, pa[kk], db);
-    }
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_operands(o);
+  };
+  // Waits for this thread's copies of the tile in flight, then makes every thread's visible to the
+  // tensor cores: cp.async writes through the generic proxy, wgmma reads through the async one.
+  // The barrier also means every warpgroup is done with the previous iteration.
+  auto tile_landed = [] {
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+  };
 
-    __syncthreads();  // both warpgroups are done with this stage
-    if (t + 2 < num_tiles) load_kv(t + 2, stage);
+  // Tile t's K and V sit in stage t % 3: iteration t reads K of t and V of t - 1 while the
+  // copies of t + 1 land in the third stage.
+  load_kv(0, 0);
+  cp_async_commit();
+  tile_landed();
+  if (num_tiles > 1) {
+    load_kv(1, 1 % kStages);
     cp_async_commit();
   }
-  cp_async_wait<0>();
+  sm90::wgmma_fence();
+  issue_qk(0);
+  sm90::wgmma_wait<0>();
+  sm90::fence_operands(s);
+  {
+    float correction[2];
+    softmax(0, correction);  // o is still zero: nothing to rescale
+  }
+  pack_p();
+  for (int t = 1; t < num_tiles; ++t) {
+    tile_landed();
+    if (t + 1 < num_tiles) {
+      load_kv(t + 1, (t + 1) % kStages);
+      cp_async_commit();
+    }
+    // The tensor cores run P V of t - 1 while this warpgroup computes the softmax of t.
+    sm90::wgmma_fence();
+    issue_qk(t);
+    issue_pv(t - 1);
+    sm90::wgmma_wait<1>();  // S of t (groups complete in order)
+    sm90::fence_operands(s);
+    float correction[2];
+    softmax(t, correction);
+    sm90::wgmma_wait<0>();  // P V of t - 1
+    sm90::fence_operands(o);
+    // Most tiles leave every row maximum of the warp unchanged: skip the accumulator rescale.
+    if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] *= correction[(i >> 1) & 1];
+    }
+    pack_p();
+  }
+  sm90::wgmma_fence();
+  issue_pv(num_tiles - 1);
+  sm90::wgmma_wait<0>();
+  sm90::fence_operands(o);
 
   T* out = static_cast<T*>(a.out);
 #pragma unroll
