@@ -7,6 +7,8 @@
 //                                                 # alone (all_reduce_rows)
 //   model_cuda_bench OUT.csv --tensor-parallel N --70b   # the 70B shape, split only
 //   model_cuda_bench OUT.csv --moe             # the mixture-of-experts shapes only
+//   model_cuda_bench OUT.csv --prefill-kernels # 8B prefill of 2048 and 8192 tokens with the
+//                                               # Hopper attention kernel, then the portable one
 //   model_cuda_bench OUT.csv --gemm            # the decode products at 1…8 rows, cuBLAS against
 //                                               # skinny_gemm.h (skinny_rows), nothing else
 //   model_cuda_bench OUT.csv --profile-decode   # one eager 8B decode step (batch 1, context
@@ -54,6 +56,7 @@
 
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/paged_attention.h"
 #include "model/cuda/cuda_forward_backend.h"
 #include "model/cuda/nccl_library.h"
 #include "model/cuda/peer_all_reduce.h"
@@ -636,6 +639,7 @@ int run(int argc, char** argv) {
   const bool profile_moe = argc > 2 && std::string(argv[2]) == "--profile-moe-prefill";
   const bool profile_moe_decode = argc > 2 && std::string(argv[2]) == "--profile-moe-decode";
   const bool gemm_only = argc > 2 && std::string(argv[2]) == "--gemm";
+  const bool prefill_kernels = argc > 2 && std::string(argv[2]) == "--prefill-kernels";
   const int32_t tensor_parallel =
       argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
   const bool shape_70b = tensor_parallel > 1 && argc > 4 && std::string(argv[4]) == "--70b";
@@ -679,6 +683,21 @@ int run(int argc, char** argv) {
   if (gemm_only) {
     skinny_rows(bandwidth);
     return 0;
+  }
+  if (prefill_kernels) {
+    // the same prompts through the attention kernel paged_attention picks (on an H100 the wgmma
+    // one) and through the portable mma.sync kernel
+    ModelBench bench("llama31-8b", llama31_8b(), 8192 + 2048, bandwidth, matmul, quick);
+    for (const PrefillKernel kernel : {PrefillKernel::Auto, PrefillKernel::Portable}) {
+      set_prefill_kernel(kernel);
+      for (const int length : {2048, 8192}) {
+        rows.push_back(bench.prefill(length));
+        rows.back().mode =
+            kernel == PrefillKernel::Auto ? "eager, attention auto" : "eager, attention portable";
+        print(rows.back());
+      }
+    }
+    set_prefill_kernel(PrefillKernel::Auto);
   }
   if (tensor_parallel > 1) all_reduce_rows(tensor_parallel);
   if (shape_70b) {
@@ -741,7 +760,7 @@ int run(int argc, char** argv) {
       bench.set_moe_gemm_mode(MoeGemmMode::kGrouped);
     }
   }
-  if (tensor_parallel == 1 && !moe) {
+  if (tensor_parallel == 1 && !moe && !prefill_kernels) {
     ModelBench bench("llama31-8b", llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, quick);
     for (int batch : {1, 4, 64}) {
       for (int context : {512, 4096}) {
@@ -757,7 +776,7 @@ int run(int argc, char** argv) {
     rows.push_back(bench.prefill(2048));
     print(rows.back());
   }
-  if (tensor_parallel == 1 && !moe) {
+  if (tensor_parallel == 1 && !moe && !prefill_kernels) {
     ModelBench bench("smollm2-135m", smollm2_135m(), 4096, bandwidth, matmul, quick);
     for (bool graphs : {false, true}) {
       rows.push_back(bench.decode(1, 512, graphs));
