@@ -5,10 +5,9 @@
 // --kv: KV dtypes to run each case with (default bf16). int8 and fp8 (e4m3) are the 8-bit pools of
 // cache/kv_layout.h (q and out stay bf16); their bytes count the 8-bit rows and their f16 scales,
 // what the kernels read. --kinds: case families to run (default all: decode, decode_block,
-// prefill, prefill_portable, prefill_ws, decode_split). prefill runs the library's choice of
-// kernel (on an H100 the Hopper wgmma kernel, for bf16 KV); prefill_portable the same shapes on
-// the portable mma.sync kernel, prefill_ws on the Hopper kernel's warp-specialised form, for a
-// same-run comparison.
+// prefill, prefill_portable, decode_split). prefill runs the library's choice of kernel (on an
+// H100 the Hopper wgmma kernel, for bf16 KV); prefill_portable the same shapes on the portable
+// mma.sync kernel, for a same-run comparison.
 //
 // Cases: decode 32 q / 8 KV heads, head dim 128, bf16, block 16, batch {1,16,64,256} x context
 // {512,4096,16384}; decode against block size {16..256}; causal prefill, batch 1, length
@@ -160,7 +159,7 @@ double measure_copy_gbps(cudaStream_t stream) {
 }
 
 struct Shape {
-  const char* kind;  // "decode", "decode_block", "decode_split" or "prefill[_portable|_ws]"
+  const char* kind;  // "decode", "decode_block", "prefill", "prefill_portable" or "decode_split"
   int32_t batch;
   int32_t ctx;    // kv_len of every sequence
   int32_t q_len;  // 1 (decode) or ctx (prefill)
@@ -321,7 +320,6 @@ int bench_main(int argc, char** argv) {
   for (int32_t len : {2048, 8192, 32768}) {
     all_shapes.push_back({"prefill_portable", 1, len, len, 16});
   }
-  for (int32_t len : {2048, 8192, 32768}) all_shapes.push_back({"prefill_ws", 1, len, len, 16});
   // decode split policy (variants of the fewest keys per split; the default is 32)
   for (int32_t min_keys : {64, 128, 256}) {
     for (int32_t b : {1, 16}) {
@@ -346,9 +344,7 @@ int bench_main(int argc, char** argv) {
   for (const Shape& s : shapes) {
     set_decode_min_keys_per_split(s.min_keys_per_split);
     set_prefill_kernel(std::strcmp(s.kind, "prefill_portable") == 0 ? PrefillKernel::Portable
-                       : std::strcmp(s.kind, "prefill_ws") == 0
-                           ? PrefillKernel::HopperWarpSpecialized
-                           : PrefillKernel::Auto);
+                                                                    : PrefillKernel::Auto);
     const CaseResult r = run_shape(s, stream, quick, seed += 101);
     const double gbps = r.bytes / (r.timing.graph_us * 1e-6) / 1e9;
     const double tflops = r.flops / (r.timing.graph_us * 1e-6) / 1e12;

@@ -42,7 +42,7 @@ for section in $sections; do
       ;;
     bench)
       echo "== prefill: kvpool (hopper, portable)" >> "$log"
-      timeout 200 ./attention_cuda_bench "$out/prefill.csv" --kinds prefill,prefill_ws,prefill_portable \
+      timeout 200 ./attention_cuda_bench "$out/prefill.csv" --kinds prefill,prefill_portable \
         >> "$log" 2>&1 || status=1
       echo "== prefill: torch SDPA and the ceilings" >> "$log"
       timeout 200 python3 gpu/sdpa_peer.py "$out/sdpa.csv" --kinds prefill >> "$log" 2>&1 ||

@@ -64,11 +64,8 @@ cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16,
 // same contract as launch_prefill_attention where it covers the KV format and head dim (bf16 /
 // f16 KV, head dim 64 or 128); launch it only on compute capability 9.0 devices.
 bool prefill_attention_sm90_covers(KvFormat kv, int32_t head_dim);
-// warp_specialized: a producer warpgroup feeds the two consumer warpgroups through mbarriers;
-// else all threads load, one CTA barrier per key tile.
 cudaError_t launch_prefill_attention_sm90(const AttentionKernelArgs& args, bool bf16,
-                                          int32_t head_dim, int32_t max_q_len,
-                                          bool warp_specialized, cudaStream_t stream);
+                                          int32_t head_dim, int32_t max_q_len, cudaStream_t stream);
 
 // KV write: rows of k_new/v_new ([num_tokens][num_kv_heads][head_dim], 16-byte multiples) into
 // the slots of slot_mapping ([num_tokens], negative = skip) of one layer's K and V.

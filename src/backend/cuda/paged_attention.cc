@@ -164,7 +164,7 @@ bool device_is_sm90() {
 }
 
 bool hopper_prefill(detail::KvFormat kv, int32_t head_dim) {
-  return g_prefill_kernel.load(std::memory_order_relaxed) != PrefillKernel::Portable &&
+  return g_prefill_kernel.load(std::memory_order_relaxed) == PrefillKernel::Auto &&
          detail::prefill_attention_sm90_covers(kv, head_dim) && device_is_sm90();
 }
 
@@ -229,11 +229,9 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   }
   if (batch.max_q_len >= 2) {
     if (hopper_prefill(kv_kind, kv.head_dim)) {
-      const bool ws =
-          g_prefill_kernel.load(std::memory_order_relaxed) == PrefillKernel::HopperWarpSpecialized;
-      KVP_RETURN_IF_ERROR(cuda_status(detail::launch_prefill_attention_sm90(
-                                          args, bf16, kv.head_dim, batch.max_q_len, ws, stream),
-                                      "prefill_attention_sm90_kernel"));
+      KVP_RETURN_IF_ERROR(cuda_status(
+          detail::launch_prefill_attention_sm90(args, bf16, kv.head_dim, batch.max_q_len, stream),
+          "prefill_attention_sm90_kernel"));
     } else {
       KVP_RETURN_IF_ERROR(
           cuda_status(detail::launch_prefill_attention(args, bf16, kv_kind, kv.head_dim,

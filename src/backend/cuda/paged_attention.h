@@ -47,10 +47,8 @@ void set_decode_min_keys_per_split(int32_t min_keys);
 // Which kernel runs prefill rows (benchmarks and tests compare them in one process): Auto takes
 // the Hopper kernel (wgmma, sm90/prefill_attention_sm90.cu) on compute capability 9.0 devices
 // where it covers the shape (bf16 / f16 KV, head dim 64 or 128) and the portable mma.sync kernel
-// elsewhere; Portable always takes the mma.sync kernel. HopperWarpSpecialized takes the Hopper
-// kernel's other form (a producer warpgroup and mbarriers) where Auto would take the Hopper one
-// (a same-run comparison for the benchmark). Process-wide; the default is Auto.
-enum class PrefillKernel { Auto, Portable, HopperWarpSpecialized };
+// elsewhere; Portable always takes the mma.sync kernel. Process-wide; the default is Auto.
+enum class PrefillKernel { Auto, Portable };
 void set_prefill_kernel(PrefillKernel kernel);
 // Whether prefill rows of a pool of this dtype and head dim run on the Hopper kernel on the
 // current device under the current setting.

@@ -185,15 +185,12 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   // kernel is checked as well, on the same inputs.
   std::vector<PrefillKernel> kernels = {PrefillKernel::Auto};
   if (max_q >= 2 && uses_hopper_prefill(c.dtype, c.head_dim)) {
-    kernels.push_back(PrefillKernel::HopperWarpSpecialized);
     kernels.push_back(PrefillKernel::Portable);
   }
   for (const PrefillKernel kernel : kernels) {
     set_prefill_kernel(kernel);
-    const char* kernel_name = kernels.size() == 1                              ? ""
-                              : kernel == PrefillKernel::Auto                  ? "hopper prefill"
-                              : kernel == PrefillKernel::HopperWarpSpecialized ? "hopper ws prefill"
-                                                                               : "portable prefill";
+    const char* kernel_name =
+        kernel == PrefillKernel::Auto && kernels.size() > 1 ? "hopper prefill" : "";
     // Twice with one workspace: a reused workspace (split states of the first call) must not
     // leak into the second.
     for (int call = 0; call < 2; ++call) {

@@ -1,24 +1,17 @@
 // Prefill / append attention (q_len >= 2) for Hopper (sm_90a): flash attention on wgmma, the
 // warpgroup matrix multiply that reads its B operand (and Q) straight from shared memory, with K/V
-// pages gathered through the block table by cp.async into a two-stage ring. Built only for
+// pages gathered through the block table by cp.async into a three-stage ring. Built only for
 // sm_90a (its own library, kvp_backend_sm90); paged_attention.cc launches it on compute
 // capability 9.0 devices for bf16 / f16 KV of head dim 64 or 128 and falls back to the mma.sync
 // kernel (prefill_attention.cu) everywhere else.
 //
-// grid (row tiles, num_seqs, num_kv_heads), 384 threads = 3 warpgroups. Rows are the (token,
+// grid (row tiles, num_seqs, num_kv_heads), 256 threads = 2 warpgroups. Rows are the (token,
 // query head of the group) pairs of one sequence and KV head, token-major, as in the mma.sync
 // kernel, so the G query heads sharing a KV head share every K/V tile:
 //
 //   row r = token * G + g      (query head kv_head * G + g, position kv_len - q_len + token)
-//   CTA tile = 128 rows; consumer warpgroup wg (0, 1) owns rows 64 wg .. 64 wg + 63
+//   CTA tile = 128 rows; warpgroup wg owns rows 64 wg .. 64 wg + 63
 //   key tile = 128 keys, three stages (K and V of a tile share one)
-//
-// Warp specialisation: warpgroup 2 is the producer. It gathers Q and the K/V pages with cp.async,
-// and when a tile's copies have landed it makes them visible to the tensor cores (a proxy fence)
-// and arrives on the stage's `full` mbarrier; the consumers arrive on its `empty` mbarrier when
-// they are done with it, and the producer waits for that before refilling it. No CTA-wide
-// barrier runs after the start. setmaxnreg moves registers from the producer (40) to the
-// consumers (232): 40 is the fewest the producer runs in without spilling.
 //
 // Per key tile each warpgroup computes S = Q K^T (wgmma, Q and K from shared memory), the
 // online softmax on S in registers, and O += P V (wgmma, P from registers: the accumulator
@@ -27,6 +20,11 @@
 // runs the softmax of t while the tensor cores work through P V, so the stages hold K of t, V of
 // t - 1 and the copies of t + 1. Causal and window masks, soft cap and sinks as in the mma.sync
 // kernel.
+//
+// Every thread loads; one CTA barrier per key tile publishes the copies. A warp-specialised form
+// (a producer warpgroup gathering with cp.async, full/empty mbarriers, setmaxnreg 40 / 232) was
+// measured in the same H100 run at 0.92-0.99x this one's speed and removed (commit 4fd14b6 holds
+// it; docs/perf/attention-cuda.md, "Hopper prefill").
 //
 // Shared memory holds every tile in wgmma's 128-byte-swizzle form: panels of 64 columns, each
 // panel [rows][64] with 128-byte rows, the 16-byte chunk c of row r stored at chunk c ^ (r & 7).
@@ -38,12 +36,11 @@
 namespace kvp::cuda::detail {
 namespace {
 
-constexpr int kConsumers = 2;                       // warpgroups computing attention
-constexpr int kThreadsSync = kConsumers * 128;      // consumers load too
-constexpr int kThreadsWs = (kConsumers + 1) * 128;  // + the producer warpgroup
-constexpr int kRows = kConsumers * 64;              // query rows per CTA
-constexpr int kKeys = 128;                          // keys per tile
-constexpr int kAlign = 1024;                        // the 128-byte swizzle repeats every 8 rows
+constexpr int kWarpgroups = 2;
+constexpr int kThreads = kWarpgroups * 128;
+constexpr int kRows = kWarpgroups * 64;  // query rows per CTA
+constexpr int kKeys = 128;               // keys per tile
+constexpr int kAlign = 1024;             // the 128-byte swizzle repeats every 8 rows
 
 // Byte offset of 16-byte chunk `chunk` of row r in a swizzled tile of R rows.
 template <int R>
@@ -51,34 +48,16 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int chunk) {
   return (chunk >> 3) * (R * 128) + r * 128 + (((chunk & 7) ^ (r & 7)) << 4);
 }
 
-constexpr int kStages = 3;
-
-__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
-               : "memory");
-}
-// Waits until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}  // K/V tiles in shared memory
+constexpr int kStages = 3;  // K/V tiles in shared memory
 
 template <int D>
 __host__ __device__ constexpr int sm90_smem_bytes() {
   return (kRows * D + kStages * 2 * kKeys * D) * 2 + kAlign;  // Q + [stages][K, V] + alignment
 }
 
-// The kernel body, both ways of feeding the consumers (kWs: a producer warpgroup and mbarriers;
-// else every thread loads and a CTA barrier per tile publishes the copies).
-template <typename T, int D, bool kWs>
-__device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) {
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    prefill_attention_sm90_kernel(const AttentionKernelArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr uint32_t kQBytes = kRows * D * 2;
@@ -88,7 +67,7 @@ __device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) 
   const uint32_t base = (raw_addr + kAlign - 1) & ~static_cast<uint32_t>(kAlign - 1);
   uint8_t* smem = smem_raw + (base - raw_addr);
   // Q at base, then stage s: K at kQBytes + 2 s kTileBytes, V after it.
-  static_assert(sm90_smem_bytes<D>() + 64 <= 227 * 1024, "shared memory of one CTA on sm_90");
+  static_assert(sm90_smem_bytes<D>() <= 227 * 1024, "shared memory of one CTA on sm_90");
 
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
@@ -110,16 +89,6 @@ __device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) 
   const int num_tiles = (key_end + kKeys - 1) / kKeys - tile_first;
 
   const int tid = threadIdx.x;
-  __shared__ uint64_t bars[2 * kStages];  // kWs: full[kStages], empty[kStages]
-  if constexpr (kWs) {
-    if (tid == 0) {
-      for (int i = 0; i < kStages; ++i) {
-        mbarrier_init(smem_addr(&bars[i]), 128);                         // producer threads
-        mbarrier_init(smem_addr(&bars[kStages + i]), kConsumers * 128);  // consumer threads
-      }
-    }
-    __syncthreads();  // the only CTA-wide barrier: the mbarriers are initialised
-  }
   const int wg = tid / 128;
   const int warp = (tid / 32) % 4;  // within the warpgroup
   const int lane = tid % 32;
@@ -129,26 +98,22 @@ __device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) 
   const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
   const int64_t head_offset = int64_t{kv_head} * a.block_size * D;
 
-  // Loader `first` of `stride`'s share of the Q tile (rows past the sequence are zero-filled;
-  // they are computed but never stored).
-  auto load_q = [&](int first, int stride) {
-    for (int i = first; i < kRows * kChunks; i += stride) {
-      const int r = i / kChunks;
-      const int c = i % kChunks;
-      const int row = row0 + r;
-      const bool valid = row < num_rows;
-      const int token = valid ? row / G : 0;
-      const int head = kv_head * G + (valid ? row % G : 0);
-      const T* src = q + (int64_t{q_begin + token} * a.num_q_heads + head) * D + c * 8;
-      cp_async16(smem + tile_offset<kRows>(r, c), src, valid ? 16 : 0);
-    }
-  };
-  // Loader `first` of `stride`'s share of a K/V tile.
-  auto load_kv = [&](int first, int stride, int tile, int stage) {
+  // Q tile (rows past the sequence are zero-filled; they are computed but never stored).
+  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks;
+    const int c = i % kChunks;
+    const int row = row0 + r;
+    const bool valid = row < num_rows;
+    const int token = valid ? row / G : 0;
+    const int head = kv_head * G + (valid ? row % G : 0);
+    const T* src = q + (int64_t{q_begin + token} * a.num_q_heads + head) * D + c * 8;
+    cp_async16(smem + tile_offset<kRows>(r, c), src, valid ? 16 : 0);
+  }
+  auto load_kv = [&](int tile, int stage) {
     const int n0 = (tile_first + tile) * kKeys;
     uint8_t* dk = smem + kQBytes + stage * 2 * kTileBytes;
     uint8_t* dv = dk + kTileBytes;
-    for (int i = first; i < kKeys * kChunks; i += stride) {
+    for (int i = tid; i < kKeys * kChunks; i += kThreads) {
       const int r = i / kChunks;
       const int c = i % kChunks;
       const int j = n0 + r;
@@ -165,27 +130,6 @@ __device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) 
       cp_async16(dv + tile_offset<kKeys>(r, c), v + off, valid ? 16 : 0);
     }
   };
-  const uint32_t full_bar = smem_addr(&bars[0]);         // [kStages]: the stage's copies landed
-  const uint32_t empty_bar = smem_addr(&bars[kStages]);  // [kStages]: the consumers are done
-  if constexpr (kWs) {
-    if (wg == kConsumers) {
-      // Producer: tile t goes to stage t % kStages once the consumers have released the tile
-      // that was there, and its full barrier is released as soon as its copies have landed.
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-      const int ptid = tid - kConsumers * 128;
-      for (int t = 0; t < num_tiles; ++t) {
-        if (t >= kStages) mbarrier_wait(empty_bar + 8 * (t % kStages), ((t / kStages) - 1) & 1);
-        if (t == 0) load_q(ptid, 128);
-        load_kv(ptid, 128, t, t % kStages);
-        cp_async_commit();
-        cp_async_wait<0>();
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        mbarrier_arrive(full_bar + 8 * (t % kStages));
-      }
-      return;
-    }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
-  }
   // This thread's rows: accumulator rows lane/4 (h = 0) and lane/4 + 8 (h = 1) of its warp's 16.
   const int my_row0 = row0 + wg * 64 + warp * 16 + lane / 4;
   int pos[2];
@@ -280,35 +224,24 @@ __device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) 
       pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
     }
   };
-  // Tile t's K and V sit in stage t % 3: iteration t reads K of t and V of t - 1 while the
-  // copies of t + 1 land in the third stage. wait_tile(t) returns when tile t is in shared
-  // memory and visible to the tensor cores; release_tile(t) says its stage may be refilled.
-  auto wait_tile = [&](int tile) {
-    if constexpr (kWs) {
-      mbarrier_wait(full_bar + 8 * (tile % kStages), (tile / kStages) & 1);
-    } else {
-      // This thread's copies of the tile, then every thread's: cp.async writes through the
-      // generic proxy, wgmma reads through the async one. The barrier also means every
-      // warpgroup is done with the previous iteration, so the third stage may be refilled.
-      cp_async_wait<0>();
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      __syncthreads();
-      if (tile + 1 < num_tiles) {
-        load_kv(tid, kThreadsSync, tile + 1, (tile + 1) % kStages);
-        cp_async_commit();
-      }
-    }
-  };
-  auto release_tile = [&](int tile) {
-    if constexpr (kWs) mbarrier_arrive(empty_bar + 8 * (tile % kStages));
+  // Waits for this thread's copies of the tile in flight, then makes every thread's visible to the
+  // tensor cores: cp.async writes through the generic proxy, wgmma reads through the async one.
+  // The barrier also means every warpgroup is done with the previous iteration.
+  auto tile_landed = [] {
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
   };
 
-  if constexpr (!kWs) {
-    load_q(tid, kThreadsSync);
-    load_kv(tid, kThreadsSync, 0, 0);
+  // Tile t's K and V sit in stage t % 3: iteration t reads K of t and V of t - 1 while the
+  // copies of t + 1 land in the third stage.
+  load_kv(0, 0);
+  cp_async_commit();
+  tile_landed();
+  if (num_tiles > 1) {
+    load_kv(1, 1 % kStages);
     cp_async_commit();
   }
-  wait_tile(0);
   sm90::wgmma_fence();
   issue_qk(0);
   sm90::wgmma_wait<0>();
@@ -319,7 +252,11 @@ __device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) 
   }
   pack_p();
   for (int t = 1; t < num_tiles; ++t) {
-    wait_tile(t);
+    tile_landed();
+    if (t + 1 < num_tiles) {
+      load_kv(t + 1, (t + 1) % kStages);
+      cp_async_commit();
+    }
     // The tensor cores run P V of t - 1 while this warpgroup computes the softmax of t.
     sm90::wgmma_fence();
     issue_qk(t);
@@ -330,7 +267,6 @@ __device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) 
     softmax(t, correction);
     sm90::wgmma_wait<0>();  // P V of t - 1
     sm90::fence_operands(o);
-    release_tile(t - 1);  // K and V of t - 1 are read
     // Most tiles leave every row maximum of the warp unchanged: skip the accumulator rescale.
     if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
 #pragma unroll
@@ -364,34 +300,17 @@ __device__ __forceinline__ void prefill_sm90_body(const AttentionKernelArgs& a) 
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreadsSync, 1)
-    prefill_attention_sm90_kernel(const AttentionKernelArgs a) {
-  prefill_sm90_body<T, D, false>(a);
-}
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreadsWs, 1)
-    prefill_attention_sm90_ws_kernel(const AttentionKernelArgs a) {
-  prefill_sm90_body<T, D, true>(a);
-}
-
-template <auto Kernel, int D>
-cudaError_t launch_kernel(const AttentionKernelArgs& args, int32_t max_q_len, int threads,
-                          cudaStream_t stream) {
+cudaError_t launch_typed(const AttentionKernelArgs& args, int32_t max_q_len, cudaStream_t stream) {
   constexpr int kSmem = sm90_smem_bytes<D>();
-  if (const cudaError_t e = set_smem_limit_once<Kernel>(kSmem); e != cudaSuccess) return e;
+  if (const cudaError_t e = set_smem_limit_once<prefill_attention_sm90_kernel<T, D>>(kSmem);
+      e != cudaSuccess) {
+    return e;
+  }
   const int64_t rows = int64_t{max_q_len} * args.group;
   const dim3 grid(static_cast<unsigned>((rows + kRows - 1) / kRows), args.num_seqs,
                   args.num_kv_heads);
-  Kernel<<<grid, threads, kSmem, stream>>>(args);
+  prefill_attention_sm90_kernel<T, D><<<grid, kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
-}
-template <typename T, int D>
-cudaError_t launch_typed(const AttentionKernelArgs& args, int32_t max_q_len, bool ws,
-                         cudaStream_t stream) {
-  return ws ? launch_kernel<prefill_attention_sm90_ws_kernel<T, D>, D>(args, max_q_len, kThreadsWs,
-                                                                       stream)
-            : launch_kernel<prefill_attention_sm90_kernel<T, D>, D>(args, max_q_len, kThreadsSync,
-                                                                    stream);
 }
 
 }  // namespace
@@ -402,15 +321,14 @@ bool prefill_attention_sm90_covers(KvFormat kv, int32_t head_dim) {
 
 cudaError_t launch_prefill_attention_sm90(const AttentionKernelArgs& args, bool bf16,
                                           int32_t head_dim, int32_t max_q_len,
-                                          bool warp_specialized, cudaStream_t stream) {
-  const bool ws = warp_specialized;
+                                          cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return bf16 ? launch_typed<__nv_bfloat16, 64>(args, max_q_len, ws, stream)
-                  : launch_typed<__half, 64>(args, max_q_len, ws, stream);
+      return bf16 ? launch_typed<__nv_bfloat16, 64>(args, max_q_len, stream)
+                  : launch_typed<__half, 64>(args, max_q_len, stream);
     case 128:
-      return bf16 ? launch_typed<__nv_bfloat16, 128>(args, max_q_len, ws, stream)
-                  : launch_typed<__half, 128>(args, max_q_len, ws, stream);
+      return bf16 ? launch_typed<__nv_bfloat16, 128>(args, max_q_len, stream)
+                  : launch_typed<__half, 128>(args, max_q_len, stream);
     default:
       return cudaErrorInvalidValue;
   }
