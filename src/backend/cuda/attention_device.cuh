@@ -143,6 +143,69 @@ __device__ __forceinline__ int index_in_block(int j, const AttentionKernelArgs& 
   return a.block_shift >= 0 ? j & (a.block_size - 1) : j % a.block_size;
 }
 
+// What one prefill CTA (grid: row tiles counted from the end, sequences, KV heads) works on: rows
+// row0 .. row0 + kRows - 1 of its sequence and KV head (row r = token * G + g, query head
+// kv_head * G + g, position first_pos + token), latest rows first so that the longest CTAs start
+// earliest, and the key tiles of kKeys those rows see: from the first key the earliest row sees
+// (window) to the last one the latest row sees (causal).
+struct PrefillTile {
+  int q_begin, q_len, num_rows, row0, kv_len, first_pos, pos_lo, pos_hi, key_begin, tile_first,
+      num_tiles;
+};
+// False when the CTA has no rows: a decode sequence (q_len < 2, the decode kernel's) or a row tile
+// past the sequence's rows.
+template <int kRows, int kKeys>
+__device__ __forceinline__ bool prefill_tile(const AttentionKernelArgs& a, PrefillTile& p) {
+  const int seq = blockIdx.y;
+  p.q_begin = a.query_start[seq];
+  p.q_len = a.query_start[seq + 1] - p.q_begin;
+  if (p.q_len < 2) return false;
+  p.num_rows = p.q_len * a.group;
+  p.row0 = (gridDim.x - 1 - blockIdx.x) * kRows;
+  if (p.row0 >= p.num_rows) return false;
+  p.kv_len = a.kv_lens[seq];
+  p.first_pos = p.kv_len - p.q_len;
+  p.pos_lo = p.first_pos + p.row0 / a.group;
+  p.pos_hi = p.first_pos + min(p.num_rows - 1, p.row0 + kRows - 1) / a.group;
+  p.key_begin = a.window > 0 ? max(0, p.pos_lo - a.window + 1) : 0;
+  p.tile_first = p.key_begin / kKeys;
+  p.num_tiles = (p.pos_hi + 1 + kKeys - 1) / kKeys - p.tile_first;
+  return true;
+}
+
+// Where 16-byte chunk c of key j's row lies in one layer's 16-bit K or V (head dim D, head_offset
+// = the KV head's run in a block): false, with off = 0, for a key outside [key_begin, kv_len).
+// Keys before key_begin are masked for every row, and a windowed group may have released their
+// blocks (table entry -1), so such keys are zero-filled instead of read. Zero-filled keys are
+// masked: p = 0 times a zero V row stays 0 (never 0 * NaN).
+template <int D>
+__device__ __forceinline__ bool kv_chunk_offset(const AttentionKernelArgs& a, const int32_t* table,
+                                                int64_t head_offset, int j, int c, int key_begin,
+                                                int kv_len, int64_t& off) {
+  const bool valid = j >= key_begin && j < kv_len;
+  off = 0;
+  if (valid) {
+    off = int64_t{table[block_index(j, a)]} * a.block_pitch + head_offset +
+          index_in_block(j, a) * D + c * 8;
+  }
+  return valid;
+}
+
+// Where 16-byte chunk c of prefill row `row` (PrefillTile: token row / G, query head
+// kv_head * G + row % G) lies in q: false for a row past the sequence's num_rows, which reads as
+// zeros (src then points at token 0's row, never read).
+template <typename T, int D>
+__device__ __forceinline__ bool q_chunk_source(const AttentionKernelArgs& a, const T* q,
+                                               int q_begin, int num_rows, int kv_head, int row,
+                                               int c, const T*& src) {
+  const int G = a.group;
+  const bool valid = row < num_rows;
+  const int token = valid ? row / G : 0;
+  const int head = kv_head * G + (valid ? row % G : 0);
+  src = q + (int64_t{q_begin + token} * a.num_q_heads + head) * D + c * 8;
+  return valid;
+}
+
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& raw, float (&f)[8]) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {

@@ -11,7 +11,8 @@
 //   key tile = 32 keys (64 at head dim 64), double-buffered
 //
 // Keys run from the first one the tile's earliest row sees (window) to the last one its latest
-// row sees (causal); masking is applied only on the tiles where some row needs it.
+// row sees (causal; prefill_tile, attention_device.cuh); masking is applied only on the tiles
+// where some row needs it.
 //
 // Shared memory tiles are [rows][head_dim] with the 16-byte chunk index XOR-swizzled by
 // (row & 7), so the 8 row addresses of every ldmatrix fall in distinct banks.
@@ -138,22 +139,11 @@ __global__ void __launch_bounds__(kPrefillThreads)
 
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
-  const int q_begin = a.query_start[seq];
-  const int q_len = a.query_start[seq + 1] - q_begin;
-  if (q_len < 2) return;  // decode rows belong to the decode kernel
+  PrefillTile tile_rows;
+  if (!prefill_tile<kRows, kBN>(a, tile_rows)) return;
+  const auto [q_begin, q_len, num_rows, row0, kv_len, first_pos, pos_lo, pos_hi, key_begin,
+              tile_first, num_tiles] = tile_rows;
   const int G = a.group;
-  const int num_rows = q_len * G;
-  // Latest rows first: they see the most keys, so the longest CTAs start earliest.
-  const int row0 = (gridDim.x - 1 - blockIdx.x) * kRows;
-  if (row0 >= num_rows) return;
-  const int kv_len = a.kv_lens[seq];
-  const int first_pos = kv_len - q_len;  // position of token 0
-  const int pos_lo = first_pos + row0 / G;
-  const int pos_hi = first_pos + min(num_rows - 1, row0 + kRows - 1) / G;
-  const int key_begin = a.window > 0 ? max(0, pos_lo - a.window + 1) : 0;
-  const int key_end = pos_hi + 1;
-  const int tile_first = key_begin / kBN;
-  const int num_tiles = (key_end + kBN - 1) / kBN - tile_first;
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -168,11 +158,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
   for (int i = tid; i < kRows * kChunks; i += kPrefillThreads) {
     const int r = i / kChunks;
     const int c = i % kChunks;
-    const int row = row0 + r;
-    const bool valid = row < num_rows;
-    const int token = valid ? row / G : 0;
-    const int head = kv_head * G + (valid ? row % G : 0);
-    const T* src = q + (int64_t{q_begin + token} * a.num_q_heads + head) * D + c * 8;
+    const T* src;
+    const bool valid = q_chunk_source<T, D>(a, q, q_begin, num_rows, kv_head, row0 + r, c, src);
     cp_async16(s_q + swizzle<D>(r, c), src, valid ? 16 : 0);
   }
   // 8-bit: raw rows (16-byte chunks of 16 values) and, per key pair, the scale words.
@@ -245,16 +232,9 @@ __global__ void __launch_bounds__(kPrefillThreads)
     for (int i = tid; i < kBN * kChunks; i += kPrefillThreads) {
       const int r = i / kChunks;
       const int c = i % kChunks;
-      const int j = n0 + r;
-      int64_t off = 0;
-      // Keys before key_begin are masked for every row; a windowed group may have released
-      // their blocks (table entry -1), so they are zero-filled instead of read.
-      const bool valid = j >= key_begin && j < kv_len;
-      if (valid) {
-        off = int64_t{table[block_index(j, a)]} * a.block_pitch + head_offset +
-              index_in_block(j, a) * D + c * 8;
-      }
-      // zero-filled keys are masked: p = 0 times a zero V row stays 0 (never 0 * NaN)
+      int64_t off;
+      const bool valid =
+          kv_chunk_offset<D>(a, table, head_offset, n0 + r, c, key_begin, kv_len, off);
       cp_async16(dk + swizzle<D>(r, c), k + off, valid ? 16 : 0);
       cp_async16(dv + swizzle<D>(r, c), v + off, valid ? 16 : 0);
     }
