@@ -141,8 +141,18 @@ __global__ void __launch_bounds__(kPrefillThreads)
   const int kv_head = blockIdx.z;
   PrefillTile tile_rows;
   if (!prefill_tile<kRows, kBN>(a, tile_rows)) return;
-  const auto [q_begin, q_len, num_rows, row0, kv_len, first_pos, pos_lo, pos_hi, key_begin,
-              tile_first, num_tiles] = tile_rows;
+  // copies, not structured bindings: the .cu files compile as C++17, whose lambdas cannot
+  // capture those
+  const int q_begin = tile_rows.q_begin;
+  const int num_rows = tile_rows.num_rows;
+  const int row0 = tile_rows.row0;
+  const int kv_len = tile_rows.kv_len;
+  const int first_pos = tile_rows.first_pos;
+  const int pos_lo = tile_rows.pos_lo;
+  const int pos_hi = tile_rows.pos_hi;
+  const int key_begin = tile_rows.key_begin;
+  const int tile_first = tile_rows.tile_first;
+  const int num_tiles = tile_rows.num_tiles;
   const int G = a.group;
 
   const int tid = threadIdx.x;
