@@ -95,6 +95,12 @@ DeviceBuffer write_kv8_pool(const KvLayout& layout, DType row_dtype, std::mt1993
   return d_slab;
 }
 
+// Puts the prefill kernel choice back to Auto when a test leaves, also through a failed ASSERT,
+// so that one failure does not move the tests after it onto another kernel.
+struct AutoPrefillKernelAfterwards {
+  ~AutoPrefillKernelAfterwards() { set_prefill_kernel(PrefillKernel::Auto); }
+};
+
 // Builds random inputs, runs the reference and the GPU, and checks the GPU output.
 void run_case(const Case& c, std::mt19937_64& rng) {
   SCOPED_TRACE(describe(c));
@@ -187,6 +193,7 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   if (max_q >= 2 && uses_hopper_prefill(c.dtype, c.head_dim)) {
     kernels.push_back(PrefillKernel::Portable);
   }
+  const AutoPrefillKernelAfterwards reset;
   for (const PrefillKernel kernel : kernels) {
     set_prefill_kernel(kernel);
     const char* kernel_name =
@@ -210,7 +217,6 @@ void run_case(const Case& c, std::mt19937_64& rng) {
           << kernel_name << " call " << call << ": " << diff.describe();
     }
   }
-  set_prefill_kernel(PrefillKernel::Auto);
 }
 
 // ---- the matrix: block size x head dim x GQA ratio x query length ----
@@ -372,6 +378,7 @@ TEST_F(PagedAttention, LongContextWindowedDecode) {
 // tiles cut by the causal diagonal at every offset, a window cutting tiles, GQA 1 and 8, a soft
 // cap, and sequences whose prefix ends inside a key tile.
 TEST_F(PagedAttention, HopperPrefillRunsOnComputeCapability90) {
+  const AutoPrefillKernelAfterwards reset;
   int device = 0, major = 0, minor = 0;
   KVP_ASSERT_CUDA(cudaGetDevice(&device));
   KVP_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -383,7 +390,6 @@ TEST_F(PagedAttention, HopperPrefillRunsOnComputeCapability90) {
   EXPECT_FALSE(uses_hopper_prefill(DType::I8, 128));
   set_prefill_kernel(PrefillKernel::Portable);
   EXPECT_FALSE(uses_hopper_prefill(DType::BF16, 128));
-  set_prefill_kernel(PrefillKernel::Auto);
 }
 
 TEST_F(PagedAttention, PrefillTilesCutByTheDiagonalAndWindows) {
