@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <type_traits>
@@ -27,6 +28,35 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// 4- or 8-byte asynchronous copy (through L1); src_bytes = 0 fills with zeros.
+template <int N>
+__device__ __forceinline__ void cp_async_small(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "n"(N), "r"(src_bytes));
+}
+
+// c += a (16x16, row) * b (16x8, col)
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+__device__ __forceinline__ uint32_t half2_bits(__half2 h) {
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // Raises Kernel's dynamic shared-memory limit to `bytes` on the current device, once per device.
@@ -244,6 +274,44 @@ __device__ __forceinline__ T from_float(float x) {
     return __float2bfloat16_rn(x);
   } else {
     return __float2half_rn(x);
+  }
+}
+
+// The end of a decode CTA (decode_attention.cu, decode_attention_kv8.cu): the online-softmax
+// states of its kStreams token streams, in shared memory as s_acc [kStreams][G][D] (unnormalised),
+// s_m and s_l [kStreams][G] (max and sum, log2 units), are merged into the output rows of query
+// heads head0 .. head0 + G - 1 (one split) or into the split's partial state for
+// merge_splits_kernel. Every thread of the CTA takes part.
+template <typename T, int D, int G, int kStreams>
+__device__ __forceinline__ void finish_decode_streams(const AttentionKernelArgs& a,
+                                                      const float* s_acc, const float* s_m,
+                                                      const float* s_l, int q_row, int head0,
+                                                      int64_t partial_row) {
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D;
+    const int d = idx % D;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int st = 0; st < kStreams; ++st) m_all = fmaxf(m_all, s_m[st * G + g]);
+    float l_all = 0.0f, acc_all = 0.0f;
+#pragma unroll
+    for (int st = 0; st < kStreams; ++st) {
+      const float m_st = s_m[st * G + g];
+      const float w = m_st == -INFINITY ? 0.0f : exp2f(m_st - m_all);
+      l_all = fmaf(w, s_l[st * G + g], l_all);
+      acc_all = fmaf(w, s_acc[(st * G + g) * D + d], acc_all);
+    }
+    if (a.num_splits == 1) {
+      static_cast<T*>(a.out)[(int64_t{q_row} * a.num_q_heads + head0 + g) * D + d] =
+          from_float<T>(acc_all * output_factor(m_all, l_all, a, head0 + g));
+    } else {
+      const int64_t row = partial_row + int64_t{g} * a.num_splits;
+      a.partial_acc[row * D + d] = acc_all;
+      if (d == 0) {
+        a.partial_ml[2 * row] = m_all;
+        a.partial_ml[2 * row + 1] = l_all;
+      }
+    }
   }
 }
 

@@ -12,7 +12,8 @@
 // K/V rows reach the registers through a per-thread cp.async ring (kDecodeStages deep) in shared
 // memory, so two steps of loads are in flight while one is computed.
 //
-// 8-bit KV (kKv8: int8 or fp8 e4m3): a lane still owns 8 dims of a row (8 bytes), but the ring
+// 8-bit KV (kKv8: int8 or fp8 e4m3) at head dim 256 (64 and 128 go to the tensor-core kernel of
+// decode_attention_kv8.cu, which launch_decode_attention picks): a lane still owns 8 dims of a row (8 bytes), but the ring
 // is filled per warp, not per thread: the warp's 32 threads copy all the K and V rows its
 // streams need for a step in 16-byte pieces (4 per thread, the same bytes in flight per copy as
 // the 16-bit path), and one lane per (token, K|V) copies the 4-byte word holding that token's
@@ -48,12 +49,6 @@ __host__ __device__ constexpr int decode_smem_bytes() {
               : kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
 }
 
-// 4- or 8-byte asynchronous copy (through L1); src_bytes = 0 fills with zeros.
-template <int N>
-__device__ __forceinline__ void cp_async_small(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "n"(N), "r"(src_bytes));
-}
 // The f16 scale of token j from the word holding the scales of tokens j & ~1 and j | 1.
 __device__ __forceinline__ float scale_of(uint32_t word, int j) {
   return __half2float(__ushort_as_half(static_cast<uint16_t>((j & 1) ? word >> 16 : word)));
@@ -374,31 +369,8 @@ __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
     for (int i = 0; i < 8; ++i) s_acc[stream][g][lane * 8 + i] = acc[g][i];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * D; idx += kDecodeThreads) {
-    const int g = idx / D;
-    const int d = idx % D;
-    float m_all = -INFINITY;
-#pragma unroll
-    for (int st = 0; st < kStreams; ++st) m_all = fmaxf(m_all, s_m[st][g]);
-    float l_all = 0.0f, acc_all = 0.0f;
-#pragma unroll
-    for (int st = 0; st < kStreams; ++st) {
-      const float w = s_m[st][g] == -INFINITY ? 0.0f : exp2f(s_m[st][g] - m_all);
-      l_all = fmaf(w, s_l[st][g], l_all);
-      acc_all = fmaf(w, s_acc[st][g][d], acc_all);
-    }
-    if (a.num_splits == 1) {
-      static_cast<T*>(a.out)[(int64_t{q_row} * a.num_q_heads + head0 + g) * D + d] =
-          from_float<T>(acc_all * output_factor(m_all, l_all, a, head0 + g));
-    } else {
-      const int64_t row = partial_row + int64_t{g} * a.num_splits;
-      a.partial_acc[row * D + d] = acc_all;
-      if (d == 0) {
-        a.partial_ml[2 * row] = m_all;
-        a.partial_ml[2 * row + 1] = l_all;
-      }
-    }
-  }
+  finish_decode_streams<T, D, G, kStreams>(a, &s_acc[0][0][0], &s_m[0][0], &s_l[0][0], q_row, head0,
+                                           partial_row);
 }
 
 constexpr int kMergeParts = 4;  // thread groups that share one row's splits
@@ -560,6 +532,9 @@ cudaError_t launch_decode_kv(const AttentionKernelArgs& args, bool bf16, int32_t
 
 cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
                                     int32_t head_dim, int32_t heads_per_cta, cudaStream_t stream) {
+  if (decode_kv8_covers(kv, head_dim)) {
+    return launch_decode_attention_kv8(args, bf16, kv, head_dim, heads_per_cta, stream);
+  }
   switch (kv) {
     case KvFormat::Int8:
       return launch_decode_kv<KvFormat::Int8>(args, bf16, head_dim, heads_per_cta, stream);
@@ -571,6 +546,9 @@ cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, 
 }
 
 int decode_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta) {
+  if (decode_kv8_covers(kv, head_dim)) {
+    return decode_kv8_ctas_per_sm(bf16, kv, head_dim, heads_per_cta);
+  }
   switch (head_dim) {
     case 64:
       return bf16 ? decode_occupancy_kv<__nv_bfloat16, 64>(kv, heads_per_cta)

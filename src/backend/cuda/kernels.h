@@ -56,6 +56,13 @@ cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, 
                                     int32_t head_dim, int32_t heads_per_cta, cudaStream_t stream);
 // CTAs of the decode kernel for (dtype, KV format, head_dim, heads per CTA) resident on one SM.
 int decode_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta);
+// The tensor-core decode kernel for 8-bit KV (decode_attention_kv8.cu): launch_decode_attention
+// and decode_ctas_per_sm hand it the shapes it covers (int8 / fp8 KV at head dim 64 or 128).
+bool decode_kv8_covers(KvFormat kv, int32_t head_dim);
+cudaError_t launch_decode_attention_kv8(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
+                                        int32_t head_dim, int32_t heads_per_cta,
+                                        cudaStream_t stream);
+int decode_kv8_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta);
 cudaError_t launch_merge_splits(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
                                 cudaStream_t stream);
 cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,

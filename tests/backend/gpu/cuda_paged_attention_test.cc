@@ -557,6 +557,32 @@ TEST_P(PagedAttentionKv8, LongContextDecodeSplitsKvAndPrefillChunk) {
   run_case(c, rng_);
 }
 
+// The tensor-core decode kernel (head dims 64 and 128): every heads-per-CTA instantiation (GQA 2,
+// 8, 16 = two CTAs of 8), block size 8 (a warp's 16-key group spans two blocks) and 24 (not a
+// power of two), a soft cap, a window that starts inside a 16-key group, sinks, and splits.
+TEST_P(PagedAttentionKv8, TensorCoreDecodeShapes) {
+  for (int32_t head_dim : {64, 128}) {
+    for (int32_t group : {2, 8, 16}) {
+      for (int32_t block_size : {8, 24}) {
+        Case c;
+        c.dtype = GetParam();
+        c.head_dim = head_dim;
+        c.num_kv_heads = 2;
+        c.num_q_heads = 2 * group;
+        c.block_size = block_size;
+        c.soft_cap = group == 8 ? 5.0f : 0.0f;
+        c.window = group == 2 ? 37 : 0;
+        c.release_blocks_behind_window = c.window > 0;
+        if (group == 16) {
+          for (int32_t h = 0; h < c.num_q_heads; ++h) c.sinks.push_back(0.25f * h - 2.0f);
+        }
+        c.seqs = {{1, 1}, {1, 15}, {1, 17}, {1, 33}, {1, 700}, {1, 5001}};
+        run_case(c, rng_);
+      }
+    }
+  }
+}
+
 TEST_P(PagedAttentionKv8, RefusesBlockSizesNotAMultipleOf8) {
   const KvLayout layout{1, 4, 2, 12, 128, GetParam()};
   DeviceBuffer slab = DeviceBuffer::allocate(layout.size_bytes()).value();

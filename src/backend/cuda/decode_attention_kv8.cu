@@ -1,0 +1,414 @@
+// Decode attention (q_len == 1) over an 8-bit pool (int8 or fp8 e4m3) on tensor cores, head dim
+// 64 or 128 (issue 17). Same grid and contract as decode_attention_kernel (decode_attention.cu):
+// grid (num_splits, num_kv_heads * head_chunks, num_seqs), 128 threads, a CTA owns query heads
+// head0 .. head0+G-1 of one KV head and one slice of the keys, and writes the output rows (one
+// split) or its split's partial state for merge_splits_kernel.
+//
+// Why a second kernel: the per-lane kernel spends ~190 instructions a key on 8-bit rows (16 lanes
+// reduce every q.k by shuffles and all of them redo the softmax), so it reads at half the copy
+// rate. Here a warp takes 16 keys a step and the CTA's G query heads are the rows of mma.sync
+// m16n8k16 (rows G..15 are zero and ignored):
+//
+//   S [16 rows: heads][16 keys]  = Q [16][D] . K^T      (2 x D/16 mma)
+//   O [16 rows: heads][D]       += P [16][16 keys] . V  (D/8 mma)
+//
+// K and V stay 8-bit in shared memory and are widened to f16 as the fragments are built. A
+// fragment's columns may be any permutation of the head dims as long as both operands use it:
+//   q.k: lane (g, t) = (lane / 4, lane % 4) reads dims t*D/4 .. t*D/4 + D/4 - 1 of its K rows
+//        (keys g and 8 + g); k16 step c's slots {2t, 2t+1 | 2t+8, 2t+9} are dims t*D/4 + 4c +
+//        {0, 1 | 2, 3}, and Q's A fragment is built the same way;
+//   p.v: column n = g of n-tile j is dim g*D/8 + j, so lane (g, t) reads dims g*D/8 ..
+//        g*D/8 + D/8 - 1 of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), a byte permute pairing two
+//        keys' bytes of one dim; its accumulator columns 2t, 2t+1 of n-tile j are dims t*D/4 + j
+//        and t*D/4 + D/8 + j.
+// The K scale multiplies S; the V scale multiplies p before p is packed into P's A fragment (as
+// the per-lane kernel does). The C fragment of S (head g, keys 2t, 2t+1 | 8+2t, 9+2t) is P's A
+// fragment, so P never leaves the registers.
+//
+// Each warp streams its own 16-key groups (16-aligned in the sequence; keys outside the split are
+// zero-filled and masked) through a kStages-deep cp.async ring: the 32 lanes copy the group's K
+// and V rows in 16-byte pieces (chunk c of row r at chunk c ^ swizzle(r), so the fragment reads
+// fall in distinct banks) and 16 lanes the 8 K and 8 V scale words (a word holds the f16 scales
+// of keys 2i and 2i+1). The warps' (m, l, O) states merge through shared memory at the end.
+//
+//   one warp's stage: K [16][D] bytes | V [16][D] bytes | K scale words [8] | V scale words [8]
+#include "backend/cuda/attention_device.cuh"
+#include "backend/cuda/dependent_launch.cuh"
+
+namespace kvp::cuda::detail {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStages = 4;
+constexpr int kGroupKeys = 16;  // keys a warp takes per step
+
+template <int D>
+__host__ __device__ constexpr int warp_stage_bytes() {
+  return 2 * kGroupKeys * D + 2 * 8 * 4;
+}
+template <int D>
+__host__ __device__ constexpr int kv8_decode_smem_bytes() {
+  return kStages * kWarps * warp_stage_bytes<D>();
+}
+
+// Byte offset of byte b of row r in a [16][D] tile of 16-byte chunks stored swizzled.
+template <int D>
+__device__ __forceinline__ int tile_byte(int r, int b) {
+  const int x = D >= 128 ? (r & 7) : ((r >> 1) & (D / 16 - 1));
+  return r * D + ((((b >> 4) ^ x)) << 4) + (b & 15);
+}
+template <int D>
+__device__ __forceinline__ uint2 lds8(const char* tile, int r, int b) {
+  return *reinterpret_cast<const uint2*>(tile + tile_byte<D>(r, b));
+}
+
+template <typename T, int D, int G, KvFormat kKv>
+__global__ void __launch_bounds__(kThreads, 3) decode_kv8_kernel(const AttentionKernelArgs a) {
+  static_assert(D == 64 || D == 128, "head dim 64 or 128");
+  static_assert(G >= 1 && G <= 8, "the heads are rows 0..7 of the m16 tile");
+  wait_for_prerequisites();  // launched as a dependent of the KV write (or the prefill kernel)
+  allow_dependents();        // the merge may be scheduled
+  constexpr int kDq = D / 4;                       // K dims a lane reads per row
+  constexpr int kDv = D / 8;                       // V dims a lane reads per key; O's n-tiles
+  constexpr int kSteps = D / 16;                   // k16 steps of q.k
+  constexpr int kRowPieces = D / 16;               // 16-byte pieces of a row
+  constexpr int kLaneRows = kGroupKeys * kRowPieces / 32;  // rows a lane copies (K and V)
+  constexpr float kUnit = kv8_code_unit<kKv>();
+
+  const int split = blockIdx.x;
+  const int kv_head = blockIdx.y / a.head_chunks;
+  const int head0 = kv_head * a.group + (blockIdx.y % a.head_chunks) * G;
+  const int seq = blockIdx.z;
+  const int q_row = a.query_start[seq];
+  const int kv_len = a.kv_lens[seq];
+  if (a.query_start[seq + 1] - q_row != 1) return;  // prefill rows belong to the other kernel
+  const int first = a.window > 0 ? max(0, kv_len - a.window) : 0;
+  const int per_split = (kv_len - first + a.num_splits - 1) / a.num_splits;
+  const int begin = first + split * per_split;
+  const int end = min(kv_len, begin + per_split);
+  const int64_t partial_row = (int64_t{seq} * a.num_q_heads + head0) * a.num_splits + split;
+  if (begin >= end) {  // an empty split (short sequence in a batch split for a long one)
+    if (threadIdx.x < G) {
+      a.partial_ml[2 * (partial_row + int64_t{threadIdx.x} * a.num_splits)] = -INFINITY;
+      a.partial_ml[2 * (partial_row + int64_t{threadIdx.x} * a.num_splits) + 1] = 0.0f;
+    }
+    return;
+  }
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;  // fragment row: query head head0 + g
+  const int t = lane % 4;
+
+  // Q's A fragments (rows 8..15 are the zero registers passed to mma): q * qk_mul in f16.
+  uint32_t qa[kSteps][2];
+  {
+    float qf[kDq];
+#pragma unroll
+    for (int i = 0; i < kDq; ++i) qf[i] = 0.0f;
+    if (g < G) {
+      const uint4* src = reinterpret_cast<const uint4*>(
+          static_cast<const T*>(a.q) + (int64_t{q_row} * a.num_q_heads + head0 + g) * D + t * kDq);
+#pragma unroll
+      for (int i = 0; i < kDq / 8; ++i) {
+        float f[8];
+        unpack8<T>(__ldg(src + i), f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qf[8 * i + e] = f[e] * a.qk_mul;
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kSteps; ++c) {
+      qa[c][0] = half2_bits(__floats2half2_rn(qf[4 * c], qf[4 * c + 1]));
+      qa[c][1] = half2_bits(__floats2half2_rn(qf[4 * c + 2], qf[4 * c + 3]));
+    }
+  }
+
+  const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
+  const int64_t head_run = int64_t{kv_head} * a.block_size * (D + 2);  // bytes
+  const char* k_base = static_cast<const char*>(a.k) + head_run;
+  const char* v_base = static_cast<const char*>(a.v) + head_run;
+  const int64_t scale_run = int64_t{a.block_size} * D;  // from a head run to its scales
+  const int key0 = begin & ~(kGroupKeys - 1);
+  constexpr int kCtaKeys = kWarps * kGroupKeys;
+  const int num_steps = (end - key0 + kCtaKeys - 1) / kCtaKeys;  // uniform over the CTA
+  auto group_key = [&](int step) { return key0 + (step * kWarps + warp) * kGroupKeys; };
+  // This lane's copies: piece lane + 32 i of the group's K (and V) rows, i < kLaneRows, all in
+  // 16-byte column `piece_col`; lanes below 16 also copy scale word `pair` of K (< 8) or V.
+  const int piece_col = lane % kRowPieces;
+  auto piece_row = [&](int i) { return (lane + 32 * i) / kRowPieces; };
+  const int pair = lane & 7;
+
+  extern __shared__ uint4 smem[];
+  char* ring = reinterpret_cast<char*>(smem) + warp * kStages * warp_stage_bytes<D>();
+
+  // Block-table entries of a step's rows (and of its scale pair), loaded a step ahead.
+  int32_t blocks[kLaneRows + 1];
+  auto load_blocks = [&](int step) {
+    const int k0 = group_key(step);
+#pragma unroll
+    for (int i = 0; i < kLaneRows; ++i) {
+      const int j = k0 + piece_row(i);
+      blocks[i] = j >= begin && j < end ? __ldg(table + block_index(j, a)) : 0;
+    }
+    const int j = k0 + 2 * pair;  // keys j, j + 1 share a block (block sizes are even)
+    blocks[kLaneRows] =
+        lane < 16 && j + 1 >= begin && j < end ? __ldg(table + block_index(j, a)) : 0;
+  };
+  auto issue = [&](int step) {
+    char* stage = ring + (step % kStages) * warp_stage_bytes<D>();
+    const int k0 = group_key(step);
+#pragma unroll
+    for (int i = 0; i < kLaneRows; ++i) {
+      const int r = piece_row(i);
+      const int j = k0 + r;
+      const bool valid = j >= begin && j < end;
+      const int64_t off =
+          valid ? int64_t{blocks[i]} * a.block_pitch + int64_t{index_in_block(j, a)} * D +
+                      piece_col * 16
+                : 0;
+      cp_async16(stage + tile_byte<D>(r, piece_col * 16), k_base + off, valid ? 16 : 0);
+      cp_async16(stage + kGroupKeys * D + tile_byte<D>(r, piece_col * 16), v_base + off,
+                 valid ? 16 : 0);
+    }
+    if (lane < 16) {
+      const int j = k0 + 2 * pair;
+      const bool valid = j + 1 >= begin && j < end;
+      const int64_t off =
+          valid ? int64_t{blocks[kLaneRows]} * a.block_pitch + scale_run +
+                      int64_t{index_in_block(j, a)} * 2
+                : 0;
+      cp_async_small<4>(stage + 2 * kGroupKeys * D + lane * 4, (lane < 8 ? k_base : v_base) + off,
+                        valid ? 4 : 0);
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    load_blocks(st);
+    issue(st);
+  }
+  load_blocks(kStages - 1);
+
+  const bool soft_cap = a.cap_log2 > 0.0f;
+  float m_run = -INFINITY;  // running max of head g (the same on the 4 lanes of a row)
+  float l_run = 0.0f;       // this lane's part of the running sum of head g
+  float o[kDv][4];          // O's C fragments; [2], [3] are rows 8..15 (stay 0)
+#pragma unroll
+  for (int j = 0; j < kDv; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+  for (int step = 0; step < num_steps; ++step) {
+    cp_async_wait<kStages - 2>();
+    // The step's rows were copied by the whole warp; the barrier also keeps every lane's reads of
+    // step - 1 before the copies issued next overwrite that stage.
+    __syncwarp();
+    issue(step + kStages - 1);
+    load_blocks(step + kStages);
+    const char* stage = ring + (step % kStages) * warp_stage_bytes<D>();
+    const char* v_tile = stage + kGroupKeys * D;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(stage + 2 * kGroupKeys * D);
+
+    // S = Q K^T: n-tile 0 holds keys 0..7, n-tile 1 keys 8..15 (lane: key nt*8 + g's row).
+    float s[2][4];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int c2 = 0; c2 < kSteps / 2; ++c2) {
+        __half2 h[4];
+        unpack8_kv8_half2<kKv>(lds8<D>(stage, nt * 8 + g, t * kDq + 8 * c2), h);
+        const uint32_t a0[4] = {qa[2 * c2][0], 0u, qa[2 * c2][1], 0u};
+        const uint32_t a1[4] = {qa[2 * c2 + 1][0], 0u, qa[2 * c2 + 1][1], 0u};
+        mma16816<__half>(s[nt], a0, half2_bits(h[0]), half2_bits(h[1]));
+        mma16816<__half>(s[nt], a1, half2_bits(h[2]), half2_bits(h[3]));
+      }
+    }
+
+    // Online softmax of head g over the lane's keys 2t, 2t+1, 8+2t, 9+2t.
+    const int k0 = group_key(step);
+    const float2 ks_lo = __half22float2(*reinterpret_cast<const __half2*>(&words[t]));
+    const float2 ks_hi = __half22float2(*reinterpret_cast<const __half2*>(&words[4 + t]));
+    const float2 vs_lo = __half22float2(*reinterpret_cast<const __half2*>(&words[8 + t]));
+    const float2 vs_hi = __half22float2(*reinterpret_cast<const __half2*>(&words[12 + t]));
+    float x[4] = {s[0][0] * ks_lo.x, s[0][1] * ks_lo.y, s[1][0] * ks_hi.x, s[1][1] * ks_hi.y};
+    float step_max = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = k0 + (i >> 1) * 8 + 2 * t + (i & 1);
+      float xi = x[i] * kUnit;
+      if (soft_cap) xi = a.cap_log2 * tanhf(xi);
+      if (j < begin || j >= end) xi = -INFINITY;
+      x[i] = xi;
+      step_max = fmaxf(step_max, xi);
+    }
+    step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
+    step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
+    const float m_new = fmaxf(m_run, step_max);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key seen yet: p = 0 below
+    const float correction = exp2f(m_run - m_use);
+    m_run = m_new;
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = exp2f(x[i] - m_use);
+    l_run = fmaf(l_run, correction, (p[0] + p[1]) + (p[2] + p[3]));
+#pragma unroll
+    for (int j = 0; j < kDv; ++j) {
+      o[j][0] *= correction;
+      o[j][1] *= correction;
+    }
+    const float v_unit_lo0 = vs_lo.x * kUnit, v_unit_lo1 = vs_lo.y * kUnit;
+    const float v_unit_hi0 = vs_hi.x * kUnit, v_unit_hi1 = vs_hi.y * kUnit;
+    const uint32_t pa[4] = {half2_bits(__floats2half2_rn(p[0] * v_unit_lo0, p[1] * v_unit_lo1)), 0u,
+                            half2_bits(__floats2half2_rn(p[2] * v_unit_hi0, p[3] * v_unit_hi1)),
+                            0u};
+
+    // O += P V: dims g*kDv + j of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), 8 dims at a time.
+#pragma unroll
+    for (int h8 = 0; h8 < kDv / 8; ++h8) {
+      const int b = g * kDv + 8 * h8;
+      const uint2 r0 = lds8<D>(v_tile, 2 * t, b), r1 = lds8<D>(v_tile, 2 * t + 1, b);
+      const uint2 r2 = lds8<D>(v_tile, 2 * t + 8, b), r3 = lds8<D>(v_tile, 2 * t + 9, b);
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        const uint32_t w0 = w ? r0.y : r0.x, w1 = w ? r1.y : r1.x;
+        const uint32_t w2 = w ? r2.y : r2.x, w3 = w ? r3.y : r3.x;
+        // byte pairs (key a, key b) of one dim: dims 0, 1 of the word, then 2, 3
+        __half2 lo[4], hi[4];
+        unpack8_kv8_half2<kKv>(make_uint2(__byte_perm(w0, w1, 0x5140), __byte_perm(w0, w1, 0x7362)),
+                               lo);
+        unpack8_kv8_half2<kKv>(make_uint2(__byte_perm(w2, w3, 0x5140), __byte_perm(w2, w3, 0x7362)),
+                               hi);
+#pragma unroll
+        for (int d = 0; d < 4; ++d) {
+          mma16816<__half>(o[8 * h8 + 4 * w + d], pa, half2_bits(lo[d]), half2_bits(hi[d]));
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is reused below
+
+  // Merge the warps: lane (g, t) holds dims t*kDq + j (o[j][0]) and t*kDq + kDv + j (o[j][1]).
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  static_assert(kWarps * G * (D + 2) * 4 <= kv8_decode_smem_bytes<D>(), "merge area fits the ring");
+  float* s_acc = reinterpret_cast<float*>(smem);  // [kWarps][G][D]
+  float* s_m = s_acc + kWarps * G * D;            // [kWarps][G]
+  float* s_l = s_m + kWarps * G;                  // [kWarps][G]
+  if (g < G) {
+    float* row = s_acc + (warp * G + g) * D + t * kDq;
+#pragma unroll
+    for (int j = 0; j < kDv; ++j) {
+      row[j] = o[j][0];
+      row[kDv + j] = o[j][1];
+    }
+    if (t == 0) {
+      s_m[warp * G + g] = m_run;
+      s_l[warp * G + g] = l_run;
+    }
+  }
+  __syncthreads();
+  finish_decode_streams<T, D, G, kWarps>(a, s_acc, s_m, s_l, q_row, head0, partial_row);
+}
+
+template <typename T, int D, int G, KvFormat kKv>
+int occupancy() {
+  static const int ctas = [] {
+    int n = 0;
+    if (set_smem_limit_once<decode_kv8_kernel<T, D, G, kKv>>(kv8_decode_smem_bytes<D>()) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kv8_kernel<T, D, G, kKv>, kThreads,
+                                                      kv8_decode_smem_bytes<D>()) != cudaSuccess) {
+      cudaGetLastError();
+      n = 1;
+    }
+    return n > 0 ? n : 1;
+  }();
+  return ctas;
+}
+
+template <typename T, int D, int G, KvFormat kKv>
+cudaError_t launch_one(const AttentionKernelArgs& args, cudaStream_t stream) {
+  constexpr auto kernel = decode_kv8_kernel<T, D, G, kKv>;
+  if (const cudaError_t e = set_smem_limit_once<kernel>(kv8_decode_smem_bytes<D>());
+      e != cudaSuccess) {
+    return e;
+  }
+  const dim3 grid(args.num_splits, args.num_kv_heads * args.head_chunks, args.num_seqs);
+  return launch_dependent(true, kernel, grid, dim3(kThreads), kv8_decode_smem_bytes<D>(), stream,
+                          args);
+}
+
+// One entry per (dtype, head dim, heads per CTA) for a KV format: the launch, or the occupancy.
+template <typename T, int D, KvFormat kKv>
+cudaError_t launch_heads(const AttentionKernelArgs& args, int32_t heads_per_cta,
+                         cudaStream_t stream) {
+  switch (heads_per_cta) {
+    case 1:
+      return launch_one<T, D, 1, kKv>(args, stream);
+    case 2:
+      return launch_one<T, D, 2, kKv>(args, stream);
+    case 4:
+      return launch_one<T, D, 4, kKv>(args, stream);
+    case 8:
+      return launch_one<T, D, 8, kKv>(args, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+template <typename T, int D, KvFormat kKv>
+int occupancy_heads(int32_t heads_per_cta) {
+  switch (heads_per_cta) {
+    case 1:
+      return occupancy<T, D, 1, kKv>();
+    case 2:
+      return occupancy<T, D, 2, kKv>();
+    case 4:
+      return occupancy<T, D, 4, kKv>();
+    default:
+      return occupancy<T, D, 8, kKv>();
+  }
+}
+
+template <typename T, KvFormat kKv>
+cudaError_t launch_dim(const AttentionKernelArgs& args, int32_t head_dim, int32_t heads_per_cta,
+                       cudaStream_t stream) {
+  return head_dim == 64    ? launch_heads<T, 64, kKv>(args, heads_per_cta, stream)
+         : head_dim == 128 ? launch_heads<T, 128, kKv>(args, heads_per_cta, stream)
+                           : cudaErrorInvalidValue;
+}
+template <typename T, KvFormat kKv>
+int occupancy_dim(int32_t head_dim, int32_t heads_per_cta) {
+  return head_dim == 64 ? occupancy_heads<T, 64, kKv>(heads_per_cta)
+                        : occupancy_heads<T, 128, kKv>(heads_per_cta);
+}
+
+}  // namespace
+
+bool decode_kv8_covers(KvFormat kv, int32_t head_dim) {
+  return kv != KvFormat::Native && (head_dim == 64 || head_dim == 128);
+}
+
+cudaError_t launch_decode_attention_kv8(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
+                                        int32_t head_dim, int32_t heads_per_cta,
+                                        cudaStream_t stream) {
+  if (kv == KvFormat::Fp8) {
+    return bf16 ? launch_dim<__nv_bfloat16, KvFormat::Fp8>(args, head_dim, heads_per_cta, stream)
+                : launch_dim<__half, KvFormat::Fp8>(args, head_dim, heads_per_cta, stream);
+  }
+  return bf16 ? launch_dim<__nv_bfloat16, KvFormat::Int8>(args, head_dim, heads_per_cta, stream)
+              : launch_dim<__half, KvFormat::Int8>(args, head_dim, heads_per_cta, stream);
+}
+
+int decode_kv8_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta) {
+  if (kv == KvFormat::Fp8) {
+    return bf16 ? occupancy_dim<__nv_bfloat16, KvFormat::Fp8>(head_dim, heads_per_cta)
+                : occupancy_dim<__half, KvFormat::Fp8>(head_dim, heads_per_cta);
+  }
+  return bf16 ? occupancy_dim<__nv_bfloat16, KvFormat::Int8>(head_dim, heads_per_cta)
+              : occupancy_dim<__half, KvFormat::Int8>(head_dim, heads_per_cta);
+}
+
+}  // namespace kvp::cuda::detail
