@@ -6,6 +6,7 @@
 #   attention  the attention grid bf16 vs int8 vs fp8 (attention_cuda_bench, decode and prefill)
 #   engine     end to end on the 8B shape at the same pool bytes: the agents pressure workload
 #              (sessions resident) and long-context decode (TPOT at batch 16 x 8K); needs kvpool
+# TEST_FILTER (a gtest filter) narrows the backend tests, KINDS the attention grid's kinds.
 # Run from the unpacked package(s) of scripts/gpu/package.sh (and package-engine.sh for engine):
 #   bash gpu/kv8-bench.sh OUTDIR [tests] [attention] [engine]     (default: all three)
 set -u -o pipefail
@@ -24,7 +25,8 @@ for section in $sections; do
   case "$section" in
     tests)
       echo "== backend GPU tests"
-      timeout 300 ./kvp_backend_gpu_tests --gtest_brief=1 > "$out/kv8-backend-tests.log" 2>&1 || status=1
+      timeout 300 ./kvp_backend_gpu_tests --gtest_filter="${TEST_FILTER:-*}" --gtest_brief=1 \
+        > "$out/kv8-backend-tests.log" 2>&1 || status=1
       tail -3 "$out/kv8-backend-tests.log"
       grep -E "FAILED|Failure|relative error" "$out/kv8-backend-tests.log" | head -20
       if [ -x ./kvp_model_gpu_tests ]; then
@@ -43,7 +45,7 @@ for section in $sections; do
     attention)
       echo "== attention grid, bf16 vs int8 vs fp8"
       timeout 240 ./attention_cuda_bench "$out/kv8-attention.csv" --kv bf16,int8,fp8 \
-        --kinds decode,prefill > "$out/kv8-attention.log" 2>&1 || status=1
+        --kinds "${KINDS:-decode,prefill}" > "$out/kv8-attention.log" 2>&1 || status=1
       grep -E "decode|prefill|copy" "$out/kv8-attention.log" | tail -60
       ;;
     engine)

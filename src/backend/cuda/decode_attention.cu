@@ -13,11 +13,11 @@
 // memory, so two steps of loads are in flight while one is computed.
 //
 // 8-bit KV (kKv8: int8 or fp8 e4m3) at head dim 256 (64 and 128 go to the tensor-core kernel of
-// decode_attention_kv8.cu, which launch_decode_attention picks): a lane still owns 8 dims of a row (8 bytes), but the ring
-// is filled per warp, not per thread: the warp's 32 threads copy all the K and V rows its
-// streams need for a step in 16-byte pieces (4 per thread, the same bytes in flight per copy as
-// the 16-bit path), and one lane per (token, K|V) copies the 4-byte word holding that token's
-// f16 scale (the scales of tokens 2i and 2i+1 share a word). Each thread waits for its own
+// decode_attention_kv8.cu, which launch_decode_attention picks): a lane still owns 8 dims of a row
+// (8 bytes), but the ring is filled per warp, not per thread: the warp's 32 threads copy all the K
+// and V rows its streams need for a step in 16-byte pieces (4 per thread, the same bytes in flight
+// per copy as the 16-bit path), and one lane per (token, K|V) copies the 4-byte word holding that
+// token's f16 scale (the scales of tokens 2i and 2i+1 share a word). Each thread waits for its own
 // copies, then __syncwarp makes the warp's copies visible to all its lanes. Rows are widened to
 // half2 in registers (int8 values, or e4m3 values / 256 with the 256 folded into the scales); the
 // K scale multiplies the reduced q.k dot, the V scale multiplies p (p * s_v * v8): no dequantised

@@ -5,25 +5,25 @@
 // split) or its split's partial state for merge_splits_kernel.
 //
 // Why a second kernel: the per-lane kernel spends ~190 instructions a key on 8-bit rows (16 lanes
-// reduce every q.k by shuffles and all of them redo the softmax), so it reads at half the copy
-// rate. Here a warp takes 16 keys a step and the CTA's G query heads are the rows of mma.sync
-// m16n8k16 (rows G..15 are zero and ignored):
+// reduce every q.k by shuffles and all of them redo the softmax), so it read at half the copy
+// rate. Here a warp takes 16 keys a step, and the CTA's G query heads are the rows of S and the
+// columns of O^T in mma.sync m16n8k16:
 //
-//   S [16 rows: heads][16 keys]  = Q [16][D] . K^T      (2 x D/16 mma)
-//   O [16 rows: heads][D]       += P [16][16 keys] . V  (D/8 mma)
+//   S   [16 rows: heads][16 keys]   = Q [16][D] . K^T          (2 x D/16 mma; rows G..15 zero)
+//   O^T [D][8 columns: heads]      += V^T [D][16 keys] . P^T   (D/16 mma; columns G..7 ignored)
 //
 // K and V stay 8-bit in shared memory and are widened to f16 as the fragments are built. A
-// fragment's columns may be any permutation of the head dims as long as both operands use it:
+// fragment's dims may be any permutation of the head dims as long as both operands use it:
 //   q.k: lane (g, t) = (lane / 4, lane % 4) reads dims t*D/4 .. t*D/4 + D/4 - 1 of its K rows
 //        (keys g and 8 + g); k16 step c's slots {2t, 2t+1 | 2t+8, 2t+9} are dims t*D/4 + 4c +
 //        {0, 1 | 2, 3}, and Q's A fragment is built the same way;
-//   p.v: column n = g of n-tile j is dim g*D/8 + j, so lane (g, t) reads dims g*D/8 ..
-//        g*D/8 + D/8 - 1 of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), a byte permute pairing two
-//        keys' bytes of one dim; its accumulator columns 2t, 2t+1 of n-tile j are dims t*D/4 + j
-//        and t*D/4 + D/8 + j.
-// The K scale multiplies S; the V scale multiplies p before p is packed into P's A fragment (as
-// the per-lane kernel does). The C fragment of S (head g, keys 2t, 2t+1 | 8+2t, 9+2t) is P's A
-// fragment, so P never leaves the registers.
+//   p.v: rows g and g + 8 of m-tile mt are dims g*D/16 + mt and (g+8)*D/16 + mt, so lane (g, t)
+//        reads D/16-byte runs at those offsets of keys 2t, 2t+1 and 2t+8, 2t+9, and a byte
+//        permute pairs two keys' bytes of one dim into the A fragment.
+// S's C fragment (head g, keys 2t, 2t+1 | 8+2t, 9+2t) is P^T's B fragment, so P never leaves the
+// registers. The K scale multiplies S; the V scale multiplies p before it is packed (as the
+// per-lane kernel does). O^T's accumulators hold heads 2t and 2t + 1, whose softmax corrections
+// come from the lanes of rows 2t and 2t + 1 by shuffle.
 //
 // Each warp streams its own 16-key groups (16-aligned in the sequence; keys outside the split are
 // zero-filled and masked) through a kStages-deep cp.async ring: the 32 lanes copy the group's K
@@ -40,7 +40,7 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kStages = 4;
+constexpr int kStages = 3;
 constexpr int kGroupKeys = 16;  // keys a warp takes per step
 
 template <int D>
@@ -63,16 +63,33 @@ __device__ __forceinline__ uint2 lds8(const char* tile, int r, int b) {
   return *reinterpret_cast<const uint2*>(tile + tile_byte<D>(r, b));
 }
 
+// kRun bytes (4 or 8) of row r from byte b as words.
+template <int kRun, int D>
+__device__ __forceinline__ void lds_run_d(const char* tile, int r, int b, uint32_t (&w)[kRun / 4]) {
+  if constexpr (kRun == 8) {
+    const uint2 x = lds8<D>(tile, r, b);
+    w[0] = x.x;
+    w[1] = x.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(tile + tile_byte<D>(r, b));
+  }
+}
+// The bytes of words a and b (4 dims of two keys) as (a0, b0, a1, b1 | a2, b2, a3, b3): pairs
+// (key a, key b) of one dim, which unpack8_kv8_half2 widens into one half2 each.
+__device__ __forceinline__ uint2 pair_bytes(uint32_t a, uint32_t b) {
+  return make_uint2(__byte_perm(a, b, 0x5140), __byte_perm(a, b, 0x7362));
+}
+
 template <typename T, int D, int G, KvFormat kKv>
-__global__ void __launch_bounds__(kThreads, 3) decode_kv8_kernel(const AttentionKernelArgs a) {
+__global__ void __launch_bounds__(kThreads, 4) decode_kv8_kernel(const AttentionKernelArgs a) {
   static_assert(D == 64 || D == 128, "head dim 64 or 128");
   static_assert(G >= 1 && G <= 8, "the heads are rows 0..7 of the m16 tile");
-  wait_for_prerequisites();  // launched as a dependent of the KV write (or the prefill kernel)
-  allow_dependents();        // the merge may be scheduled
-  constexpr int kDq = D / 4;                       // K dims a lane reads per row
-  constexpr int kDv = D / 8;                       // V dims a lane reads per key; O's n-tiles
-  constexpr int kSteps = D / 16;                   // k16 steps of q.k
-  constexpr int kRowPieces = D / 16;               // 16-byte pieces of a row
+  wait_for_prerequisites();       // launched as a dependent of the KV write (or the prefill kernel)
+  allow_dependents();             // the merge may be scheduled
+  constexpr int kDq = D / 4;      // K dims a lane reads per row
+  constexpr int kRun = D / 16;    // bytes of a V row per run a lane reads
+  constexpr int kSteps = D / 16;  // k16 steps of q.k
+  constexpr int kRowPieces = D / 16;                       // 16-byte pieces of a row
   constexpr int kLaneRows = kGroupKeys * kRowPieces / 32;  // rows a lane copies (K and V)
   constexpr float kUnit = kv8_code_unit<kKv>();
 
@@ -164,10 +181,9 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kv8_kernel(const Attention
       const int r = piece_row(i);
       const int j = k0 + r;
       const bool valid = j >= begin && j < end;
-      const int64_t off =
-          valid ? int64_t{blocks[i]} * a.block_pitch + int64_t{index_in_block(j, a)} * D +
-                      piece_col * 16
-                : 0;
+      const int64_t off = valid ? int64_t{blocks[i]} * a.block_pitch +
+                                      int64_t{index_in_block(j, a)} * D + piece_col * 16
+                                : 0;
       cp_async16(stage + tile_byte<D>(r, piece_col * 16), k_base + off, valid ? 16 : 0);
       cp_async16(stage + kGroupKeys * D + tile_byte<D>(r, piece_col * 16), v_base + off,
                  valid ? 16 : 0);
@@ -175,10 +191,9 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kv8_kernel(const Attention
     if (lane < 16) {
       const int j = k0 + 2 * pair;
       const bool valid = j + 1 >= begin && j < end;
-      const int64_t off =
-          valid ? int64_t{blocks[kLaneRows]} * a.block_pitch + scale_run +
-                      int64_t{index_in_block(j, a)} * 2
-                : 0;
+      const int64_t off = valid ? int64_t{blocks[kLaneRows]} * a.block_pitch + scale_run +
+                                      int64_t{index_in_block(j, a)} * 2
+                                : 0;
       cp_async_small<4>(stage + 2 * kGroupKeys * D + lane * 4, (lane < 8 ? k_base : v_base) + off,
                         valid ? 4 : 0);
     }
@@ -195,9 +210,9 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kv8_kernel(const Attention
   const bool soft_cap = a.cap_log2 > 0.0f;
   float m_run = -INFINITY;  // running max of head g (the same on the 4 lanes of a row)
   float l_run = 0.0f;       // this lane's part of the running sum of head g
-  float o[kDv][4];          // O's C fragments; [2], [3] are rows 8..15 (stay 0)
+  float o[kSteps][4];       // O^T's C fragments (m-tiles of 16 dims, columns = heads)
 #pragma unroll
-  for (int j = 0; j < kDv; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  for (int mt = 0; mt < kSteps; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
 
   for (int step = 0; step < num_steps; ++step) {
     cp_async_wait<kStages - 2>();
@@ -253,61 +268,75 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kv8_kernel(const Attention
 #pragma unroll
     for (int i = 0; i < 4; ++i) p[i] = exp2f(x[i] - m_use);
     l_run = fmaf(l_run, correction, (p[0] + p[1]) + (p[2] + p[3]));
+    // This lane's accumulator columns are heads 2t and 2t + 1, whose corrections live on the
+    // lanes of rows 2t and 2t + 1.
+    const float correction_lo = __shfl_sync(0xffffffffu, correction, 8 * t);
+    const float correction_hi = __shfl_sync(0xffffffffu, correction, 8 * t + 4);
 #pragma unroll
-    for (int j = 0; j < kDv; ++j) {
-      o[j][0] *= correction;
-      o[j][1] *= correction;
+    for (int mt = 0; mt < kSteps; ++mt) {
+      o[mt][0] *= correction_lo;
+      o[mt][1] *= correction_hi;
+      o[mt][2] *= correction_lo;
+      o[mt][3] *= correction_hi;
     }
-    const float v_unit_lo0 = vs_lo.x * kUnit, v_unit_lo1 = vs_lo.y * kUnit;
-    const float v_unit_hi0 = vs_hi.x * kUnit, v_unit_hi1 = vs_hi.y * kUnit;
-    const uint32_t pa[4] = {half2_bits(__floats2half2_rn(p[0] * v_unit_lo0, p[1] * v_unit_lo1)), 0u,
-                            half2_bits(__floats2half2_rn(p[2] * v_unit_hi0, p[3] * v_unit_hi1)),
-                            0u};
+    // P^T's B fragment is S's C fragment (head g, keys 2t, 2t+1 | 8+2t, 9+2t), V scale folded in.
+    const uint32_t pb0 =
+        half2_bits(__floats2half2_rn(p[0] * vs_lo.x * kUnit, p[1] * vs_lo.y * kUnit));
+    const uint32_t pb1 =
+        half2_bits(__floats2half2_rn(p[2] * vs_hi.x * kUnit, p[3] * vs_hi.y * kUnit));
 
-    // O += P V: dims g*kDv + j of keys 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1), 8 dims at a time.
+    // O^T += V^T P^T: m-tile mt's rows g and g + 8 are dims g*kRun + mt and (g+8)*kRun + mt, so
+    // the lane reads runs of kRun bytes at g*kRun and (g+8)*kRun of keys 2t, 2t+1 (a0, a1) and
+    // 2t+8, 2t+9 (a2, a3); a byte permute pairs two keys' bytes of one dim.
+    uint32_t lo[4][kRun / 4], hi[4][kRun / 4];  // [key 2t, 2t+1, 2t+8, 2t+9][word of the run]
 #pragma unroll
-    for (int h8 = 0; h8 < kDv / 8; ++h8) {
-      const int b = g * kDv + 8 * h8;
-      const uint2 r0 = lds8<D>(v_tile, 2 * t, b), r1 = lds8<D>(v_tile, 2 * t + 1, b);
-      const uint2 r2 = lds8<D>(v_tile, 2 * t + 8, b), r3 = lds8<D>(v_tile, 2 * t + 9, b);
+    for (int k = 0; k < 4; ++k) {
+      const int r = 2 * t + (k & 1) + (k >> 1) * 8;
+      lds_run_d<kRun, D>(v_tile, r, g * kRun, lo[k]);
+      lds_run_d<kRun, D>(v_tile, r, (g + 8) * kRun, hi[k]);
+    }
 #pragma unroll
-      for (int w = 0; w < 2; ++w) {
-        const uint32_t w0 = w ? r0.y : r0.x, w1 = w ? r1.y : r1.x;
-        const uint32_t w2 = w ? r2.y : r2.x, w3 = w ? r3.y : r3.x;
-        // byte pairs (key a, key b) of one dim: dims 0, 1 of the word, then 2, 3
-        __half2 lo[4], hi[4];
-        unpack8_kv8_half2<kKv>(make_uint2(__byte_perm(w0, w1, 0x5140), __byte_perm(w0, w1, 0x7362)),
-                               lo);
-        unpack8_kv8_half2<kKv>(make_uint2(__byte_perm(w2, w3, 0x5140), __byte_perm(w2, w3, 0x7362)),
-                               hi);
+    for (int w = 0; w < kRun / 4; ++w) {
+      // [row g | g+8][keys 2t, 2t+1 | 2t+8, 2t+9] pairs of the word's 4 dims
+      __half2 v_lo01[4], v_lo89[4], v_hi01[4], v_hi89[4];
+      unpack8_kv8_half2<kKv>(pair_bytes(lo[0][w], lo[1][w]), v_lo01);
+      unpack8_kv8_half2<kKv>(pair_bytes(lo[2][w], lo[3][w]), v_lo89);
+      unpack8_kv8_half2<kKv>(pair_bytes(hi[0][w], hi[1][w]), v_hi01);
+      unpack8_kv8_half2<kKv>(pair_bytes(hi[2][w], hi[3][w]), v_hi89);
 #pragma unroll
-        for (int d = 0; d < 4; ++d) {
-          mma16816<__half>(o[8 * h8 + 4 * w + d], pa, half2_bits(lo[d]), half2_bits(hi[d]));
-        }
+      for (int d = 0; d < 4; ++d) {
+        const uint32_t va[4] = {half2_bits(v_lo01[d]), half2_bits(v_hi01[d]), half2_bits(v_lo89[d]),
+                                half2_bits(v_hi89[d])};
+        mma16816<__half>(o[4 * w + d], va, pb0, pb1);
       }
     }
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring is reused below
 
-  // Merge the warps: lane (g, t) holds dims t*kDq + j (o[j][0]) and t*kDq + kDv + j (o[j][1]).
+  // Merge the warps. Lane (g, t) holds heads 2t (o[mt][0], o[mt][2]) and 2t + 1 (o[mt][1],
+  // o[mt][3]) at dims g*kRun + mt ([0], [1]) and (g+8)*kRun + mt ([2], [3]).
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
   static_assert(kWarps * G * (D + 2) * 4 <= kv8_decode_smem_bytes<D>(), "merge area fits the ring");
   float* s_acc = reinterpret_cast<float*>(smem);  // [kWarps][G][D]
   float* s_m = s_acc + kWarps * G * D;            // [kWarps][G]
   float* s_l = s_m + kWarps * G;                  // [kWarps][G]
-  if (g < G) {
-    float* row = s_acc + (warp * G + g) * D + t * kDq;
 #pragma unroll
-    for (int j = 0; j < kDv; ++j) {
-      row[j] = o[j][0];
-      row[kDv + j] = o[j][1];
+  for (int h = 0; h < 2; ++h) {
+    const int head = 2 * t + h;
+    if (head < G) {
+      float* row = s_acc + (warp * G + head) * D;
+#pragma unroll
+      for (int mt = 0; mt < kSteps; ++mt) {
+        row[g * kRun + mt] = o[mt][h];
+        row[(g + 8) * kRun + mt] = o[mt][2 + h];
+      }
     }
-    if (t == 0) {
-      s_m[warp * G + g] = m_run;
-      s_l[warp * G + g] = l_run;
-    }
+  }
+  if (g < G && t == 0) {
+    s_m[warp * G + g] = m_run;
+    s_l[warp * G + g] = l_run;
   }
   __syncthreads();
   finish_decode_streams<T, D, G, kWarps>(a, s_acc, s_m, s_l, q_row, head0, partial_row);
