@@ -6,7 +6,8 @@
 #   attention  the attention grid bf16 vs int8 vs fp8 (attention_cuda_bench, decode and prefill)
 #   engine     end to end on the 8B shape at the same pool bytes: the agents pressure workload
 #              (sessions resident) and long-context decode (TPOT at batch 16 x 8K); needs kvpool
-# TEST_FILTER (a gtest filter) narrows the backend tests, KINDS the attention grid's kinds.
+# TEST_FILTER and SAN_FILTER (gtest filters) narrow the backend tests and the sanitizer runs,
+# KINDS the attention grid's kinds.
 # Run from the unpacked package(s) of scripts/gpu/package.sh (and package-engine.sh for engine):
 #   bash gpu/kv8-bench.sh OUTDIR [tests] [attention] [engine]     (default: all three)
 set -u -o pipefail
@@ -33,7 +34,7 @@ for section in $sections; do
         timeout 200 ./kvp_model_gpu_tests > "$out/kv8-model-tests.log" 2>&1 || status=1
         tail -2 "$out/kv8-model-tests.log"
       fi
-      filter='*Kv8*TensorCoreDecodeShapes*:*Kv8*Mixed*:*Kv8*Window*:*Kv8Matrix*d128_gqa4_q1'
+      filter=${SAN_FILTER:-'*Kv8*TensorCoreDecodeShapes*:*Kv8*Mixed*:*Kv8*Window*:*Kv8Matrix*d128_gqa4_q1'}
       for tool in memcheck racecheck; do
         echo "---- $tool ($filter)"
         timeout 200 compute-sanitizer --tool "$tool" --error-exitcode 9 ./kvp_backend_gpu_tests \

@@ -68,10 +68,11 @@ cudaError_t launch_merge_splits(const AttentionKernelArgs& args, bool bf16, int3
 cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
                                      int32_t head_dim, int32_t max_q_len, cudaStream_t stream);
 // The Hopper prefill kernel (sm90/prefill_attention_sm90.cu, wgmma, built for sm_90a only): the
-// same contract as launch_prefill_attention where it covers the KV format and head dim (bf16 /
-// f16 KV, head dim 64 or 128); launch it only on compute capability 9.0 devices.
+// same contract as launch_prefill_attention where it covers the head dim (64 or 128; every KV
+// format: 8-bit K/V are widened to f16 tiles in shared memory); launch it only on compute
+// capability 9.0 devices.
 bool prefill_attention_sm90_covers(KvFormat kv, int32_t head_dim);
-cudaError_t launch_prefill_attention_sm90(const AttentionKernelArgs& args, bool bf16,
+cudaError_t launch_prefill_attention_sm90(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
                                           int32_t head_dim, int32_t max_q_len, cudaStream_t stream);
 
 // KV write: rows of k_new/v_new ([num_tokens][num_kv_heads][head_dim], 16-byte multiples) into

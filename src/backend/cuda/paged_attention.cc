@@ -229,9 +229,10 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   }
   if (batch.max_q_len >= 2) {
     if (hopper_prefill(kv_kind, kv.head_dim)) {
-      KVP_RETURN_IF_ERROR(cuda_status(
-          detail::launch_prefill_attention_sm90(args, bf16, kv.head_dim, batch.max_q_len, stream),
-          "prefill_attention_sm90_kernel"));
+      KVP_RETURN_IF_ERROR(
+          cuda_status(detail::launch_prefill_attention_sm90(args, bf16, kv_kind, kv.head_dim,
+                                                            batch.max_q_len, stream),
+                      "prefill_attention_sm90_kernel"));
     } else {
       KVP_RETURN_IF_ERROR(
           cuda_status(detail::launch_prefill_attention(args, bf16, kv_kind, kv.head_dim,

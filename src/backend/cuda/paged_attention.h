@@ -46,7 +46,7 @@ void set_decode_min_keys_per_split(int32_t min_keys);
 
 // Which kernel runs prefill rows (benchmarks and tests compare them in one process): Auto takes
 // the Hopper kernel (wgmma, sm90/prefill_attention_sm90.cu) on compute capability 9.0 devices
-// where it covers the shape (bf16 / f16 KV, head dim 64 or 128) and the portable mma.sync kernel
+// where it covers the shape (head dim 64 or 128, any KV dtype) and the portable mma.sync kernel
 // elsewhere; Portable always takes the mma.sync kernel. Process-wide; the default is Auto.
 enum class PrefillKernel { Auto, Portable };
 void set_prefill_kernel(PrefillKernel kernel);

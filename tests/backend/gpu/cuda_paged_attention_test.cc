@@ -387,7 +387,9 @@ TEST_F(PagedAttention, HopperPrefillRunsOnComputeCapability90) {
   EXPECT_EQ(uses_hopper_prefill(DType::BF16, 128), hopper);
   EXPECT_EQ(uses_hopper_prefill(DType::F16, 64), hopper);
   EXPECT_FALSE(uses_hopper_prefill(DType::BF16, 256));
-  EXPECT_FALSE(uses_hopper_prefill(DType::I8, 128));
+  EXPECT_EQ(uses_hopper_prefill(DType::I8, 128), hopper);
+  EXPECT_EQ(uses_hopper_prefill(DType::FP8, 64), hopper);
+  EXPECT_FALSE(uses_hopper_prefill(DType::FP8, 256));
   set_prefill_kernel(PrefillKernel::Portable);
   EXPECT_FALSE(uses_hopper_prefill(DType::BF16, 128));
 }

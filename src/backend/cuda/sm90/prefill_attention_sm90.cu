@@ -2,8 +2,8 @@
 // warpgroup matrix multiply that reads its B operand (and Q) straight from shared memory, with K/V
 // pages gathered through the block table by cp.async into a three-stage ring. Built only for
 // sm_90a (its own library, kvp_backend_sm90); paged_attention.cc launches it on compute
-// capability 9.0 devices for bf16 / f16 KV of head dim 64 or 128 and falls back to the mma.sync
-// kernel (prefill_attention.cu) everywhere else.
+// capability 9.0 devices for head dims 64 and 128 (bf16, f16, int8 and fp8 KV) and falls back to
+// the mma.sync kernel (prefill_attention.cu) everywhere else.
 //
 // grid (row tiles, num_seqs, num_kv_heads), 256 threads = 2 warpgroups. Rows are the (token,
 // query head of the group) pairs of one sequence and KV head, token-major, as in the mma.sync
@@ -25,6 +25,12 @@
 // (a producer warpgroup gathering with cp.async, full/empty mbarriers, setmaxnreg 40 / 232) was
 // measured in the same H100 run at 0.92-0.99x this one's speed and removed (commit 4fd14b6 holds
 // it; docs/perf/attention-cuda.md, "Hopper prefill").
+//
+// 8-bit KV (int8, fp8): the wgmma run in f16. Q is converted once with qk_mul folded in; each
+// thread copies 16-byte chunks of raw 8-bit K and V rows (and each row's scale word) and widens
+// exactly its own chunks, times the row scale, into f16 tiles, so the raw tiles need no barrier.
+// Iteration t widens K of t + 1 and V of t while the tensor cores run S of t and P V of t - 1;
+// the f16 tiles are two for K and two for V, and one barrier per tile publishes them.
 //
 // Shared memory holds every tile in wgmma's 128-byte-swizzle form: panels of 64 columns, each
 // panel [rows][64] with 128-byte rows, the 16-byte chunk c of row r stored at chunk c ^ (r & 7).
@@ -48,26 +54,63 @@ __device__ __forceinline__ uint32_t tile_offset(int r, int chunk) {
   return (chunk >> 3) * (R * 128) + r * 128 + (((chunk & 7) ^ (r & 7)) << 4);
 }
 
-constexpr int kStages = 3;  // K/V tiles in shared memory
+constexpr int kStages = 3;  // 16-bit KV: K/V tiles in shared memory
 
+// 8-bit KV: 16-byte chunks of 8-bit codes a thread copies per K (or V) tile, and the f16 tiles the
+// wgmma reads (K and V of two tiles each), widened from one raw 8-bit K and V tile.
 template <int D>
+__host__ __device__ constexpr int kv8_thread_chunks() {
+  return kKeys * (D / 16) / kThreads;
+}
+template <int D, bool kKv8>
 __host__ __device__ constexpr int sm90_smem_bytes() {
-  return (kRows * D + kStages * 2 * kKeys * D) * 2 + kAlign;  // Q + [stages][K, V] + alignment
+  // 16-bit: Q + [stages][K, V]; 8-bit: Q + [2][K] + [2][V] (f16) + raw K, V + each thread's scale
+  // words (a K and a V word per chunk); then the alignment
+  return kKv8 ? kRows * D * 2 + 4 * kKeys * D * 2 + 2 * kKeys * D +
+                    kThreads * 2 * kv8_thread_chunks<D>() * 4 + kAlign
+              : (kRows * D + kStages * 2 * kKeys * D) * 2 + kAlign;
 }
 
-template <typename T, int D>
+// 16 8-bit codes (row r of an 8-bit tile, dims 16 c .. 16 c + 15) times the row's scale, as f16
+// into chunks 2c and 2c + 1 of row r of a swizzled f16 tile: int8 exactly, e4m3 as value / 256
+// with the 256 in the factor, then one rounding of the product to f16.
+template <KvFormat kKv>
+__device__ __forceinline__ void widen_chunk(uint8_t* tile, int r, int c, uint4 codes,
+                                            __half2 factor) {
+  __half2 lo[4], hi[4];
+  unpack8_kv8_half2<kKv>(make_uint2(codes.x, codes.y), lo);
+  unpack8_kv8_half2<kKv>(make_uint2(codes.z, codes.w), hi);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo[i] = __hmul2(lo[i], factor);
+    hi[i] = __hmul2(hi[i], factor);
+  }
+  *reinterpret_cast<uint4*>(tile + tile_offset<kKeys>(r, 2 * c)) = *reinterpret_cast<uint4*>(lo);
+  *reinterpret_cast<uint4*>(tile + tile_offset<kKeys>(r, 2 * c + 1)) =
+      *reinterpret_cast<uint4*>(hi);
+}
+
+// T: q and out (bf16 or f16). kKv: the pool's KV; 16-bit KV is T, and the wgmma run in T; 8-bit
+// KV runs them in f16 (type M): Q is converted with qk_mul folded in, K and V are widened with
+// their row scales folded in.
+template <typename T, int D, KvFormat kKv>
 __global__ void __launch_bounds__(kThreads, 1)
     prefill_attention_sm90_kernel(const AttentionKernelArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kKv8 = kKv != KvFormat::Native;
+  using M = std::conditional_t<kKv8, __half, T>;
+  // the 8-bit format the 8-bit code paths are compiled for (16-bit KV never runs them)
+  constexpr KvFormat kWidened = kKv8 ? kKv : KvFormat::Int8;
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
   constexpr uint32_t kQBytes = kRows * D * 2;
   constexpr uint32_t kTileBytes = kKeys * D * 2;  // one K or V tile
+  constexpr uint32_t kRawBytes = kKeys * D;       // 8-bit: one raw K or V tile
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t base = (raw_addr + kAlign - 1) & ~static_cast<uint32_t>(kAlign - 1);
   uint8_t* smem = smem_raw + (base - raw_addr);
   // Q at base, then stage s: K at kQBytes + 2 s kTileBytes, V after it.
-  static_assert(sm90_smem_bytes<D>() <= 227 * 1024, "shared memory of one CTA on sm_90");
+  static_assert(sm90_smem_bytes<D, kKv8>() <= 227 * 1024, "shared memory of one CTA on sm_90");
 
   const int seq = blockIdx.y;
   const int kv_head = blockIdx.z;
@@ -96,6 +139,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const T* v = static_cast<const T*>(a.v);
   const int32_t* table = a.block_tables + int64_t{seq} * a.max_blocks_per_seq;
   const int64_t head_offset = int64_t{kv_head} * a.block_size * D;
+  // 8-bit: Q carries qk_mul (the scores come out scaled)
+  const float qk_mul = kKv8 ? 1.0f : a.qk_mul;
 
   // Q tile (rows past the sequence are zero-filled; they are computed but never stored).
   for (int i = tid; i < kRows * kChunks; i += kThreads) {
@@ -103,8 +148,66 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int c = i % kChunks;
     const T* src;
     const bool valid = q_chunk_source<T, D>(a, q, q_begin, num_rows, kv_head, row0 + r, c, src);
-    cp_async16(smem + tile_offset<kRows>(r, c), src, valid ? 16 : 0);
+    if constexpr (kKv8) {
+      uint4 h = make_uint4(0, 0, 0, 0);
+      if (valid) {
+        float f[8];
+        unpack8<T>(__ldg(reinterpret_cast<const uint4*>(src)), f);
+        h = make_uint4(half2_bits(__floats2half2_rn(f[0] * a.qk_mul, f[1] * a.qk_mul)),
+                       half2_bits(__floats2half2_rn(f[2] * a.qk_mul, f[3] * a.qk_mul)),
+                       half2_bits(__floats2half2_rn(f[4] * a.qk_mul, f[5] * a.qk_mul)),
+                       half2_bits(__floats2half2_rn(f[6] * a.qk_mul, f[7] * a.qk_mul)));
+      }
+      *reinterpret_cast<uint4*>(smem + tile_offset<kRows>(r, c)) = h;
+    } else {
+      cp_async16(smem + tile_offset<kRows>(r, c), src, valid ? 16 : 0);
+    }
   }
+  // 8-bit: this thread copies chunk kv8_col of K and V rows kv8_row(i), i < kv8_thread_chunks,
+  // with the scale word of each, and widens exactly those chunks, so the raw tiles need no
+  // barrier. Raw K holds tile t + 1 and raw V tile t while iteration t widens them.
+  uint8_t* raw_k = smem + kQBytes + 4 * kTileBytes;
+  uint8_t* raw_v = raw_k + kRawBytes;
+  uint32_t* my_words = reinterpret_cast<uint32_t*>(raw_v + kRawBytes) +
+                       tid * 2 * kv8_thread_chunks<D>();  // [chunk][K, V]
+  constexpr int kRawChunks = D / 16;
+  const int kv8_col = tid % kRawChunks;
+  auto kv8_row = [&](int i) { return (tid + i * kThreads) / kRawChunks; };
+  const int64_t kv8_head_run = int64_t{kv_head} * a.block_size * (D + 2);  // bytes
+  // Issues the copies of K (is_k) or V of `tile` into the raw tile.
+  auto load_raw = [&](int tile, bool is_k) {
+    const int n0 = (tile_first + tile) * kKeys;
+    const char* base_kv = static_cast<const char*>(is_k ? a.k : a.v) + kv8_head_run;
+#pragma unroll
+    for (int i = 0; i < kv8_thread_chunks<D>(); ++i) {
+      const int r = kv8_row(i);
+      const int j = n0 + r;
+      const bool valid = j >= key_begin && j < kv_len;
+      int64_t row = 0, word = 0;
+      if (valid) {
+        const int64_t block = int64_t{table[block_index(j, a)]} * a.block_pitch;
+        row = block + int64_t{index_in_block(j, a)} * D + kv8_col * 16;
+        word = block + int64_t{a.block_size} * D + (index_in_block(j, a) & ~1) * 2;
+      }
+      cp_async16((is_k ? raw_k : raw_v) + r * D + kv8_col * 16, base_kv + row, valid ? 16 : 0);
+      cp_async_small<4>(my_words + 2 * i + (is_k ? 0 : 1), base_kv + word, valid ? 4 : 0);
+    }
+  };
+  // Widens this thread's chunks of the raw K (is_k) or V tile of `tile` into the f16 tile `dst`.
+  auto widen_raw = [&](int tile, bool is_k, uint8_t* dst) {
+    const int n0 = (tile_first + tile) * kKeys;
+#pragma unroll 1  // one chunk at a time: the accumulators leave few registers
+    for (int i = 0; i < kv8_thread_chunks<D>(); ++i) {
+      const int r = kv8_row(i);
+      const uint4 codes =
+          *reinterpret_cast<const uint4*>((is_k ? raw_k : raw_v) + r * D + kv8_col * 16);
+      const uint32_t w = my_words[2 * i + (is_k ? 0 : 1)];
+      const float scale =
+          __half2float(__ushort_as_half(static_cast<uint16_t>(((n0 + r) & 1) ? w >> 16 : w)));
+      widen_chunk<kWidened>(dst, r, kv8_col, codes,
+                            __float2half2_rn(scale * kv8_code_unit<kWidened>()));
+    }
+  };
   auto load_kv = [&](int tile, int stage) {
     const int n0 = (tile_first + tile) * kKeys;
     uint8_t* dk = smem + kQBytes + stage * 2 * kTileBytes;
@@ -135,7 +238,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   float l[2] = {0.0f, 0.0f};
   const bool soft_cap = a.cap_log2 > 0.0f;
   const uint32_t q_addr = base + wg * 64 * 128;  // this warpgroup's 64 rows in each Q panel
-  auto k_addr = [&](int tile) { return base + kQBytes + (tile % kStages) * 2 * kTileBytes; };
+  // 16-bit: stage t % 3 holds K then V of tile t; 8-bit: K of tile t in f16 tile t % 2, V in
+  // f16 tile 2 + t % 2
+  auto k_addr = [&](int tile) -> uint32_t {
+    return kKv8 ? base + kQBytes + (tile % 2) * kTileBytes
+                : base + kQBytes + (tile % kStages) * 2 * kTileBytes;
+  };
+  auto v_addr = [&](int tile) -> uint32_t {
+    return kKv8 ? base + kQBytes + (2 + tile % 2) * kTileBytes : k_addr(tile) + kTileBytes;
+  };
 
   // S = Q K^T of `tile` (64 x kKeys per warpgroup, D / 16 steps of k16), issued, not waited for.
   float s[kKeys / 2];
@@ -146,18 +257,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint64_t da = sm90::smem_desc_sw128(q_addr + panel * (kRows * 128) + within, 16, 1024);
       const uint64_t db =
           sm90::smem_desc_sw128(k_addr(tile) + panel * (kKeys * 128) + within, 16, 1024);
-      sm90::wgmma_ss<kKeys, T>(s, da, db, kk > 0 ? 1 : 0);
+      sm90::wgmma_ss<kKeys, M>(s, da, db, kk > 0 ? 1 : 0);
     }
     sm90::wgmma_commit();
   };
   // O += P V of `tile`: P's accumulator pairs are its A fragments (keys 16 kk .. 16 kk + 15).
   uint32_t pa[kKeys / 16][4];
   auto issue_pv = [&](int tile) {
-    const uint32_t v_addr = k_addr(tile) + kTileBytes;
+    const uint32_t va = v_addr(tile);
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const uint64_t db = sm90::smem_desc_sw128(v_addr + kk * 16 * 128, kKeys * 128, 1024);
-      sm90::wgmma_rs<D, T>(o, pa[kk], db);
+      const uint64_t db = sm90::smem_desc_sw128(va + kk * 16 * 128, kKeys * 128, 1024);
+      sm90::wgmma_rs<D, M>(o, pa[kk], db);
     }
     sm90::wgmma_commit();
   };
@@ -168,11 +279,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const bool need_mask = n0 + kKeys - 1 > pos_lo || (a.window > 0 && pos_hi - n0 >= a.window);
     // Without a soft cap the scores stay raw: the scale is folded into the exp2's FMA (mul > 0,
     // so maxima commute with it). The soft cap's tanh runs under a uniform branch.
-    float mul = a.qk_mul;
+    float mul = qk_mul;
     if (soft_cap) {
       mul = 1.0f;
 #pragma unroll
-      for (int i = 0; i < kKeys / 2; ++i) s[i] = a.cap_log2 * tanhf(s[i] * a.qk_mul);
+      for (int i = 0; i < kKeys / 2; ++i) s[i] = a.cap_log2 * tanhf(s[i] * qk_mul);
     }
     float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -207,10 +318,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto pack_p = [&] {
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
-      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+      pa[kk][0] = pack2<M>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<M>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<M>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<M>(s[8 * kk + 6], s[8 * kk + 7]);
     }
   };
   // Waits for this thread's copies of the tile in flight, then makes every thread's visible to the
@@ -222,17 +333,44 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
   };
 
-  // Tile t's K and V sit in stage t % 3: iteration t reads K of t and V of t - 1 while the
-  // copies of t + 1 land in the third stage.
-  load_kv(0, 0);
-  cp_async_commit();
-  tile_landed();
-  if (num_tiles > 1) {
-    load_kv(1, 1 % kStages);
+  // 8-bit: iteration t widens K of t + 1 and V of t (their raw tiles were copied in iteration
+  // t - 1) while the tensor cores run S of t and P V of t - 1, then copies K of t + 2 and V of
+  // t + 1. The f16 tiles it writes are the ones iteration t - 1's wgmma read, which every
+  // warpgroup waited for before the barrier that starts iteration t.
+  auto kv8_step = [&](int t) {
+    cp_async_wait<0>();
+    if (t + 1 < num_tiles) widen_raw(t + 1, true, smem + kQBytes + ((t + 1) % 2) * kTileBytes);
+    widen_raw(t, false, smem + kQBytes + (2 + t % 2) * kTileBytes);
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // for the wgmma reads
+    if (t + 2 < num_tiles) load_raw(t + 2, true);
+    if (t + 1 < num_tiles) load_raw(t + 1, false);
     cp_async_commit();
+  };
+
+  // 16-bit: tile t's K and V sit in stage t % 3: iteration t reads K of t and V of t - 1 while
+  // the copies of t + 1 land in the third stage.
+  if constexpr (kKv8) {
+    load_raw(0, true);
+    load_raw(0, false);
+    cp_async_commit();
+    cp_async_wait<0>();
+    widen_raw(0, true, smem + kQBytes);
+    if (num_tiles > 1) load_raw(1, true);  // this thread's raw K chunks are free again
+    cp_async_commit();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q and K of tile 0
+    __syncthreads();
+  } else {
+    load_kv(0, 0);
+    cp_async_commit();
+    tile_landed();
+    if (num_tiles > 1) {
+      load_kv(1, 1 % kStages);
+      cp_async_commit();
+    }
   }
   sm90::wgmma_fence();
   issue_qk(0);
+  if constexpr (kKv8) kv8_step(0);
   sm90::wgmma_wait<0>();
   sm90::fence_operands(s);
   {
@@ -241,15 +379,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   pack_p();
   for (int t = 1; t < num_tiles; ++t) {
-    tile_landed();
-    if (t + 1 < num_tiles) {
-      load_kv(t + 1, (t + 1) % kStages);
-      cp_async_commit();
+    if constexpr (kKv8) {
+      __syncthreads();  // K of t and V of t - 1 widened (and fenced) by every thread
+    } else {
+      tile_landed();
+      if (t + 1 < num_tiles) {
+        load_kv(t + 1, (t + 1) % kStages);
+        cp_async_commit();
+      }
     }
     // The tensor cores run P V of t - 1 while this warpgroup computes the softmax of t.
     sm90::wgmma_fence();
     issue_qk(t);
     issue_pv(t - 1);
+    if constexpr (kKv8) kv8_step(t);
     sm90::wgmma_wait<1>();  // S of t (groups complete in order)
     sm90::fence_operands(s);
     float correction[2];
@@ -263,6 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     pack_p();
   }
+  if constexpr (kKv8) __syncthreads();  // V of the last tile widened by every thread
   sm90::wgmma_fence();
   issue_pv(num_tiles - 1);
   sm90::wgmma_wait<0>();
@@ -288,38 +432,51 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <typename T, int D>
+template <typename T, int D, KvFormat kKv>
 cudaError_t launch_typed(const AttentionKernelArgs& args, int32_t max_q_len, cudaStream_t stream) {
-  constexpr int kSmem = sm90_smem_bytes<D>();
-  if (const cudaError_t e = set_smem_limit_once<prefill_attention_sm90_kernel<T, D>>(kSmem);
+  constexpr int kSmem = sm90_smem_bytes<D, kKv != KvFormat::Native>();
+  if (const cudaError_t e = set_smem_limit_once<prefill_attention_sm90_kernel<T, D, kKv>>(kSmem);
       e != cudaSuccess) {
     return e;
   }
   const int64_t rows = int64_t{max_q_len} * args.group;
   const dim3 grid(static_cast<unsigned>((rows + kRows - 1) / kRows), args.num_seqs,
                   args.num_kv_heads);
-  prefill_attention_sm90_kernel<T, D><<<grid, kThreads, kSmem, stream>>>(args);
+  prefill_attention_sm90_kernel<T, D, kKv><<<grid, kThreads, kSmem, stream>>>(args);
   return cudaGetLastError();
+}
+
+template <KvFormat kKv>
+cudaError_t launch_kv(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
+                      int32_t max_q_len, cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return bf16 ? launch_typed<__nv_bfloat16, 64, kKv>(args, max_q_len, stream)
+                  : launch_typed<__half, 64, kKv>(args, max_q_len, stream);
+    case 128:
+      return bf16 ? launch_typed<__nv_bfloat16, 128, kKv>(args, max_q_len, stream)
+                  : launch_typed<__half, 128, kKv>(args, max_q_len, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace
 
-bool prefill_attention_sm90_covers(KvFormat kv, int32_t head_dim) {
-  return kv == KvFormat::Native && (head_dim == 64 || head_dim == 128);
+bool prefill_attention_sm90_covers(KvFormat, int32_t head_dim) {
+  return head_dim == 64 || head_dim == 128;
 }
 
-cudaError_t launch_prefill_attention_sm90(const AttentionKernelArgs& args, bool bf16,
+cudaError_t launch_prefill_attention_sm90(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
                                           int32_t head_dim, int32_t max_q_len,
                                           cudaStream_t stream) {
-  switch (head_dim) {
-    case 64:
-      return bf16 ? launch_typed<__nv_bfloat16, 64>(args, max_q_len, stream)
-                  : launch_typed<__half, 64>(args, max_q_len, stream);
-    case 128:
-      return bf16 ? launch_typed<__nv_bfloat16, 128>(args, max_q_len, stream)
-                  : launch_typed<__half, 128>(args, max_q_len, stream);
+  switch (kv) {
+    case KvFormat::Int8:
+      return launch_kv<KvFormat::Int8>(args, bf16, head_dim, max_q_len, stream);
+    case KvFormat::Fp8:
+      return launch_kv<KvFormat::Fp8>(args, bf16, head_dim, max_q_len, stream);
     default:
-      return cudaErrorInvalidValue;
+      return launch_kv<KvFormat::Native>(args, bf16, head_dim, max_q_len, stream);
   }
 }
 
