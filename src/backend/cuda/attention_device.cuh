@@ -277,6 +277,56 @@ __device__ __forceinline__ T from_float(float x) {
   }
 }
 
+// What one decode CTA (grid: splits, KV heads x head chunks, sequences) works on: query heads
+// head0 .. head0 + G - 1 (KV head kv_head) of sequence seq, whose query is row q_row, the keys
+// begin .. end - 1 of its split, and its row in the split partial states. False, for the CTA to
+// return, on a prefill sequence (the prefill kernel's) and on an empty split (a short sequence
+// in a batch split for a long one), whose partial states it marks empty.
+struct DecodeSplit {
+  int seq, kv_head, head0, q_row, begin, end;
+  int64_t partial_row;
+};
+template <int G>
+__device__ __forceinline__ bool decode_split(const AttentionKernelArgs& a, DecodeSplit& d) {
+  d.kv_head = blockIdx.y / a.head_chunks;
+  d.head0 = d.kv_head * a.group + (blockIdx.y % a.head_chunks) * G;
+  d.seq = blockIdx.z;
+  d.q_row = a.query_start[d.seq];
+  const int kv_len = a.kv_lens[d.seq];  // loaded before the branch: both loads in flight at once
+  if (a.query_start[d.seq + 1] - d.q_row != 1) return false;
+  const int first = a.window > 0 ? max(0, kv_len - a.window) : 0;
+  const int per_split = (kv_len - first + a.num_splits - 1) / a.num_splits;
+  d.begin = first + static_cast<int>(blockIdx.x) * per_split;
+  d.end = min(kv_len, d.begin + per_split);
+  d.partial_row = (int64_t{d.seq} * a.num_q_heads + d.head0) * a.num_splits + blockIdx.x;
+  if (d.begin >= d.end) {
+    if (threadIdx.x < G) {
+      a.partial_ml[2 * (d.partial_row + int64_t{threadIdx.x} * a.num_splits)] = -INFINITY;
+      a.partial_ml[2 * (d.partial_row + int64_t{threadIdx.x} * a.num_splits) + 1] = 0.0f;
+    }
+    return false;
+  }
+  return true;
+}
+
+// Calls f(std::integral_constant<int, G>{}) for G = heads, the query heads one decode CTA takes
+// (1, 2, 4 or 8: the decode kernels' instantiations); any other count returns `otherwise`.
+template <typename R, typename F>
+R dispatch_heads_per_cta(int32_t heads, R otherwise, F&& f) {
+  switch (heads) {
+    case 1:
+      return f(std::integral_constant<int, 1>{});
+    case 2:
+      return f(std::integral_constant<int, 2>{});
+    case 4:
+      return f(std::integral_constant<int, 4>{});
+    case 8:
+      return f(std::integral_constant<int, 8>{});
+    default:
+      return otherwise;
+  }
+}
+
 // The end of a decode CTA (decode_attention.cu, decode_attention_kv8.cu): the online-softmax
 // states of its kStreams token streams, in shared memory as s_acc [kStreams][G][D] (unnormalised),
 // s_m and s_l [kStreams][G] (max and sum, log2 units), are merged into the output rows of query

@@ -93,25 +93,13 @@ __global__ void __launch_bounds__(kThreads, 4) decode_kv8_kernel(const Attention
   constexpr int kLaneRows = kGroupKeys * kRowPieces / 32;  // rows a lane copies (K and V)
   constexpr float kUnit = kv8_code_unit<kKv>();
 
-  const int split = blockIdx.x;
-  const int kv_head = blockIdx.y / a.head_chunks;
-  const int head0 = kv_head * a.group + (blockIdx.y % a.head_chunks) * G;
-  const int seq = blockIdx.z;
-  const int q_row = a.query_start[seq];
-  const int kv_len = a.kv_lens[seq];
-  if (a.query_start[seq + 1] - q_row != 1) return;  // prefill rows belong to the other kernel
-  const int first = a.window > 0 ? max(0, kv_len - a.window) : 0;
-  const int per_split = (kv_len - first + a.num_splits - 1) / a.num_splits;
-  const int begin = first + split * per_split;
-  const int end = min(kv_len, begin + per_split);
-  const int64_t partial_row = (int64_t{seq} * a.num_q_heads + head0) * a.num_splits + split;
-  if (begin >= end) {  // an empty split (short sequence in a batch split for a long one)
-    if (threadIdx.x < G) {
-      a.partial_ml[2 * (partial_row + int64_t{threadIdx.x} * a.num_splits)] = -INFINITY;
-      a.partial_ml[2 * (partial_row + int64_t{threadIdx.x} * a.num_splits) + 1] = 0.0f;
-    }
-    return;
-  }
+  DecodeSplit split;
+  if (!decode_split<G>(a, split)) return;
+  // copies, not structured bindings: the .cu files compile as C++17, whose lambdas cannot
+  // capture those
+  const int seq = split.seq, kv_head = split.kv_head, head0 = split.head0, q_row = split.q_row;
+  const int begin = split.begin, end = split.end;
+  const int64_t partial_row = split.partial_row;
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -374,31 +362,14 @@ cudaError_t launch_one(const AttentionKernelArgs& args, cudaStream_t stream) {
 template <typename T, int D, KvFormat kKv>
 cudaError_t launch_heads(const AttentionKernelArgs& args, int32_t heads_per_cta,
                          cudaStream_t stream) {
-  switch (heads_per_cta) {
-    case 1:
-      return launch_one<T, D, 1, kKv>(args, stream);
-    case 2:
-      return launch_one<T, D, 2, kKv>(args, stream);
-    case 4:
-      return launch_one<T, D, 4, kKv>(args, stream);
-    case 8:
-      return launch_one<T, D, 8, kKv>(args, stream);
-    default:
-      return cudaErrorInvalidValue;
-  }
+  return dispatch_heads_per_cta(heads_per_cta, cudaErrorInvalidValue, [&](auto g) {
+    return launch_one<T, D, decltype(g)::value, kKv>(args, stream);
+  });
 }
 template <typename T, int D, KvFormat kKv>
 int occupancy_heads(int32_t heads_per_cta) {
-  switch (heads_per_cta) {
-    case 1:
-      return occupancy<T, D, 1, kKv>();
-    case 2:
-      return occupancy<T, D, 2, kKv>();
-    case 4:
-      return occupancy<T, D, 4, kKv>();
-    default:
-      return occupancy<T, D, 8, kKv>();
-  }
+  return dispatch_heads_per_cta(heads_per_cta, 1,
+                                [](auto g) { return occupancy<T, D, decltype(g)::value, kKv>(); });
 }
 
 template <typename T, KvFormat kKv>
