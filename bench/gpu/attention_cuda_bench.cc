@@ -263,7 +263,9 @@ std::vector<std::string> split_list(const std::string& list) {
 }
 
 int bench_main(int argc, char** argv) {
-  const char* usage = "usage: %s OUT.csv [--quick] [--kv bf16,int8,fp8] [--kinds decode,prefill]\n";
+  const char* usage =
+      "usage: %s OUT.csv [--quick] [--kv bf16,int8,fp8] [--kinds decode,prefill] [--ctx "
+      "8192,...]\n";
   if (argc < 2) {
     std::fprintf(stderr, usage, argv[0]);
     return 2;
@@ -271,6 +273,7 @@ int bench_main(int argc, char** argv) {
   bool quick = false;
   std::vector<DType> kv_dtypes = {DType::BF16};
   std::vector<std::string> kinds;  // empty: all
+  std::vector<int32_t> ctxs;       // empty: all (one length under a profiler, say)
   for (int i = 2; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--quick") {
@@ -287,6 +290,15 @@ int bench_main(int argc, char** argv) {
       }
     } else if (arg == "--kinds" && i + 1 < argc) {
       kinds = split_list(argv[++i]);
+    } else if (arg == "--ctx" && i + 1 < argc) {
+      for (const std::string& item : split_list(argv[++i])) {
+        const long n = std::strtol(item.c_str(), nullptr, 10);
+        if (n <= 0 || n > (1 << 20)) {
+          std::fprintf(stderr, "--ctx: %s (a context length, 1 to 1048576)\n", item.c_str());
+          return 2;
+        }
+        ctxs.push_back(static_cast<int32_t>(n));
+      }
     } else {
       std::fprintf(stderr, usage, argv[0]);
       return 2;
@@ -334,6 +346,7 @@ int bench_main(int argc, char** argv) {
     if (!kinds.empty() && std::find(kinds.begin(), kinds.end(), shape.kind) == kinds.end()) {
       continue;
     }
+    if (!ctxs.empty() && std::find(ctxs.begin(), ctxs.end(), shape.ctx) == ctxs.end()) continue;
     for (const DType dtype : kv_dtypes) {
       Shape s = shape;
       s.kv_dtype = dtype;
