@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t raw_addr = smem_addr(smem_raw);
   const uint32_t base = (raw_addr + kAlign - 1) & ~static_cast<uint32_t>(kAlign - 1);
   uint8_t* smem = smem_raw + (base - raw_addr);
-  // Q at base, then stage s: K at kQBytes + 2 s kTileBytes, V after it.
+  // Q at base. 16-bit: then stage s, K at kQBytes + 2 s kTileBytes, V after it. 8-bit: then the
+  // f16 K tiles 0 and 1, the f16 V tiles 2 and 3, raw K, raw V and the threads' scale words.
   static_assert(sm90_smem_bytes<D, kKv8>() <= 227 * 1024, "shared memory of one CTA on sm_90");
 
   const int seq = blockIdx.y;
