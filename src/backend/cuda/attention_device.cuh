@@ -146,6 +146,11 @@ __host__ __device__ constexpr float kv8_code_unit() {
   return kKv == KvFormat::Fp8 ? 256.0f : 1.0f;
 }
 
+// The f16 scale of token j from the word holding the scales of tokens j & ~1 and j | 1.
+__device__ __forceinline__ float scale_of(uint32_t word, int j) {
+  return __half2float(__ushort_as_half(static_cast<uint16_t>((j & 1) ? word >> 16 : word)));
+}
+
 // Logit in log2 units from a raw dot product q.k (soft cap folded in).
 __device__ __forceinline__ float scaled_logit(float dot, const AttentionKernelArgs& a) {
   return a.cap_log2 > 0.0f ? a.cap_log2 * tanhf(dot * a.qk_mul) : dot * a.qk_mul;

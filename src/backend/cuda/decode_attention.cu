@@ -49,11 +49,6 @@ __host__ __device__ constexpr int decode_smem_bytes() {
               : kDecodeStages * 2 * kDecodeUnroll * kDecodeThreads * 16;
 }
 
-// The f16 scale of token j from the word holding the scales of tokens j & ~1 and j | 1.
-__device__ __forceinline__ float scale_of(uint32_t word, int j) {
-  return __half2float(__ushort_as_half(static_cast<uint16_t>((j & 1) ? word >> 16 : word)));
-}
-
 template <typename T, int D, int G, KvFormat kKv>
 // Register budget: 4 CTAs per SM up to 4 heads per CTA (<= 128 registers), 2 with 8.
 __global__ void __launch_bounds__(kDecodeThreads, G >= 8 ? 2 : 4)
@@ -430,13 +425,19 @@ int decode_occupancy_typed(int32_t heads_per_cta) {
 
 template <typename T, int D>
 int decode_occupancy_kv(KvFormat kv, int32_t heads_per_cta) {
-  switch (kv) {
-    case KvFormat::Int8:
-      return decode_occupancy_typed<T, D, KvFormat::Int8>(heads_per_cta);
-    case KvFormat::Fp8:
-      return decode_occupancy_typed<T, D, KvFormat::Fp8>(heads_per_cta);
-    default:
-      return decode_occupancy_typed<T, D, KvFormat::Native>(heads_per_cta);
+  // 8-bit KV below head dim 256 runs on decode_attention_kv8.cu's kernel (decode_ctas_per_sm asks
+  // it first): this kernel is not instantiated for it
+  if constexpr (D < 256) {
+    return decode_occupancy_typed<T, D, KvFormat::Native>(heads_per_cta);
+  } else {
+    switch (kv) {
+      case KvFormat::Int8:
+        return decode_occupancy_typed<T, D, KvFormat::Int8>(heads_per_cta);
+      case KvFormat::Fp8:
+        return decode_occupancy_typed<T, D, KvFormat::Fp8>(heads_per_cta);
+      default:
+        return decode_occupancy_typed<T, D, KvFormat::Native>(heads_per_cta);
+    }
   }
 }
 
@@ -458,11 +459,16 @@ cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_p
 template <typename T, KvFormat kKv>
 cudaError_t launch_decode_dim(const AttentionKernelArgs& args, int32_t head_dim,
                               int32_t heads_per_cta, cudaStream_t stream) {
+  // 8-bit KV below head dim 256 runs on decode_attention_kv8.cu's kernel
+  // (launch_decode_attention sends it there first): this kernel is not instantiated for it
+  constexpr bool kNative = kKv == KvFormat::Native;
   switch (head_dim) {
     case 64:
-      return launch_decode_typed<T, 64, kKv>(args, heads_per_cta, stream);
+      if constexpr (kNative) return launch_decode_typed<T, 64, kKv>(args, heads_per_cta, stream);
+      return cudaErrorInvalidValue;
     case 128:
-      return launch_decode_typed<T, 128, kKv>(args, heads_per_cta, stream);
+      if constexpr (kNative) return launch_decode_typed<T, 128, kKv>(args, heads_per_cta, stream);
+      return cudaErrorInvalidValue;
     case 256:
       return launch_decode_typed<T, 256, kKv>(args, heads_per_cta, stream);
     default:

@@ -203,8 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const uint4 codes =
           *reinterpret_cast<const uint4*>((is_k ? raw_k : raw_v) + r * D + kv8_col * 16);
       const uint32_t w = my_words[2 * i + (is_k ? 0 : 1)];
-      const float scale =
-          __half2float(__ushort_as_half(static_cast<uint16_t>(((n0 + r) & 1) ? w >> 16 : w)));
+      const float scale = scale_of(w, n0 + r);
       widen_chunk<kWidened>(dst, r, kv8_col, codes,
                             __float2half2_rn(scale * kv8_code_unit<kWidened>()));
     }
