@@ -6,6 +6,7 @@
 //                                                 # then peer all-reduces, and the all-reduce
 //                                                 # alone (all_reduce_rows)
 //   model_cuda_bench OUT.csv --tensor-parallel N --70b   # the 70B shape, split only
+//   model_cuda_bench OUT.csv --tensor-parallel N --moe   # the MoE shapes whole and split
 //   model_cuda_bench OUT.csv --moe             # the mixture-of-experts shapes only
 //   model_cuda_bench OUT.csv --prefill-kernels # 8B prefill of 2048 and 8192 tokens with the
 //                                               # Hopper attention kernel, then the portable one
@@ -628,9 +629,10 @@ void all_reduce_rows(int32_t n) {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: model_cuda_bench OUT.csv [--quick | --moe | --gemm | --tensor-parallel N "
-                 "[--70b] | --profile-decode | --profile-moe-prefill | --profile-moe-decode]\n");
+    std::fprintf(
+        stderr,
+        "usage: model_cuda_bench OUT.csv [--quick | --moe | --gemm | --tensor-parallel N "
+        "[--70b | --moe] | --profile-decode | --profile-moe-prefill | --profile-moe-decode]\n");
     return 2;
   }
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
@@ -643,6 +645,7 @@ int run(int argc, char** argv) {
   const int32_t tensor_parallel =
       argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
   const bool shape_70b = tensor_parallel > 1 && argc > 4 && std::string(argv[4]) == "--70b";
+  const bool moe_split = tensor_parallel > 1 && argc > 4 && std::string(argv[4]) == "--moe";
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "model_cuda_bench: no CUDA device\n");
@@ -715,6 +718,21 @@ int run(int argc, char** argv) {
       }
       rows.push_back(bench.prefill(2048));
       print(rows.back());
+    }
+  } else if (moe_split) {
+    // the mixture-of-experts shapes whole, then every expert split by its intermediate units
+    // (peer all-reduces where they apply, NCCL for the rest)
+    for (const char* name : {"qwen3-30b-a3b", "qwen1.5-moe-a2.7b"}) {
+      const ModelSpec spec = value_or_die(random_model_spec(name), "random_model_spec");
+      for (const int32_t n : {1, tensor_parallel}) {
+        ModelBench bench(name, spec, 64 * 512 + 2048, bandwidth, matmul, false, n);
+        for (int batch : {1, 4, 64}) {
+          rows.push_back(bench.decode(batch, 512, true));
+          print(rows.back());
+        }
+        rows.push_back(bench.prefill(2048));
+        print(rows.back());
+      }
     }
   } else if (tensor_parallel > 1) {
     // whole, then split with NCCL all-reduces, then with decode-sized ones over peer memory

@@ -511,7 +511,7 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
 
     quant::matmul(lw.o.parts, attn.data(), num_tokens, q_dim, proj.data(), hidden, pool_,
                   precision);
-    // after the sum over ranks it would be added once per rank: split models refuse MoE
+    // split over ranks, rank 0 holds the bias and the others zeros (tensor_parallel.h)
     if (!lw.o_bias.empty()) {
       for (int64_t t = 0; t < num_tokens; ++t) {
         for (int64_t i = 0; i < hidden; ++i) proj[t * hidden + i] += lw.o_bias[i];

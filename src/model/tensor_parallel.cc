@@ -50,15 +50,22 @@ Status check_tensor_parallel(const ModelSpec& spec, int32_t n) {
   if (n < 1 || n > kMaxTensorParallel) {
     return Status::invalid_argument("tensor parallel {}: must be 1 to {}", n, kMaxTensorParallel);
   }
-  if (n > 1 && spec.is_moe()) {
-    return Status::unsupported("tensor parallel {}: {} has experts, which are not split", n,
-                               architecture_name(spec.architecture));
-  }
-  if (spec.num_q_heads % n != 0 || spec.num_kv_heads % n != 0 || spec.intermediate_size % n != 0) {
+  bool has_dense_mlp = !spec.is_moe();
+  for (int32_t l = 0; l < spec.num_layers && !has_dense_mlp; ++l)
+    has_dense_mlp = !spec.layer_moe(l);
+  const int32_t dense_inter = has_dense_mlp ? spec.intermediate_size : 0;
+  if (spec.num_q_heads % n != 0 || spec.num_kv_heads % n != 0 || dense_inter % n != 0) {
     return Status::invalid_argument(
         "tensor parallel {}: the model's {} attention heads, {} kv heads and intermediate size {} "
         "must each divide by {}",
         n, spec.num_q_heads, spec.num_kv_heads, spec.intermediate_size, n);
+  }
+  if (spec.moe_intermediate_size % n != 0 || spec.shared_expert_intermediate_size % n != 0) {
+    return Status::invalid_argument(
+        "tensor parallel {}: the {} model's expert intermediate size {} and shared expert "
+        "intermediate size {} must each divide by {}",
+        n, architecture_name(spec.architecture), spec.moe_intermediate_size,
+        spec.shared_expert_intermediate_size, n);
   }
   return Status::ok();
 }
@@ -68,32 +75,52 @@ ModelSpec shard_spec(const ModelSpec& spec, TensorShard shard) {
   local.num_q_heads = spec.num_q_heads / shard.size;
   local.num_kv_heads = spec.num_kv_heads / shard.size;
   local.intermediate_size = spec.intermediate_size / shard.size;
+  local.moe_intermediate_size = spec.moe_intermediate_size / shard.size;
+  local.shared_expert_intermediate_size = spec.shared_expert_intermediate_size / shard.size;
   return local;
 }
 
 ShardSlice shard_slice(const ModelSpec& spec, TensorShard shard, const std::string& name) {
-  const int64_t q_share = int64_t{spec.num_q_heads} / shard.size * spec.head_dim;
+  const int64_t q_heads = int64_t{spec.num_q_heads} / shard.size;
+  const int64_t q_share = q_heads * spec.head_dim;
   const int64_t kv_share = int64_t{spec.num_kv_heads} / shard.size * spec.head_dim;
   const int64_t inter_share = int64_t{spec.intermediate_size} / shard.size;
-  const auto rows = [&](int64_t share) {
-    return ShardSlice{ShardSlice::Kind::kRows, shard.rank * share, share};
+  const int64_t expert_share = int64_t{spec.moe_intermediate_size} / shard.size;
+  const int64_t shared_share = int64_t{spec.shared_expert_intermediate_size} / shard.size;
+  const auto along = [&](int32_t axis, int64_t share) {
+    return ShardSlice{ShardSlice::Kind::kSlice, axis, shard.rank * share, share};
   };
-  const auto cols = [&](int64_t share) {
-    return ShardSlice{ShardSlice::Kind::kCols, shard.rank * share, share};
-  };
+  const auto rows = [&](int64_t share) { return along(0, share); };
+  const auto cols = [&](int64_t share) { return along(1, share); };
+  const auto is = [&](std::string_view suffix) { return ends_with(name, suffix); };
   if (shard.size == 1 || !name.starts_with("model.layers.")) return {};
-  for (const char* suffix : {".weight", ".bias"}) {
-    if (ends_with(name, fmt::format("self_attn.q_proj{}", suffix))) return rows(q_share);
-    if (ends_with(name, fmt::format("self_attn.k_proj{}", suffix)) ||
-        ends_with(name, fmt::format("self_attn.v_proj{}", suffix))) {
-      return rows(kv_share);
-    }
+  if (is("self_attn.q_proj.weight") || is("self_attn.q_proj.bias")) return rows(q_share);
+  if (is("self_attn.k_proj.weight") || is("self_attn.k_proj.bias") ||
+      is("self_attn.v_proj.weight") || is("self_attn.v_proj.bias")) {
+    return rows(kv_share);
   }
-  if (ends_with(name, "self_attn.o_proj.weight")) return cols(q_share);
-  if (ends_with(name, "mlp.gate_proj.weight") || ends_with(name, "mlp.up_proj.weight")) {
-    return rows(inter_share);
+  if (is("self_attn.o_proj.weight")) return cols(q_share);
+  if (is("self_attn.sinks")) return rows(q_heads);
+  if (is("mlp.gate_proj.weight") || is("mlp.up_proj.weight")) return rows(inter_share);
+  if (is("mlp.down_proj.weight")) return cols(inter_share);
+  if (is("mlp.shared_expert.gate_proj.weight") || is("mlp.shared_expert.up_proj.weight")) {
+    return rows(shared_share);
   }
-  if (ends_with(name, "mlp.down_proj.weight")) return cols(inter_share);
+  if (is("mlp.shared_expert.down_proj.weight")) return cols(shared_share);
+  // GPT-OSS's experts as transformers stores them: gate_up_proj [E][hidden][2 I] with gate and
+  // up units interleaved (columns 2i, 2i + 1), so a rank's units are one run of columns;
+  // down_proj [E][I][hidden]; or as llama.cpp's GGUF stores their biases, [E][I] per projection
+  if (is("mlp.experts.gate_up_proj") || is("mlp.experts.gate_up_proj_bias")) {
+    return along(-1, 2 * expert_share);
+  }
+  if (is("mlp.experts.down_proj")) return along(1, expert_share);
+  if (is("mlp.experts.gate_proj.bias") || is("mlp.experts.up_proj.bias")) {
+    return along(-1, expert_share);
+  }
+  if (is("self_attn.o_proj.bias") || is("mlp.experts.down_proj_bias") ||
+      is("mlp.experts.down_proj.bias")) {
+    return {ShardSlice::Kind::kLeadOnly};
+  }
   return {};
 }
 
@@ -109,24 +136,28 @@ Result<std::vector<float>> ShardedWeightSource::read_f32(const std::string& name
                                                          std::span<const int64_t> shape) const {
   const ShardSlice slice = shard_slice(spec_, shard_, name);
   if (slice.kind == ShardSlice::Kind::kWhole) return base_.read_f32(name, shape);
-  const bool by_rows = slice.kind == ShardSlice::Kind::kRows;
-  if (shape.empty() || (!by_rows && shape.size() != 2) || shape[by_rows ? 0 : 1] != slice.count) {
+  if (slice.kind == ShardSlice::Kind::kLeadOnly) {
+    KVP_ASSIGN_OR_RETURN(std::vector<float> all, base_.read_f32(name, shape));
+    if (shard_.rank != 0) std::fill(all.begin(), all.end(), 0.0f);
+    return all;
+  }
+  const auto rank_dims = static_cast<int32_t>(shape.size());
+  const int32_t axis = slice.axis < 0 ? rank_dims + slice.axis : slice.axis;
+  if (axis < 0 || axis >= rank_dims || shape[axis] != slice.count) {
     return Status::mismatch("{}: tensor '{}' asked with a shape that is not rank {}'s share",
                             describe(), name, shard_.rank);
   }
   std::vector<int64_t> whole(shape.begin(), shape.end());
-  whole[by_rows ? 0 : 1] *= shard_.size;
+  whole[axis] *= shard_.size;
   KVP_ASSIGN_OR_RETURN(std::vector<float> all, base_.read_f32(name, whole));
-  int64_t inner = 1;  // elements of one row
-  for (size_t d = 1; d < whole.size(); ++d) inner *= whole[d];
-  if (by_rows) {
-    const auto first = all.begin() + slice.begin * inner;
-    return std::vector<float>(first, first + slice.count * inner);
-  }
-  const int64_t num_rows = whole[0];
-  std::vector<float> out(static_cast<size_t>(num_rows * slice.count));
-  for (int64_t r = 0; r < num_rows; ++r) {
-    std::copy_n(all.begin() + r * inner + slice.begin, slice.count, out.begin() + r * slice.count);
+  // [outer][whole[axis]][inner] → [outer][count][inner]
+  int64_t outer = 1, inner = 1;
+  for (int32_t d = 0; d < axis; ++d) outer *= whole[d];
+  for (int32_t d = axis + 1; d < rank_dims; ++d) inner *= whole[d];
+  std::vector<float> out(static_cast<size_t>(outer * slice.count * inner));
+  for (int64_t o = 0; o < outer; ++o) {
+    std::copy_n(all.begin() + (o * whole[axis] + slice.begin) * inner, slice.count * inner,
+                out.begin() + o * slice.count * inner);
   }
   return out;
 }
@@ -146,10 +177,32 @@ Result<std::vector<StoredMatrix>> ShardedWeightSource::read_experts(int32_t laye
                                                                     int32_t num_experts,
                                                                     int64_t rows,
                                                                     int64_t cols) const {
-  if (shard_.size != 1) {
-    return Status::unsupported("{}: experts are not split over ranks", describe());
+  if (shard_.size == 1) return base_.read_experts(layer, projection, num_experts, rows, cols);
+  const bool by_rows = projection != "down_proj";  // gate_proj, up_proj: [I][hidden]
+  const int64_t share = by_rows ? rows : cols;
+  KVP_ASSIGN_OR_RETURN(
+      std::vector<StoredMatrix> whole,
+      base_.read_experts(layer, projection, num_experts, by_rows ? rows * shard_.size : rows,
+                         by_rows ? cols : cols * shard_.size));
+  const int64_t begin = shard_.rank * share;
+  for (StoredMatrix& m : whole) {
+    if (by_rows) {  // a run of rows is a view in any stored format
+      m.matrix = quant::slice_rows(m.matrix, begin, share);
+      continue;
+    }
+    if (!can_dequantize(m.matrix.type)) {
+      return Status::unsupported("{}: layer {} {} is stored as {}, which kvpool cannot split",
+                                 describe(), layer, projection, ggml_type_name(m.matrix.type));
+    }
+    std::vector<float> row(static_cast<size_t>(m.matrix.cols));
+    std::vector<float> mine(static_cast<size_t>(rows * share));
+    for (int64_t r = 0; r < rows; ++r) {
+      quant::dequantize_row(m.matrix, r, row.data());
+      std::copy_n(row.begin() + begin, share, mine.begin() + r * share);
+    }
+    m = owned_f32_matrix(std::move(mine), rows, share);
   }
-  return base_.read_experts(layer, projection, num_experts, rows, cols);
+  return whole;
 }
 
 bool RankGate::arrive(bool ready) {

@@ -1,9 +1,12 @@
 // Tensor parallelism (Megatron-style): one model split across N ranks (GPUs of one host, or
 // threads standing in for them on the CPU), driven by one engine.
 //
-//   rank r of N holds             q heads [r·Hq/N, (r+1)·Hq/N), kv heads [r·Hkv/N, …), and the
-//                                 MLP's intermediate rows [r·I/N, …); embeddings, norms and the
-//                                 lm-head whole
+//   rank r of N holds             q heads [r·Hq/N, (r+1)·Hq/N), kv heads [r·Hkv/N, …) (their
+//                                 sinks too), the MLP's intermediate rows [r·I/N, …), and of
+//                                 every expert (and a shared expert) its intermediate rows
+//                                 [r·I_e/N, …); embeddings, norms, routers and the lm-head whole;
+//                                 biases added after a sum (o_proj's, the experts' down) on
+//                                 rank 0 only, zero elsewhere
 //   per layer, each rank:         qkv (its heads) → its heads' attention over its KV pool
 //                                 → o (its columns: a partial sum) → ALL-REDUCE → residual
 //                                 → gate_up (its rows) → down (its columns) → ALL-REDUCE → residual
@@ -44,17 +47,24 @@ struct TensorShard {
 };
 
 // ok when `spec` splits over n ranks: 1 <= n <= kMaxTensorParallel and n divides the attention
-// heads, the kv heads and the intermediate size; else invalid_argument naming the numbers.
+// heads, the kv heads, the intermediate size (of a model with dense MLP layers) and the experts'
+// and shared expert's intermediate sizes; else invalid_argument naming the numbers.
 Status check_tensor_parallel(const ModelSpec& spec, int32_t n);
 
-// The spec a rank runs: heads, kv heads and intermediate size divided by shard.size (everything
-// else, attention scale included, unchanged). requires: check_tensor_parallel(spec, size) ok.
+// The spec a rank runs: heads, kv heads and the intermediate sizes (dense, experts', shared
+// expert's) divided by shard.size (everything else, attention scale included, unchanged). requires:
+// check_tensor_parallel(spec, size) ok.
 ModelSpec shard_spec(const ModelSpec& spec, TensorShard shard);
 
 // How a rank's copy of one weight relates to the whole tensor (Hugging Face names).
 struct ShardSlice {
-  enum class Kind { kWhole, kRows, kCols } kind = Kind::kWhole;
-  int64_t begin = 0, count = 0;  // rows or columns [begin, begin + count) of the whole
+  enum class Kind {
+    kWhole,     // every rank holds all of it
+    kSlice,     // entries [begin, begin + count) along dimension `axis`
+    kLeadOnly,  // a bias added after the sum over ranks: rank 0 holds it, the others zeros
+  } kind = Kind::kWhole;
+  int32_t axis = 0;  // of the tensor's dimensions; -1: the last
+  int64_t begin = 0, count = 0;
 };
 // The slice of tensor `name` that rank shard.rank holds.
 ShardSlice shard_slice(const ModelSpec& spec, TensorShard shard, const std::string& name);
@@ -71,7 +81,8 @@ class ShardedWeightSource final : public WeightSource {
                                       std::span<const int64_t> shape) const override;
   Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
                                    int64_t cols) const override;
-  // The base's, unsplit (a split model with experts is refused: check_tensor_parallel).
+  // Each expert's share: gate_proj / up_proj rows [r·I_e/N, …) (in the stored format, viewed in
+  // place, where the format slices by rows; else f32), down_proj columns (f32).
   Result<std::vector<StoredMatrix>> read_experts(int32_t layer, const std::string& projection,
                                                  int32_t num_experts, int64_t rows,
                                                  int64_t cols) const override;

@@ -1,7 +1,8 @@
 // Tensor parallelism's CPU emulation (model/tensor_parallel.h): the model split over N ranks on
 // threads, partial outputs summed, must compute what the unsplit ModelRunner computes — on the
 // tiny transformers-made models (llama, qwen2, gemma3 with its sliding layers and sandwich
-// norms) and a random model with 4 kv heads for N = 4. Also: each rank's weights are exactly its
+// norms; qwen3_moe, qwen2_moe and gpt_oss with their experts split) and random models with 4 kv
+// heads for N = 4. Also: each rank's weights are exactly its
 // rows or columns of the file's tensors, block images are the whole model's (a pool written at
 // N = 2 reads back at N = 1 and the reverse), and bad sizes are refused without a hang.
 #include "model/tensor_parallel.h"
@@ -13,7 +14,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <thread>
+
+#include <fmt/format.h>
+#include <unistd.h>
 
 #include "model/cpu_forward_backend.h"
 #include "model/model_loader.h"
@@ -286,17 +291,209 @@ TEST(TensorParallel, BlockImagesAreTheWholeModelsAtAnyRankCount) {
   EXPECT_LE(diff, 1e-4f * std::max(1.0f, max_abs(expected)));
 }
 
-// Experts are not split: a mixture-of-experts model over more than one rank is refused (the CPU
-// and CUDA split backends both check this first), naming the architecture.
-TEST(TensorParallel, MixtureOfExpertsModelsAreRefused) {
-  for (const char* name : {"qwen2_moe", "qwen3_moe"}) {
-    const OpenedModel model = open_tiny(name);
-    const Status st = check_tensor_parallel(model.spec, 2);
-    EXPECT_EQ(st.code(), StatusCode::kUnsupported) << name;
-    EXPECT_NE(st.message().find(name), std::string::npos) << st.message();
-    EXPECT_NE(st.message().find("experts"), std::string::npos) << st.message();
-    EXPECT_TRUE(check_tensor_parallel(model.spec, 1).is_ok()) << name;
+// The tiny GPT-OSS's biases are all zero (as transformers initialises them): this source gives
+// every bias of `base` small nonzero values, so that a bias added once per rank instead of once
+// shows in the logits.
+class NonzeroBiases final : public WeightSource {
+ public:
+  explicit NonzeroBiases(const WeightSource& base) : base_(base) {}
+  bool contains(const std::string& name) const override { return base_.contains(name); }
+  Result<std::vector<float>> read_f32(const std::string& name,
+                                      std::span<const int64_t> shape) const override {
+    KVP_ASSIGN_OR_RETURN(std::vector<float> values, base_.read_f32(name, shape));
+    if (name.ends_with("bias")) {
+      for (size_t i = 0; i < values.size(); ++i) {
+        values[i] +=
+            0.1f * std::sin(0.7f * static_cast<float>(i) + static_cast<float>(name.size()));
+      }
+    }
+    return values;
   }
+  Result<StoredMatrix> read_matrix(const std::string& name, int64_t rows,
+                                   int64_t cols) const override {
+    return base_.read_matrix(name, rows, cols);
+  }
+  Result<std::vector<StoredMatrix>> read_experts(int32_t layer, const std::string& projection,
+                                                 int32_t num_experts, int64_t rows,
+                                                 int64_t cols) const override {
+    return base_.read_experts(layer, projection, num_experts, rows, cols);
+  }
+  std::string describe() const override { return base_.describe() + " (nonzero biases)"; }
+
+ private:
+  const WeightSource& base_;
+};
+
+// Experts split by their intermediate units (each rank runs every expert's share, the router
+// whole): Qwen3-MoE, Qwen2-MoE (a shared expert with its sigmoid gate, a dense layer among the
+// expert layers) and GPT-OSS (expert biases, the down bias and o_proj's bias added once after the
+// sum, attention sinks split with their heads) compute what the unsplit model computes.
+TEST(TensorParallel, MixtureOfExpertsModelsSplitInTwoComputeWhatTheUnsplitRunnerComputes) {
+  for (const char* name : {"qwen3_moe", "qwen2_moe", "gpt_oss"}) {
+    SCOPED_TRACE(name);
+    const OpenedModel model = open_tiny(name);
+    ASSERT_TRUE(model.spec.is_moe());
+    expect_split_equals_unsplit(model.spec, *model.weights, 2);
+  }
+  const OpenedModel gpt_oss = open_tiny("gpt_oss");
+  expect_split_equals_unsplit(gpt_oss.spec, NonzeroBiases(*gpt_oss.weights), 2);
+}
+
+TEST(TensorParallel, MixtureOfExpertsOverFourRanks) {
+  // a Qwen3-MoE-shaped random model with 4 kv heads, and a shared expert to split as well
+  ModelSpec spec = open_tiny("qwen2_moe").spec;
+  spec.num_q_heads = 8;
+  spec.num_kv_heads = 4;
+  const RandomWeightSource source(spec, 11);
+  expect_split_equals_unsplit(spec, source, 4);
+}
+
+// The Qwen3-MoE GGUF with Q8_0 experts (3-D tensors, written by the gguf package): a rank's gate
+// and up are row slices of the mapped file, still Q8_0 (nothing copied); its down is the f32 of
+// its columns; and the split model computes what the unsplit one does.
+TEST(TensorParallel, QuantisedExpertsSplitInPlace) {
+  const std::string python = ".venv/bin/python";
+  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " not found (scripts/setup.sh)";
+  const std::string out =
+      (std::filesystem::temp_directory_path() / fmt::format("kvp_tp_moe_q8_{}.gguf", ::getpid()))
+          .string();
+  const std::string command = fmt::format(
+      "{} tests/model/make_tiny_gguf.py tests/model/fixtures/tiny/qwen3_moe {} --expert-type Q8_0",
+      python, out);
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  auto opened = open_model(out);
+  std::filesystem::remove(out);  // the mapping keeps the bytes
+  ASSERT_TRUE(opened.is_ok()) << opened.status().to_string();
+  const ModelSpec& spec = opened->spec;
+  const WeightSource& whole = *opened->weights;
+  const int64_t inter = spec.moe_intermediate_size, hidden = spec.hidden_size;
+  const int32_t experts = spec.num_experts;
+  auto gate = whole.read_experts(0, "gate_proj", experts, inter, hidden);
+  auto down = whole.read_experts(0, "down_proj", experts, hidden, inter);
+  ASSERT_TRUE(gate.is_ok() && down.is_ok());
+  ASSERT_EQ((*gate)[0].matrix.type, GgmlType::Q8_0);
+  constexpr int32_t n = 2;
+  const int64_t share = inter / n;
+  for (int32_t r = 0; r < n; ++r) {
+    const ShardedWeightSource sharded(whole, spec, {r, n});
+    auto my_gate = sharded.read_experts(0, "gate_proj", experts, share, hidden);
+    auto my_down = sharded.read_experts(0, "down_proj", experts, hidden, share);
+    ASSERT_TRUE(my_gate.is_ok()) << my_gate.status().to_string();
+    ASSERT_TRUE(my_down.is_ok()) << my_down.status().to_string();
+    std::vector<float> want(static_cast<size_t>(inter)), got(static_cast<size_t>(share));
+    for (int32_t e = 0; e < experts; ++e) {
+      const quant::QuantMatrix& g = (*my_gate)[e].matrix;
+      EXPECT_EQ(g.type, GgmlType::Q8_0);
+      EXPECT_EQ(g.rows, share);
+      EXPECT_EQ(g.data, (*gate)[e].matrix.row(r * share)) << "expert " << e;
+      const quant::QuantMatrix& d = (*my_down)[e].matrix;
+      ASSERT_EQ(d.type, GgmlType::F32);
+      ASSERT_EQ(d.rows, hidden);
+      ASSERT_EQ(d.cols, share);
+      for (int64_t row = 0; row < hidden; ++row) {
+        quant::dequantize_row((*down)[e].matrix, row, want.data());
+        quant::dequantize_row(d, row, got.data());
+        for (int64_t c = 0; c < share; ++c) {
+          ASSERT_EQ(got[c], want[r * share + c]) << "expert " << e << " row " << row;
+        }
+      }
+    }
+  }
+  expect_split_equals_unsplit(spec, whole, n);
+}
+
+// Element i of `mine` (shape `shape`, the share along `axis` starting at `begin`) is the whole's
+// element with the same index but `begin` added along `axis`.
+void expect_share_of(std::span<const float> whole, std::span<const float> mine,
+                     const std::vector<int64_t>& shape, int32_t axis, int64_t begin, int32_t n) {
+  int64_t outer = 1, inner = 1;
+  for (int32_t d = 0; d < axis; ++d) outer *= shape[d];
+  for (size_t d = axis + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t count = shape[axis], whole_count = count * n;
+  ASSERT_EQ(mine.size(), static_cast<size_t>(outer * count * inner));
+  ASSERT_EQ(whole.size(), mine.size() * n);
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t c = 0; c < count; ++c) {
+      for (int64_t i = 0; i < inner; ++i) {
+        ASSERT_EQ(mine[(o * count + c) * inner + i],
+                  whole[(o * whole_count + begin + c) * inner + i])
+            << "at " << o << ", " << c << ", " << i;
+      }
+    }
+  }
+}
+
+// GPT-OSS's tensors as transformers stores them: a rank's sinks are its heads'; of the experts'
+// gate_up_proj [E][hidden][2 I] (gate and up units interleaved) it holds one run of 2 I / N
+// columns, of down_proj [E][I][hidden] its I / N rows of each expert; the biases added after the
+// sum over ranks (o_proj's, the experts' down) are rank 0's and zeros on the others.
+TEST(TensorParallel, GptOssRanksHoldTheirSharesAndBiasesAddedAfterTheSumOnce) {
+  const OpenedModel model = open_tiny("gpt_oss");
+  const NonzeroBiases weights(*model.weights);
+  const ModelSpec& spec = model.spec;
+  const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
+  const int64_t experts = spec.num_experts, heads = spec.num_q_heads;
+  const std::string p = "model.layers.2.";
+  struct Case {
+    std::string name;
+    std::vector<int64_t> shape;  // whole
+    int32_t axis;                // -1: rank 0 holds it whole, the others zeros
+  };
+  const std::vector<Case> cases = {
+      {p + "self_attn.sinks", {heads}, 0},
+      {p + "mlp.experts.gate_up_proj", {experts, hidden, 2 * inter}, 2},
+      {p + "mlp.experts.gate_up_proj_bias", {experts, 2 * inter}, 1},
+      {p + "mlp.experts.down_proj", {experts, inter, hidden}, 1},
+      {p + "mlp.experts.down_proj_bias", {experts, hidden}, -1},
+      {p + "self_attn.o_proj.bias", {hidden}, -1},
+  };
+  constexpr int32_t n = 2;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto whole = weights.read_f32(c.name, c.shape);
+    ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
+    for (int32_t r = 0; r < n; ++r) {
+      const ShardedWeightSource sharded(weights, spec, {r, n});
+      std::vector<int64_t> shape = c.shape;
+      if (c.axis >= 0) shape[c.axis] /= n;
+      auto mine = sharded.read_f32(c.name, shape);
+      ASSERT_TRUE(mine.is_ok()) << mine.status().to_string();
+      if (c.axis >= 0) {
+        expect_share_of(*whole, *mine, shape, c.axis, r * shape[c.axis], n);
+        continue;
+      }
+      ASSERT_EQ(mine->size(), whole->size());
+      EXPECT_GT(max_abs(*whole), 0.0f);
+      EXPECT_EQ(max_abs(*mine), r == 0 ? max_abs(*whole) : 0.0f) << "rank " << r;
+      if (r == 0) {
+        EXPECT_EQ(*mine, *whole);
+      }
+    }
+  }
+}
+
+TEST(TensorParallel, ExpertSizesThatDoNotSplitAreRefused) {
+  ModelSpec spec = open_tiny("qwen2_moe").spec;  // 8 heads, 2 kv heads, experts 32, shared 48
+  spec.num_kv_heads = 4;
+  ASSERT_TRUE(check_tensor_parallel(spec, 4).is_ok());
+  ModelSpec odd = spec;
+  odd.moe_intermediate_size = 34;
+  Status st = check_tensor_parallel(odd, 4);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("expert intermediate size 34"), std::string::npos) << st.message();
+  EXPECT_TRUE(check_tensor_parallel(odd, 2).is_ok());
+  odd = spec;
+  odd.shared_expert_intermediate_size = 50;
+  st = check_tensor_parallel(odd, 4);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("shared expert intermediate size 50"), std::string::npos)
+      << st.message();
+  // the dense intermediate size binds only where a layer has a dense MLP: qwen2_moe's layer 1
+  odd = spec;
+  odd.intermediate_size = 98;
+  EXPECT_EQ(check_tensor_parallel(odd, 4).code(), StatusCode::kInvalidArgument);
+  std::fill(odd.layer_is_moe.begin(), odd.layer_is_moe.end(), true);
+  EXPECT_TRUE(check_tensor_parallel(odd, 4).is_ok());
 }
 
 TEST(TensorParallel, SizesThatDoNotSplitAndBadBatchesAreRefused) {

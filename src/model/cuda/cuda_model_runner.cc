@@ -278,27 +278,11 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
   const int64_t n = shard.size, rank = shard.rank;
   const int64_t q_rows = spec.num_q_heads * hd, kv_rows = spec.num_kv_heads * hd;
   const int64_t inter = spec.intermediate_size;
-  struct Part {
-    int64_t row0, rows, col0, cols;
-  };
   uint64_t stream_seed = seed;
-  const auto random_matrix = [&](int64_t full_cols, std::initializer_list<Part> parts,
-                                 DeviceBuffer* out) -> Status {
-    int64_t elems = 0;
-    for (const Part& p : parts) elems += p.rows * p.cols;
-    KVP_ASSIGN_OR_RETURN(*out, DeviceBuffer::allocate(elems * 2));
-    const float a = 1.0f / std::sqrt(static_cast<float>(full_cols));
-    int64_t offset = 0;
-    for (const Part& p : parts) {
-      KVP_RETURN_IF_ERROR(
-          cuda_status(detail::launch_fill_uniform_rect(out->as<uint16_t>() + offset, true, p.rows,
-                                                       p.cols, full_cols, p.row0, p.col0,
-                                                       stream_seed, -a, a, r->stream_),
-                      "fill_uniform_kernel"));
-      offset += p.rows * p.cols;
-    }
-    ++stream_seed;
-    return Status::ok();
+  const auto random_matrix = [&](int64_t full_cols, std::initializer_list<RandomRect> parts,
+                                 DeviceBuffer* out) {
+    return fill_random_rects(out, full_cols, std::span(parts.begin(), parts.size()), stream_seed++,
+                             r->stream_);
   };
   const std::vector<float> ones(static_cast<size_t>(std::max<int64_t>(hidden, hd)), 1.0f);
   const auto ones_of = [&](int64_t dim) {
@@ -322,9 +306,9 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
                                       &lw.qkv));
     // pad columns of o meet only zero attention lanes (v's pad lanes are zero): any value works
     KVP_RETURN_IF_ERROR(random_matrix(o_cols, {{0, hidden, rank * o_share, o_share}}, &lw.o));
-    if (spec.layer_moe(l)) {  // not split (check_tensor_parallel)
-      KVP_RETURN_IF_ERROR(
-          random_moe_weights(spec, &stream_seed, r->stream_, &lw.moe, &lw.gate_up, &lw.down));
+    if (spec.layer_moe(l)) {
+      KVP_RETURN_IF_ERROR(random_moe_weights(spec, shard, &stream_seed, r->stream_, &lw.moe,
+                                             &lw.gate_up, &lw.down));
     } else {
       KVP_RETURN_IF_ERROR(random_matrix(hidden,
                                         {{rank * inter_share, inter_share, 0, hidden},
@@ -343,7 +327,7 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
       KVP_ASSIGN_OR_RETURN(lw.o_bias, upload_f32(std::vector<float>(hidden, 0.0f)));
     }
     if (spec.attention_sinks) {
-      KVP_ASSIGN_OR_RETURN(lw.sinks, upload_f32(std::vector<float>(spec.num_q_heads, 0.0f)));
+      KVP_ASSIGN_OR_RETURN(lw.sinks, upload_f32(std::vector<float>(spec.num_q_heads / n, 0.0f)));
     }
     if (spec.qk_norm) {
       KVP_ASSIGN_OR_RETURN(lw.q_norm, ones_of(hd));
@@ -911,7 +895,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     }
     KVP_RETURN_IF_ERROR(gemm(attn_bf16, lw.o.data(), proj_.data(), true, num_tokens,
                              spec_.num_q_heads * dp, hidden, "o_proj"));
-    if (lw.o_bias.data() != nullptr) {  // TP-split models have none (MoE is not split)
+    if (lw.o_bias.data() != nullptr) {  // split: rank 0's, zeros elsewhere (tensor_parallel.h)
       KVP_RETURN_IF_ERROR(cuda_status(
           detail::launch_add_row_bias(proj_.as<float>(), num_tokens, spec_.hidden_size,
                                       spec_.hidden_size, lw.o_bias.as<float>(), stream_),

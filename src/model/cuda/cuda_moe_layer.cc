@@ -155,33 +155,56 @@ Status load_moe_weights(const ModelSpec& spec, const WeightSource& source, int32
   return Status::ok();
 }
 
-Status random_moe_weights(const ModelSpec& spec, uint64_t* seed, cudaStream_t stream,
-                          DeviceMoeWeights* moe, DeviceBuffer* shared_gate_up,
+Status fill_random_rects(DeviceBuffer* out, int64_t full_cols, std::span<const RandomRect> rects,
+                         uint64_t seed, cudaStream_t stream) {
+  int64_t elems = 0;
+  for (const RandomRect& r : rects) elems += r.rows * r.cols;
+  KVP_ASSIGN_OR_RETURN(*out, DeviceBuffer::allocate(elems * 2));
+  const float a = 1.0f / std::sqrt(static_cast<float>(full_cols));
+  int64_t offset = 0;
+  for (const RandomRect& r : rects) {
+    KVP_RETURN_IF_ERROR(cuda_status(
+        detail::launch_fill_uniform_rect(out->as<uint16_t>() + offset, true, r.rows, r.cols,
+                                         full_cols, r.row0, r.col0, seed, -a, a, stream),
+        "fill_uniform_kernel"));
+    offset += r.rows * r.cols;
+  }
+  return Status::ok();
+}
+
+Status random_moe_weights(const ModelSpec& spec, TensorShard shard, uint64_t* seed,
+                          cudaStream_t stream, DeviceMoeWeights* moe, DeviceBuffer* shared_gate_up,
                           DeviceBuffer* shared_down) {
   const int64_t hidden = spec.hidden_size, inter = spec.moe_intermediate_size;
-  const int64_t num_experts = spec.num_experts;
-  const auto fill = [&](DeviceBuffer* out, int64_t rows, int64_t cols) -> Status {
-    KVP_ASSIGN_OR_RETURN(*out, DeviceBuffer::allocate(rows * cols * 2));
-    const float a = 1.0f / std::sqrt(static_cast<float>(cols));
-    KVP_RETURN_IF_ERROR(cuda_status(
-        detail::launch_fill_uniform(out->data(), true, rows * cols, (*seed)++, -a, a, stream),
-        "fill_uniform_kernel"));
-    return Status::ok();
+  const int64_t num_experts = spec.num_experts, n = shard.size, rank = shard.rank;
+  const auto fill = [&](DeviceBuffer* out, int64_t full_cols,
+                        const std::vector<RandomRect>& rects) {
+    return fill_random_rects(out, full_cols, rects, (*seed)++, stream);
   };
-  KVP_RETURN_IF_ERROR(fill(&moe->gate_up, num_experts * 2 * inter, hidden));
-  KVP_RETURN_IF_ERROR(fill(&moe->down, num_experts * hidden, inter));
+  // gate and up of expert e are rows [e * 2I, e * 2I + I) and [e * 2I + I, (e + 1) * 2I) of the
+  // whole [E * 2I][hidden]; down is [E * hidden][I], a rank's columns of every row
+  const int64_t share = inter / n;
+  std::vector<RandomRect> gate_up;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    gate_up.push_back({e * 2 * inter + rank * share, share, 0, hidden});
+    gate_up.push_back({e * 2 * inter + inter + rank * share, share, 0, hidden});
+  }
+  KVP_RETURN_IF_ERROR(fill(&moe->gate_up, hidden, gate_up));
+  KVP_RETURN_IF_ERROR(fill(&moe->down, inter, {{0, num_experts * hidden, rank * share, share}}));
   if (spec.expert_bias) {  // zero biases: the launches of the real model, the values of none
     KVP_ASSIGN_OR_RETURN(moe->router_bias,
                          upload_f32_buffer(std::vector<float>(num_experts, 0.0f)));
     KVP_ASSIGN_OR_RETURN(moe->gate_up_bias,
-                         upload_f32_buffer(std::vector<float>(num_experts * 2 * inter, 0.0f)));
+                         upload_f32_buffer(std::vector<float>(num_experts * 2 * share, 0.0f)));
     KVP_ASSIGN_OR_RETURN(moe->down_bias,
                          upload_f32_buffer(std::vector<float>(num_experts * hidden, 0.0f)));
   }
   if (spec.shared_expert_intermediate_size > 0) {
-    const int64_t shared = spec.shared_expert_intermediate_size;
-    KVP_RETURN_IF_ERROR(fill(shared_gate_up, 2 * shared, hidden));
-    KVP_RETURN_IF_ERROR(fill(shared_down, hidden, shared));
+    const int64_t shared = spec.shared_expert_intermediate_size, mine = shared / n;
+    KVP_RETURN_IF_ERROR(
+        fill(shared_gate_up, hidden,
+             {{rank * mine, mine, 0, hidden}, {shared + rank * mine, mine, 0, hidden}}));
+    KVP_RETURN_IF_ERROR(fill(shared_down, shared, {{0, hidden, rank * mine, mine}}));
   }
   // the router in f32, made here: a splitmix64 stream of the seed
   std::vector<float> router(static_cast<size_t>(moe_router_rows(spec) * hidden));

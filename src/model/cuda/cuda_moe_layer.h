@@ -18,10 +18,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <span>
 
 #include "backend/cuda/device_buffer.h"
 #include "common/status.h"
 #include "model/model_spec.h"
+#include "model/tensor_parallel.h"
 #include "model/weight_source.h"
 
 namespace kvp::cuda {
@@ -78,10 +80,23 @@ Status load_moe_weights(const ModelSpec& spec, const WeightSource& source, int32
                         DeviceMoeWeights* moe, DeviceBuffer* shared_gate_up,
                         DeviceBuffer* shared_down);
 
+// Rows [row0, row0 + rows) x columns [col0, col0 + cols) of a whole [*][full_cols] matrix.
+struct RandomRect {
+  int64_t row0, rows, col0, cols;
+};
+// *out (allocated here) = the rectangles one after another, each holding the values the whole
+// matrix filled uniformly in ±1/sqrt(full_cols) from `seed` has there (launch_fill_uniform_rect),
+// in bf16: a rank's share of a random matrix equals that part of the whole one.
+Status fill_random_rects(DeviceBuffer* out, int64_t full_cols, std::span<const RandomRect> rects,
+                         uint64_t seed, cudaStream_t stream);
+
 // Random weights of the same shapes made on the device (uniform in ±1/sqrt(fan-in); the router
-// made on the host), deterministic in seed; *seed advances once per tensor.
-Status random_moe_weights(const ModelSpec& spec, uint64_t* seed, cudaStream_t stream,
-                          DeviceMoeWeights* moe, DeviceBuffer* shared_gate_up,
+// made on the host), deterministic in seed; *seed advances once per tensor. `spec` is the whole
+// model's: rank shard.rank gets its share of every expert (shard_spec's intermediate rows of
+// gate and up, columns of down), filled as the whole model's weights would be, so that split
+// random models compute what the whole one does.
+Status random_moe_weights(const ModelSpec& spec, TensorShard shard, uint64_t* seed,
+                          cudaStream_t stream, DeviceMoeWeights* moe, DeviceBuffer* shared_gate_up,
                           DeviceBuffer* shared_down);
 
 }  // namespace kvp::cuda
