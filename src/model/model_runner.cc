@@ -173,7 +173,7 @@ Result<ModelWeights> load_model_weights(const ModelSpec& spec, const WeightSourc
   KVP_RETURN_IF_ERROR(read_into(source, "model.norm.weight", {hidden}, &w.final_norm));
   if (!spec.tie_word_embeddings || source.contains("lm_head.weight")) {
     KVP_ASSIGN_OR_RETURN(w.lm_head,
-                         read_matrix(source, "lm_head.weight", spec.vocab_size, hidden, &w));
+                         read_matrix(source, "lm_head.weight", spec.logits_per_row(), hidden, &w));
   }
   w.layers.resize(spec.num_layers);
   std::vector<float> part;
@@ -336,9 +336,9 @@ Status ModelRunner::check_batch(const ForwardBatch& batch, std::span<HostKvSlab>
                                       num_tokens);
     }
   }
-  if (logits.size() != batch.logit_rows.size() * static_cast<size_t>(spec_.vocab_size)) {
+  if (logits.size() != batch.logit_rows.size() * static_cast<size_t>(spec_.logits_per_row())) {
     return Status::invalid_argument("forward: logits buffer of {} floats, need {} x {}",
-                                    logits.size(), batch.logit_rows.size(), spec_.vocab_size);
+                                    logits.size(), batch.logit_rows.size(), spec_.logits_per_row());
   }
   if (static_cast<int32_t>(batch.groups.size()) != num_cache_groups() ||
       static_cast<int32_t>(slabs.size()) != num_cache_groups()) {
@@ -550,8 +550,12 @@ Status ModelRunner::forward(const ForwardBatch& batch, std::span<HostKvSlab> sla
     std::copy_n(x.data() + batch.logit_rows[r] * hidden, hidden, rows.data() + r * hidden);
   }
   cpu::rms_norm(rows.data(), weights_.final_norm.data(), num_rows, hidden, eps, spec_.norm_style);
-  const quant::QuantMatrix& head = weights_.lm_head.rows == 0 ? weights_.embed : weights_.lm_head;
-  quant::matmul(head, rows.data(), num_rows, hidden, logits.data(), spec_.vocab_size, pool_,
+  // tied: the embedding's rows of this rank's logits (all of them unless split)
+  const quant::QuantMatrix head =
+      weights_.lm_head.rows != 0
+          ? weights_.lm_head
+          : quant::slice_rows(weights_.embed, spec_.logit_begin, spec_.logits_per_row());
+  quant::matmul(head, rows.data(), num_rows, hidden, logits.data(), spec_.logits_per_row(), pool_,
                 precision);
   if (spec_.final_logit_softcap > 0.0f) {
     cpu::soft_cap(logits.data(), static_cast<int64_t>(logits.size()), spec_.final_logit_softcap);

@@ -36,6 +36,12 @@ struct RopeSpec {
 struct ModelSpec {
   Architecture architecture = Architecture::kLlama;
   int32_t vocab_size = 0;
+  // A rank of a split model (tensor_parallel.h: shard_spec) computes the logits of vocabulary ids
+  // [logit_begin, logit_begin + logit_count) only, with those rows of the lm-head; logit_count 0:
+  // every id (any unsplit model). The embedding stays whole.
+  int32_t logit_begin = 0;
+  int32_t logit_count = 0;
+  int32_t logits_per_row() const { return logit_count > 0 ? logit_count : vocab_size; }
   int32_t hidden_size = 0;
   int32_t intermediate_size = 0;
   int32_t num_layers = 0;

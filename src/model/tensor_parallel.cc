@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <barrier>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
+#include "common/parallel_memcpy.h"
 #include "model/cpu_forward_backend.h"
 #include "model/model_runner.h"
 
@@ -77,6 +79,10 @@ ModelSpec shard_spec(const ModelSpec& spec, TensorShard shard) {
   local.intermediate_size = spec.intermediate_size / shard.size;
   local.moe_intermediate_size = spec.moe_intermediate_size / shard.size;
   local.shared_expert_intermediate_size = spec.shared_expert_intermediate_size / shard.size;
+  if (shard.size > 1 && spec.vocab_size % shard.size == 0) {
+    local.logit_count = spec.vocab_size / shard.size;
+    local.logit_begin = shard.rank * local.logit_count;
+  }
   return local;
 }
 
@@ -93,6 +99,9 @@ ShardSlice shard_slice(const ModelSpec& spec, TensorShard shard, const std::stri
   const auto rows = [&](int64_t share) { return along(0, share); };
   const auto cols = [&](int64_t share) { return along(1, share); };
   const auto is = [&](std::string_view suffix) { return ends_with(name, suffix); };
+  if (shard.size > 1 && name == "lm_head.weight" && spec.vocab_size % shard.size == 0) {
+    return rows(spec.vocab_size / shard.size);
+  }
   if (shard.size == 1 || !name.starts_with("model.layers.")) return {};
   if (is("self_attn.q_proj.weight") || is("self_attn.q_proj.bias")) return rows(q_share);
   if (is("self_attn.k_proj.weight") || is("self_attn.k_proj.bias") ||
@@ -203,6 +212,23 @@ Result<std::vector<StoredMatrix>> ShardedWeightSource::read_experts(int32_t laye
     m = owned_f32_matrix(std::move(mine), rows, share);
   }
   return whole;
+}
+
+void combine_row_summaries(std::span<const std::vector<LogitRowSummary>> parts,
+                           std::span<const int32_t> begins, std::span<LogitRowSummary> out) {
+  for (size_t i = 0; i < out.size(); ++i) {
+    size_t best = 0;  // strictly larger only: the lowest rank (lowest ids) keeps ties
+    float top_z = parts[0][i].log_z;
+    for (size_t r = 1; r < parts.size(); ++r) {
+      if (parts[r][i].max_logit > parts[best][i].max_logit) best = r;
+      top_z = std::max(top_z, parts[r][i].log_z);
+    }
+    double sum = 0;
+    for (const auto& part : parts) sum += std::exp(static_cast<double>(part[i].log_z - top_z));
+    out[i].argmax = parts[best][i].argmax + begins[best];
+    out[i].max_logit = parts[best][i].max_logit;
+    out[i].log_z = top_z + static_cast<float>(std::log(sum));
+  }
 }
 
 bool RankGate::arrive(bool ready) {
@@ -378,6 +404,7 @@ Status TensorParallelBackend::forward(const ForwardBatch& batch, std::span<float
                                     logits.size(), batch.logit_rows.size(), spec_.vocab_size,
                                     batch.logit_rows.size() * spec_.vocab_size);
   }
+  if (vocab_split()) return forward_vocab_split(batch, {}, logits, {}, false);
   return forward_all(batch, [&] { return ranks_[0]->forward(batch, logits); });
 }
 
@@ -398,8 +425,46 @@ Status TensorParallelBackend::forward_summarized(const ForwardBatch& batch,
         "{} logit rows",
         summaries.size(), full_rows.size(), rows, logits.size(), rows);
   }
+  if (vocab_split()) return forward_vocab_split(batch, full_rows, logits, summaries, true);
   return forward_all(
       batch, [&] { return ranks_[0]->forward_summarized(batch, full_rows, logits, summaries); });
+}
+
+Status TensorParallelBackend::forward_vocab_split(const ForwardBatch& batch,
+                                                  std::span<const int32_t> full_rows,
+                                                  std::span<float> logits,
+                                                  std::span<LogitRowSummary> summaries,
+                                                  bool summarized) {
+  const size_t rows = batch.logit_rows.size();
+  const size_t out_rows = summarized ? full_rows.size() : rows;
+  KVP_RETURN_IF_ERROR(threads_->run([&](int32_t r) -> Status {
+    ForwardBackend& b = *ranks_[r];
+    rank_logits_[r].resize(out_rows * static_cast<size_t>(b.spec().logits_per_row()));
+    Status st;
+    if (summarized) {
+      rank_summaries_[r].resize(rows);
+      st = b.forward_summarized(batch, full_rows, rank_logits_[r], rank_summaries_[r]);
+    } else {
+      st = b.forward(batch, rank_logits_[r]);
+    }
+    if (!st.is_ok()) {
+      if (gate_ != nullptr) gate_->abort();
+      return st;
+    }
+    // its [out_rows][V / N] are columns [begin, begin + V / N) of every row (the ranks side by
+    // side: 64 rows of a 128K vocabulary are 33 MB)
+    const ModelSpec& local = b.spec();
+    const size_t row_bytes = static_cast<size_t>(local.logits_per_row()) * 4;
+    parallel_memcpy_2d(logits.data() + local.logit_begin, size_t(spec_.vocab_size) * 4,
+                       rank_logits_[r].data(), row_bytes, row_bytes, out_rows, 4);
+    return st;
+  }));
+  if (summarized) {
+    std::vector<int32_t> begins;
+    for (const auto& rank : ranks_) begins.push_back(rank->spec().logit_begin);
+    combine_row_summaries(rank_summaries_, begins, summaries);
+  }
+  return Status::ok();
 }
 
 Status TensorParallelBackend::copy_blocks(int32_t group, std::span<const BlockCopy> ops) {

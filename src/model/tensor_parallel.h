@@ -4,12 +4,15 @@
 //   rank r of N holds             q heads [r·Hq/N, (r+1)·Hq/N), kv heads [r·Hkv/N, …) (their
 //                                 sinks too), the MLP's intermediate rows [r·I/N, …), and of
 //                                 every expert (and a shared expert) its intermediate rows
-//                                 [r·I_e/N, …); embeddings, norms, routers and the lm-head whole;
+//                                 [r·I_e/N, …), and the lm-head's vocabulary rows [r·V/N, …) (whole
+//                                 where N does not divide V); embeddings, norms and routers whole;
 //                                 biases added after a sum (o_proj's, the experts' down) on
 //                                 rank 0 only, zero elsewhere
 //   per layer, each rank:         qkv (its heads) → its heads' attention over its KV pool
 //                                 → o (its columns: a partial sum) → ALL-REDUCE → residual
 //                                 → gate_up (its rows) → down (its columns) → ALL-REDUCE → residual
+//   logits:                       each rank its vocabulary share [rows][V/N], joined on the host
+//                                 (summaries: combine_row_summaries)
 //   the KV pool of rank r:        the same blocks as every other rank (one block table), with its
 //                                 kv heads only; a block image (forward_backend.h) holds all heads
 //
@@ -52,7 +55,9 @@ struct TensorShard {
 Status check_tensor_parallel(const ModelSpec& spec, int32_t n);
 
 // The spec a rank runs: heads, kv heads and the intermediate sizes (dense, experts', shared
-// expert's) divided by shard.size (everything else, attention scale included, unchanged). requires:
+// expert's) divided by shard.size, and its vocabulary share of the logits (logit_begin /
+// logit_count) where shard.size divides the vocabulary (everything else, attention scale
+// included, unchanged). requires:
 // check_tensor_parallel(spec, size) ok.
 ModelSpec shard_spec(const ModelSpec& spec, TensorShard shard);
 
@@ -93,6 +98,13 @@ class ShardedWeightSource final : public WeightSource {
   ModelSpec spec_;  // the whole model's
   TensorShard shard_;
 };
+
+// The summary of whole logit rows from the summaries of their vocabulary shares: parts[r][i] is
+// row i's summary over ids [begins[r], …), its argmax relative to begins[r]; the argmax is the
+// first largest (the lowest rank's on ties), log_z the log-sum-exp of the parts' log_z.
+// requires: parts.size() == begins.size() >= 1, every part holds out.size() rows.
+void combine_row_summaries(std::span<const std::vector<LogitRowSummary>> parts,
+                           std::span<const int32_t> begins, std::span<LogitRowSummary> out);
 
 // Runs one job per rank side by side: rank 0 on the calling thread, the others on threads of
 // their own that live as long as this (a CUDA rank's thread keeps its device current).
@@ -188,8 +200,14 @@ class TensorParallelBackend final : public ForwardBackend {
 
  private:
   // Every rank's forward of one batch; rank 0's with `lead`, the others' with scratch outputs
-  // (every rank computes the same logits; only rank 0's leave).
+  // (every rank computes the same logits; only rank 0's leave). The lm-head whole on each rank.
   Status forward_all(const ForwardBatch& batch, const std::function<Status()>& lead);
+  // The lm-head split by vocabulary: every rank's forward (summarized when `summarized`) into its
+  // scratch, then the rows joined into `logits` and the summaries combined.
+  Status forward_vocab_split(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                             std::span<float> logits, std::span<LogitRowSummary> summaries,
+                             bool summarized);
+  bool vocab_split() const { return ranks_[0]->spec().logit_count > 0; }
   // Block images: rank images ↔ the whole image (kv heads of rank r at r · its share).
   Status check_image(int32_t group, size_t blocks, size_t image_bytes, const char* what) const;
 

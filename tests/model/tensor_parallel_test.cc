@@ -210,6 +210,7 @@ TEST(TensorParallel, EachRankHoldsItsRowsOrColumnsOfTheFilesTensors) {
       {p + "mlp.down_proj.weight", {hidden, inter}, 1},
       {p + "input_layernorm.weight", {hidden}, -1},
       {"model.embed_tokens.weight", {spec.vocab_size, hidden}, -1},
+      {"lm_head.weight", {spec.vocab_size, hidden}, 0},  // qwen2's is untied
   };
   constexpr int32_t n = 2;
   for (const Case& c : cases) {
@@ -247,6 +248,88 @@ TEST(TensorParallel, EachRankHoldsItsRowsOrColumnsOfTheFilesTensors) {
       EXPECT_EQ(sharded.read_f32(c.name, c.shape).status().code(), StatusCode::kMismatch);
     }
   }
+}
+
+// Each rank computes the logits of its share of the vocabulary where the ranks divide it (with
+// those rows of the lm-head, or of a tied embedding); the backend joins them. Where they do not
+// divide it, every rank keeps the whole head.
+TEST(TensorParallel, RanksComputeTheirVocabularySharesOfTheLogits) {
+  const ModelSpec spec = open_tiny("qwen2").spec;  // vocabulary 256
+  for (int32_t r = 0; r < 2; ++r) {
+    const ModelSpec local = shard_spec(spec, {r, 2});
+    EXPECT_EQ(local.vocab_size, 256);  // the embedding stays whole
+    EXPECT_EQ(local.logit_begin, 128 * r);
+    EXPECT_EQ(local.logit_count, 128);
+    EXPECT_EQ(local.logits_per_row(), 128);
+  }
+  ModelSpec odd = spec;
+  odd.vocab_size = 255;
+  EXPECT_EQ(shard_spec(odd, {1, 2}).logit_count, 0);
+  EXPECT_EQ(shard_spec(odd, {1, 2}).logits_per_row(), 255);
+  EXPECT_EQ(shard_slice(odd, {1, 2}, "lm_head.weight").kind, ShardSlice::Kind::kWhole);
+  EXPECT_EQ(shard_spec(spec, {0, 1}).logit_count, 0);
+  // an untied head (qwen2) and a tied one (llama) split, and an odd vocabulary kept whole: the
+  // joined logits are the unsplit model's (expect_split_equals_unsplit's checks)
+  for (const char* name : {"qwen2", "llama"}) {
+    SCOPED_TRACE(name);
+    const OpenedModel model = open_tiny(name);
+    auto backend = make_cpu_tensor_parallel_backend(model.spec, *model.weights, 2);
+    ASSERT_TRUE(backend.is_ok());
+    auto& tp = static_cast<TensorParallelBackend&>(*backend.value());
+    EXPECT_EQ(tp.rank(1).spec().logit_count, model.spec.vocab_size / 2);
+    expect_split_equals_unsplit(model.spec, *model.weights, 2);
+  }
+  ModelSpec four = open_tiny("llama").spec;
+  four.num_q_heads = 8;
+  four.num_kv_heads = 4;
+  four.vocab_size = 250;  // 250 % 4 != 0: each of the 4 ranks keeps the whole head
+  ASSERT_EQ(shard_spec(four, {3, 4}).logit_count, 0);
+  const RandomWeightSource source(four, 3);
+  expect_split_equals_unsplit(four, source, 4);
+}
+
+// The whole rows' summary from the shares' summaries: the first largest logit (the lower id on
+// ties across shares), the log-sum-exp of all — as computed over the whole row here.
+TEST(TensorParallel, RowSummariesOfVocabularySharesCombineIntoTheWholeRows) {
+  constexpr int32_t kVocab = 96, kRanks = 3, kShare = kVocab / kRanks;
+  std::vector<std::vector<float>> rows = {{}, {}, {}, {}};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int32_t v = 0; v < kVocab; ++v) rows[i].push_back(std::sin(0.37f * v * (i + 1)) * 5.0f);
+  }
+  rows[1][10] = rows[1][70] = 9.0f;  // a tie across shares 0 and 2: id 10 wins
+  rows[2][40] = rows[2][41] = 9.5f;  // a tie within share 1: id 40
+  rows[3].assign(kVocab, -2.0f);     // all equal: id 0
+  const auto summarize = [](std::span<const float> row) {
+    LogitRowSummary s;
+    s.argmax = 0;
+    for (size_t v = 1; v < row.size(); ++v) {
+      if (row[v] > row[s.argmax]) s.argmax = static_cast<int32_t>(v);
+    }
+    s.max_logit = row[s.argmax];
+    double sum = 0;
+    for (float x : row) sum += std::exp(static_cast<double>(x) - s.max_logit);
+    s.log_z = s.max_logit + static_cast<float>(std::log(sum));
+    return s;
+  };
+  std::vector<std::vector<LogitRowSummary>> parts(kRanks);
+  std::vector<int32_t> begins;
+  for (int32_t r = 0; r < kRanks; ++r) {
+    begins.push_back(r * kShare);
+    for (const auto& row : rows) {
+      parts[r].push_back(summarize(std::span(row).subspan(r * kShare, kShare)));
+    }
+  }
+  std::vector<LogitRowSummary> combined(rows.size());
+  combine_row_summaries(parts, begins, combined);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const LogitRowSummary want = summarize(rows[i]);
+    EXPECT_EQ(combined[i].argmax, want.argmax) << "row " << i;
+    EXPECT_EQ(combined[i].max_logit, want.max_logit) << "row " << i;
+    EXPECT_NEAR(combined[i].log_z, want.log_z, 1e-5f) << "row " << i;
+  }
+  EXPECT_EQ(combined[1].argmax, 10);
+  EXPECT_EQ(combined[2].argmax, 40);
+  EXPECT_EQ(combined[3].argmax, 0);
 }
 
 TEST(TensorParallel, BlockImagesAreTheWholeModelsAtAnyRankCount) {

@@ -167,10 +167,12 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::load(const ModelSpec& 
                                   &r->embed_, &offset));
   KVP_ASSIGN_OR_RETURN(r->final_norm_, upload_norm(source, "model.norm.weight", hidden, style));
   if (!spec.tie_word_embeddings || source.contains("lm_head.weight")) {
-    KVP_ASSIGN_OR_RETURN(r->lm_head_, DeviceBuffer::allocate(spec.vocab_size * hidden * 2));
+    // split: this rank's vocabulary rows (shard_spec; the source gives only those)
+    const int64_t head_rows = spec.logits_per_row();
+    KVP_ASSIGN_OR_RETURN(r->lm_head_, DeviceBuffer::allocate(head_rows * hidden * 2));
     offset = 0;
     KVP_RETURN_IF_ERROR(
-        upload_bf16(source, "lm_head.weight", {spec.vocab_size, hidden}, &r->lm_head_, &offset));
+        upload_bf16(source, "lm_head.weight", {head_rows, hidden}, &r->lm_head_, &offset));
   }
   for (int32_t l = 0; l < spec.num_layers; ++l) {
     if (progress) progress(l, spec.num_layers);
@@ -290,7 +292,9 @@ Result<std::unique_ptr<CudaModelRunner>> CudaModelRunner::random(const ModelSpec
   };
   KVP_RETURN_IF_ERROR(random_matrix(hidden, {{0, spec.vocab_size, 0, hidden}}, &r->embed_));
   if (!spec.tie_word_embeddings) {
-    KVP_RETURN_IF_ERROR(random_matrix(hidden, {{0, spec.vocab_size, 0, hidden}}, &r->lm_head_));
+    const ModelSpec& local = r->spec_;  // split: this rank's vocabulary rows
+    KVP_RETURN_IF_ERROR(random_matrix(
+        hidden, {{local.logit_begin, local.logits_per_row(), 0, hidden}}, &r->lm_head_));
   }
   KVP_ASSIGN_OR_RETURN(r->final_norm_, ones_of(hidden));
   const int64_t q_share = q_rows / n, kv_share = kv_rows / n, inter_share = inter / n;
@@ -398,9 +402,9 @@ Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceK
                                       batch.logit_rows.size());
     }
   }
-  if (logits.size() != wanted_rows * static_cast<size_t>(spec_.vocab_size)) {
+  if (logits.size() != wanted_rows * static_cast<size_t>(spec_.logits_per_row())) {
     return Status::invalid_argument("cuda forward: logits buffer of {} floats, need {} x {}",
-                                    logits.size(), wanted_rows, spec_.vocab_size);
+                                    logits.size(), wanted_rows, spec_.logits_per_row());
   }
   if (static_cast<int32_t>(batch.groups.size()) != num_cache_groups() ||
       static_cast<int32_t>(pools.size()) != num_cache_groups()) {
@@ -488,8 +492,8 @@ Status CudaModelRunner::reserve(int64_t num_tokens, int64_t num_rows, size_t met
     KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     clear_graphs();  // graphs hold the old buffers' addresses
     const int64_t r = std::max<int64_t>(num_rows, 8);
-    KVP_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(r * spec_.vocab_size * 4));
-    KVP_ASSIGN_OR_RETURN(logits_host_, PinnedBuffer::allocate(r * spec_.vocab_size * 4));
+    KVP_ASSIGN_OR_RETURN(logits_, DeviceBuffer::allocate(r * spec_.logits_per_row() * 4));
+    KVP_ASSIGN_OR_RETURN(logits_host_, PinnedBuffer::allocate(r * spec_.logits_per_row() * 4));
     KVP_ASSIGN_OR_RETURN(summaries_, DeviceBuffer::allocate(r * sizeof(detail::RowSummary)));
     KVP_ASSIGN_OR_RETURN(summaries_host_, PinnedBuffer::allocate(r * sizeof(detail::RowSummary)));
     row_capacity_ = r;
@@ -539,6 +543,12 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
                             std::span<DeviceSample> results) {
   KVP_RETURN_IF_ERROR(check_batch(batch, pools, full_rows, logits, summaries.size()));
   const bool sampling = samples != nullptr && !samples->requests.empty();
+  if (sampling && spec_.logit_count > 0) {
+    return Status::unsupported(
+        "cuda forward: a rank of a split model holds {} of {} logits and "
+        "samples none",
+        spec_.logit_count, spec_.vocab_size);
+  }
   if (sampling) {
     KVP_RETURN_IF_ERROR(DeviceSampler::check(
         *samples, static_cast<int32_t>(batch.logit_rows.size()), spec_.vocab_size, results.size()));
@@ -672,7 +682,7 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
   }
   // The logits rows the caller wants, packed into the pinned staging buffer (the step left the
   // rows' summaries there already).
-  const size_t row_bytes = size_t(spec_.vocab_size) * 4;
+  const size_t row_bytes = size_t(spec_.logits_per_row()) * 4;
   if (full_rows == nullptr || full_rows->size() == size_t(num_rows)) {
     if (num_rows > 0) {
       KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(logits_host_.data(), logits_.data(),
@@ -927,10 +937,13 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
                                                  static_cast<int32_t>(num_rows), spec_.hidden_size,
                                                  final_norm_.as<float>(), eps, xn_.data(), stream_),
                     "rms_norm_rows_kernel"));
-    const DeviceBuffer& head = lm_head_.data() != nullptr ? lm_head_ : embed_;
-    KVP_RETURN_IF_ERROR(gemm(xn_.data(), head.data(), logits_.data(), true, num_rows, hidden,
-                             spec_.vocab_size, "lm_head"));
-    const int64_t count = num_rows * spec_.vocab_size;
+    // tied: the embedding's rows of this rank's logits (all of them unless split)
+    const void* head = lm_head_.data() != nullptr
+                           ? lm_head_.data()
+                           : embed_.as<const std::byte>() + size_t(spec_.logit_begin) * hidden * 2;
+    KVP_RETURN_IF_ERROR(gemm(xn_.data(), head, logits_.data(), true, num_rows, hidden,
+                             spec_.logits_per_row(), "lm_head"));
+    const int64_t count = num_rows * spec_.logits_per_row();
     if (spec_.final_logit_softcap > 0.0f) {
       KVP_RETURN_IF_ERROR(cuda_status(
           detail::launch_soft_cap(logits_.as<float>(), count, spec_.final_logit_softcap, stream_),
@@ -939,7 +952,7 @@ Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvP
     auto* summaries = summaries_.as<detail::RowSummary>();
     KVP_RETURN_IF_ERROR(
         cuda_status(detail::launch_row_summary(logits_.as<float>(), static_cast<int32_t>(num_rows),
-                                               spec_.vocab_size, summaries, stream_),
+                                               spec_.logits_per_row(), summaries, stream_),
                     "row_summary_kernel"));
     KVP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(summaries_host_.data(), summaries,
                                              num_rows * sizeof(detail::RowSummary),

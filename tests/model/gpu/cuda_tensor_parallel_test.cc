@@ -241,6 +241,51 @@ TEST_F(CudaTensorParallel, TinyModelsSplitInTwoFollowTheWholeModel) {
   unsetenv("KVP_TP_ALL_REDUCE");
 }
 
+// Each GPU computes its half of the vocabulary's logits; the split backend joins the rows and
+// combines the halves' summaries (argmax, max, log-sum-exp): the same as the whole model's, for
+// an untied lm-head (qwen2) and a tied one (llama).
+TEST_F(CudaTensorParallel, SplitLogitsAndSummariesAreTheWholeModels) {
+  for (const char* name : {"qwen2", "llama"}) {
+    SCOPED_TRACE(name);
+    auto model = open_model(std::string("tests/model/fixtures/tiny/") + name);
+    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+    auto whole = make_cuda_backend(model->spec, *model->weights, {}, 0, 1);
+    auto split = make_cuda_backend(model->spec, *model->weights, {}, 0, 2);
+    ASSERT_TRUE(whole.is_ok() && split.is_ok());
+    ASSERT_TRUE((*split)->summarizes_logits());
+    allocate(**whole, 4);
+    allocate(**split, 4);
+    Sequence a, b;
+    a.max_blocks = b.max_blocks = 4;
+    const int32_t vocab = model->spec.vocab_size;
+    std::vector<int32_t> fresh = {3, 17, 5, 29, 11, 8, 6, 40, 12, 1};
+    for (int32_t step = 0; step < 8; ++step) {
+      std::vector<float> want(vocab), got(vocab);
+      LogitRowSummary want_s, got_s;
+      const int32_t row = 0;
+      ASSERT_TRUE(
+          (*whole)
+              ->forward_summarized(a.step(fresh), std::span(&row, 1), want, std::span(&want_s, 1))
+              .is_ok());
+      ASSERT_TRUE(
+          (*split)
+              ->forward_summarized(b.step(fresh), std::span(&row, 1), got, std::span(&got_s, 1))
+              .is_ok());
+      EXPECT_LE(relative_error(got, want), kSplitTolerance) << "step " << step;
+      EXPECT_EQ(got_s.argmax, argmax(got)) << "step " << step;
+      if (top2_margin(want) >= kNearTieMargin) {
+        EXPECT_EQ(got_s.argmax, want_s.argmax) << "step " << step;
+      }
+      EXPECT_NEAR(got_s.max_logit, got[got_s.argmax], 0.0f);
+      double sum = 0;
+      for (float x : got) sum += std::exp(static_cast<double>(x) - got_s.max_logit);
+      EXPECT_NEAR(got_s.log_z, got_s.max_logit + std::log(sum), 1e-4) << "step " << step;
+      EXPECT_NEAR(got_s.log_z, want_s.log_z, 1e-2 * std::max(1.0f, std::abs(want_s.log_z)));
+      fresh = {want_s.argmax};
+    }
+  }
+}
+
 TEST_F(CudaTensorParallel, BlockImagesAreTheSameAndInterchangeable) {
   auto model = open_model("tests/model/fixtures/tiny/gemma3");  // two cache groups
   ASSERT_TRUE(model.is_ok()) << model.status().to_string();
