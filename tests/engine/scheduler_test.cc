@@ -10,10 +10,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <optional>
 #include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -74,6 +76,11 @@ class FakeBooks final : public StepBookkeeping {
   void add_idle_session(int32_t num_blocks) {
     take(num_blocks);
     idle_sessions_.push_back(num_blocks);
+  }
+  // A finished sequence gives its blocks back and is forgotten.
+  void finish(SeqId id) {
+    drop(id);
+    seqs_.erase(id);
   }
   // More tokens pending for a sequence (as a later chunk brings; scripted).
   void add_tokens(SeqId id, int32_t num_tokens) { seqs_.at(id).num_tokens += num_tokens; }
@@ -178,6 +185,7 @@ class FakeBooks final : public StepBookkeeping {
     Seq& s = seqs_.at(id);
     if (s.resident) num_free_ += blocks_of(s.num_table_tokens);
     s.resident = false;
+    s.restoring = false;  // (the engine completes a copy in flight before the blocks go)
     s.num_computed = s.num_table_tokens = 0;
   }
 
@@ -443,6 +451,101 @@ TEST(Scheduler, ForksRunRightAfterTheirParent) {
   EXPECT_EQ(scheduler.running(), (std::vector<SeqId>{kA, kA1, kA2, kB}));
   scheduler.remove(kA1);
   EXPECT_EQ(scheduler.running(), (std::vector<SeqId>{kA, kA2, kB}));
+}
+
+TEST(Scheduler, RandomWorkloadsKeepTheBudgetTheCapTheOrderAndEveryBlock) {
+  // Arrivals, idle sessions and restores at random; after every plan: the budget and the cap
+  // hold, no sequence runs twice, the queues hold every live sequence once, nothing skipped
+  // ahead (the waiting queue left is the one after step 1 less its first admitted or aborted
+  // sequences), and every block is free or held. Every request finishes.
+  std::mt19937 rng(7);
+  auto uniform = [&](int32_t lo, int32_t hi) {
+    return std::uniform_int_distribution<int32_t>(lo, hi)(rng);
+  };
+  constexpr int32_t kStepTokens = 24, kMaxSeqs = 5;
+  Scheduler scheduler(config(kStepTokens, kMaxSeqs));
+  FakeBooks books(32);
+  std::map<SeqId, int32_t> outputs_left;
+  int64_t next_id = 1;
+  int32_t num_arrivals = 0, num_finished = 0, num_aborted = 0;
+  int32_t num_preempted = 0, num_released = 0, num_evictions = 0, num_restores_held = 0;
+  for (int32_t step_index = 0; step_index < 5000 && (num_arrivals < 200 || !outputs_left.empty());
+       ++step_index) {
+    if (num_arrivals < 200 && uniform(0, 2) == 0) {
+      const SeqId id{next_id++};
+      if (uniform(0, 3) == 0) {
+        books.add_restored_seq(id, uniform(9, 40), 8);
+      } else {
+        books.add_seq(id, uniform(1, 40));
+      }
+      outputs_left[id] = uniform(1, 16);
+      scheduler.add(id);
+      ++num_arrivals;
+    }
+    if (uniform(0, 9) == 0 && books.num_free_blocks() >= 2) books.add_idle_session(2);
+    for (const auto& [id, left] : outputs_left) {
+      if (books.seq(id).restoring && uniform(0, 1) == 0) books.finish_restore(id);
+    }
+    const std::vector<SeqId> running_before = scheduler.running();
+    const std::deque<SeqId> waiting_before = scheduler.waiting();
+    const StepPlan plan = scheduler.plan_step(books);
+    books.check_integrity();
+    ASSERT_LE(plan.num_tokens, kStepTokens);
+    ASSERT_LE(static_cast<int32_t>(plan.seqs.size()) + books.num_restoring_unplanned(), kMaxSeqs);
+    std::vector<SeqId> planned;
+    for (const ScheduledSeq& p : plan.seqs) {
+      ASSERT_GT(p.num_tokens, 0);
+      planned.push_back(p.id);
+      ASSERT_NE(std::find(scheduler.running().begin(), scheduler.running().end(), p.id),
+                scheduler.running().end());
+    }
+    std::sort(planned.begin(), planned.end());
+    ASSERT_EQ(std::adjacent_find(planned.begin(), planned.end()), planned.end());
+    std::vector<SeqId> queued(scheduler.running());
+    queued.insert(queued.end(), scheduler.waiting().begin(), scheduler.waiting().end());
+    std::sort(queued.begin(), queued.end());
+    std::vector<SeqId> live;
+    for (const auto& [id, left] : outputs_left) {
+      if (std::find(plan.aborted.begin(), plan.aborted.end(), id) == plan.aborted.end()) {
+        live.push_back(id);
+      }
+    }
+    ASSERT_EQ(queued, live);
+    // after step 1 the preempted wait in front, the last preempted first
+    std::deque<SeqId> after_running = waiting_before;
+    for (SeqId id : plan.preempted) after_running.push_front(id);
+    const size_t num_taken = plan.aborted.size() + plan.admitted.size();
+    ASSERT_LE(num_taken, after_running.size());
+    ASSERT_EQ(scheduler.waiting(),
+              std::deque<SeqId>(after_running.begin() + num_taken, after_running.end()));
+    for (SeqId id : plan.aborted) outputs_left.erase(id);
+    num_aborted += static_cast<int32_t>(plan.aborted.size());
+    num_preempted += static_cast<int32_t>(plan.preempted.size());
+    num_released += static_cast<int32_t>(plan.released.size());
+    num_evictions += plan.num_idle_evictions;
+    num_restores_held += books.num_restoring_unplanned();
+    books.execute(plan);
+    for (const ScheduledSeq& p : plan.seqs) {
+      if (p.wants_logits && --outputs_left.at(p.id) == 0) {
+        outputs_left.erase(p.id);
+        scheduler.remove(p.id);
+        books.finish(p.id);
+        ++num_finished;
+      }
+    }
+  }
+  EXPECT_EQ(num_arrivals, 200);
+  EXPECT_TRUE(outputs_left.empty());
+  // no sequence outgrows the pool (40 + 16 tokens: 14 blocks of 32): none is aborted
+  EXPECT_EQ(num_finished, 200);
+  EXPECT_EQ(num_aborted, 0);
+  // the workload reached every rule
+  EXPECT_GT(num_preempted, 0);
+  EXPECT_GT(num_released, 0);
+  EXPECT_GT(num_evictions, 0);
+  EXPECT_GT(num_restores_held, 0);
+  std::printf("random workload: %d preempted, %d released, %d idle evictions, %d restore-steps\n",
+              num_preempted, num_released, num_evictions, num_restores_held);
 }
 
 // Rates of 1 GiB/s for copies and 1000 tokens/s for prefill: swapping b bytes costs 2b / 2^30 s
