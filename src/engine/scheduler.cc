@@ -3,6 +3,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <ranges>
 
 #include "common/check.h"
 
@@ -123,10 +124,10 @@ bool Scheduler::free_some_blocks(StepBookkeeping& books, SeqId for_seq, StepPlan
 }
 
 bool Scheduler::release_newest_waiting(StepBookkeeping& books, SeqId except, StepPlan& plan) {
-  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
-    if (*it == except || !books.holds_blocks(*it)) continue;
-    books.release(*it);
-    plan.released.push_back(*it);
+  for (const SeqId id : std::views::reverse(waiting_)) {
+    if (id == except || !books.holds_blocks(id)) continue;
+    books.release(id);
+    plan.released.push_back(id);
     return true;
   }
   return false;

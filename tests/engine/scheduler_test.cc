@@ -156,7 +156,7 @@ class FakeBooks final : public StepBookkeeping {
     if (idle_sessions_.empty()) return false;
     num_free_ += idle_sessions_.front();
     idle_sessions_.pop_front();
-    moves_.push_back("evict");
+    moves_.emplace_back("evict");
     return true;
   }
   void release(SeqId id) override {
