@@ -159,7 +159,8 @@ Engine::Engine(ForwardBackend* backend, EngineConfig config, Unallocated)
     : backend_(backend),
       config_(std::move(config)),
       cache_spec_(checked_cache_spec(*backend_, config_)),
-      fingerprint_(make_fingerprint(backend_->spec(), config_)) {
+      fingerprint_(make_fingerprint(backend_->spec(), config_)),
+      scheduler_(SchedulerConfig{config_.max_num_seqs, config_.max_step_tokens}) {
   static std::atomic<uint64_t> num_engines{0};
   instance_id_ = num_engines.fetch_add(1);
   int32_t sampler_threads = config_.sampler_threads;
@@ -384,106 +385,11 @@ Result<RequestId> Engine::submit(Request request) {
   state->seqs.push_back(s->id);
   state->request = std::move(request);
   stats_.num_prompt_tokens += state->usage.prompt_tokens;
-  waiting_.push_back(s->id);
+  scheduler_.add(s->id);
   const RequestId id = state->id;
   sequences_.emplace(s->id, std::move(s));
   requests_.emplace(id, std::move(state));
   return id;
-}
-
-bool Engine::admit_prefix(Sequence& s) {
-  if (!s.resident) {
-    cache_->add_sequence(s.id);
-    s.resident = true;
-    s.num_computed = 0;
-    s.num_registered_blocks = 0;
-    s.window_valid_from = 0;
-  }
-  if (swapped_.count(s.id) > 0) return swap_in(s);
-  RequestState& r = *requests_.at(s.request_id);
-  if (s.num_computed == 0 && r.request.session) {
-    SessionState& session = *sessions_.at(*r.request.session);
-    if (session.host || !session.file.empty()) {
-      switch (restore_session(session, s, /*wait=*/false)) {
-        case Restore::kDone:
-          if (s.num_generated == 0) {
-            r.usage.cached_tokens = std::max(r.usage.cached_tokens, s.num_computed);
-            r.usage.restored_tokens = std::max(r.usage.restored_tokens, s.num_computed);
-          }
-          return true;
-        case Restore::kNoRoom:
-          cache_->free_sequence(s.id);
-          s.resident = false;
-          return false;
-        case Restore::kFailed:
-          break;  // recompute, with what the prefix cache has
-      }
-    }
-  }
-  if (cache_->has_prefix_cache() && s.num_computed == 0) {
-    // every group must serve the prefix (a window group: the blocks inside its window); the
-    // last token always runs, to produce logits
-    const int32_t num_hit = cache_->match_prefix(s.id, s.tokens);
-    if (num_hit > 0) {
-      s.num_computed = num_hit;
-      s.num_registered_blocks = num_hit / config_.block_size;
-      stats_.num_prefix_hit_tokens += num_hit;
-      if (s.num_generated == 0) r.usage.cached_tokens = std::max(r.usage.cached_tokens, num_hit);
-    }
-  }
-  return true;
-}
-
-bool Engine::evict_idle_session() {
-  // a write-back in flight frees its blocks soonest: wait for the oldest
-  while (!write_backs_.empty()) {
-    if (finish_write_backs(true) > 0) return true;
-  }
-  SessionState* lru = nullptr;
-  for (auto& [name, session] : sessions_) {
-    if (session->busy || !session->resident) continue;
-    if (lru == nullptr || session->last_used < lru->last_used) lru = session.get();
-  }
-  if (lru == nullptr) return false;
-  move_down(*lru);
-  return true;
-}
-
-bool Engine::release_waiting(SeqId except) {
-  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
-    Sequence& s = seq(*it);
-    if (*it == except || !s.resident) continue;
-    const RequestState& r = *requests_.at(s.request_id);
-    SessionState* session = r.request.session ? sessions_.at(*r.request.session).get() : nullptr;
-    if (session != nullptr && s.num_computed > 0 &&
-        s.num_computed <= static_cast<int32_t>(session->tokens.size()) &&
-        (config_.host_tier_bytes > 0 || !config_.disk_dir.empty())) {
-      // a resumed session's history: down a tier, not recomputed
-      session->resident = s.id;
-      session->num_computed = s.num_computed;
-      session->window_valid_from = s.window_valid_from;
-      move_down(*session);
-    } else if (!swap_out(s)) {
-      cache_->free_sequence(s.id);
-    }
-    s.resident = false;
-    s.num_computed = 0;
-    s.num_registered_blocks = 0;
-    ++stats_.num_preemptions;
-    return true;
-  }
-  return false;
-}
-
-bool Engine::make_room(SeqId for_seq, int32_t num_tokens, size_t first_unplanned) {
-  while (!cache_->can_append(for_seq, num_tokens)) {
-    if (evict_idle_session() || release_waiting(for_seq)) continue;
-    // preempt the newest running sequence not planned this step; for_seq itself last
-    const SeqId victim = running_.size() > first_unplanned ? running_.back() : for_seq;
-    preempt(victim);
-    if (victim == for_seq) return false;
-  }
-  return true;
 }
 
 void Engine::register_full_blocks(Sequence& s) {
@@ -516,7 +422,7 @@ void Engine::fork_samples(Sequence& parent) {
   RequestState& r = *requests_.at(parent.request_id);
   r.forked = true;
   const int32_t n = r.request.n;
-  auto pos = std::find(running_.begin(), running_.end(), parent.id);
+  std::vector<SeqId> children;
   for (int32_t i = 1; i < n; ++i) {
     auto child = std::make_unique<Sequence>(parent);
     child->id = SeqId(next_seq_id_++);
@@ -525,9 +431,10 @@ void Engine::fork_samples(Sequence& parent) {
                     uint64_t(r.id.value));
     cache_->fork(parent.id, child->id);
     r.seqs.push_back(child->id);
-    pos = running_.insert(pos + 1, child->id);
+    children.push_back(child->id);
     sequences_.emplace(child->id, std::move(child));
   }
+  scheduler_.add_forks(parent.id, children);
 }
 
 void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* events) {
@@ -540,10 +447,7 @@ void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* 
   e.request_id = r.id;
   e.sample_index = s.sample_index;
   e.finish_reason = reason;
-  auto run_it = std::find(running_.begin(), running_.end(), s.id);
-  if (run_it != running_.end()) running_.erase(run_it);
-  auto wait_it = std::find(waiting_.begin(), waiting_.end(), s.id);
-  if (wait_it != waiting_.end()) waiting_.erase(wait_it);
+  scheduler_.remove(s.id);
 
   if (r.request.session) {
     SessionState& session = *sessions_.at(*r.request.session);
@@ -688,86 +592,10 @@ std::vector<EngineEvent> Engine::step() {
   finish_write_backs(false);
   settle_file_writes();
   std::vector<EngineEvent> events;
-  struct Planned {
-    SeqId id;
-    int32_t num_tokens;
-    bool wants_logits;
-  };
-  std::vector<Planned> plan;
-  int32_t budget = config_.max_step_tokens;
-
-  // 1. running sequences, oldest first
-  for (size_t i = 0; i < running_.size() && budget > 0;) {
-    const SeqId id = running_[i];
-    // its KV still being copied in: this step if the copy ends within it, else a later one
-    if (!settle_restore(id, false) && !order_restore(id)) {
-      ++i;
-      continue;
-    }
-    Sequence& s = seq(id);
-    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
-    const int32_t q = std::min(pending, budget);
-    if (!make_room(id, q, i + 1)) continue;  // `id` itself was preempted: running_[i] moved on
-    KVP_CHECK(cache_->append(id, q, &pending_copies_, computed_tokens(s)),
-              "append after make_room");
-    plan.push_back({id, q, q == pending});
-    budget -= q;
-    ++i;
-  }
-  // 2. waiting sequences, in order, while they fit (restores not planned hold their places)
-  const auto num_seqs = [&] {
-    int32_t n = static_cast<int32_t>(plan.size());
-    for (const auto& [id, r] : restoring_) n += r.ordered ? 0 : 1;
-    return n;
-  };
-  while (budget > 0 && !waiting_.empty() && num_seqs() < config_.max_num_seqs) {
-    const SeqId id = waiting_.front();
-    Sequence& s = seq(id);
-    bool admitted = admit_prefix(s);
-    while (!admitted && (evict_idle_session() || release_waiting(id))) admitted = admit_prefix(s);
-    if (!admitted) {
-      if (!plan.empty() || !running_.empty()) break;
-      // nothing else holds blocks and the sequence's KV still does not fit: recompute it
-      if (swapped_.count(id) > 0) {
-        drop_swapped(id);
-      } else {
-        SessionState& session = *sessions_.at(*requests_.at(s.request_id)->request.session);
-        drop_kv(session);
-        ++session.num_evictions;
-        ++stats_.num_session_evictions;
-      }
-      KVP_CHECK(admit_prefix(s), "admission without a session copy to restore");
-    }
-    const int32_t pending = static_cast<int32_t>(s.tokens.size()) - s.num_computed;
-    const int32_t q = std::min(pending, budget);
-    // a restore still copying runs now if its copy ends within the step, else once its KV is in
-    // (step 1 of a later step)
-    if (restoring_.count(id) > 0 && !(cache_->can_append(id, q) && order_restore(id))) {
-      waiting_.pop_front();
-      running_.push_back(id);
-      continue;
-    }
-    bool fits = cache_->can_append(id, q);
-    while (!fits && (evict_idle_session() || release_waiting(id))) {
-      fits = cache_->can_append(id, q);
-    }
-    if (!fits) {
-      if (plan.empty() && running_.empty()) {
-        // nothing else holds blocks: this chunk can never fit the pool
-        waiting_.pop_front();
-        finish(s, FinishReason::kAborted, &events);
-        continue;
-      }
-      break;
-    }
-    KVP_CHECK(cache_->append(id, q, &pending_copies_, computed_tokens(s)),
-              "append after can_append");
-    waiting_.pop_front();
-    running_.push_back(id);
-    plan.push_back({id, q, q == pending});
-    budget -= q;
-  }
-  if (plan.empty()) {
+  // 1. and 2.: the plan; the blocks it runs are taken, preemptions and admissions made
+  StepBooks books(*this, &events);
+  const StepPlan plan = scheduler_.plan_step(books);
+  if (plan.seqs.empty()) {
     // only copies into the pool are left to wait for: wait here, not in a spin of empty steps
     while (!restoring_.empty()) settle_restore(restoring_.begin()->first, true);
     start_write_backs();
@@ -776,7 +604,7 @@ std::vector<EngineEvent> Engine::step() {
 
   // 3. copy-on-write copies, then the forward pass
   std::vector<BatchEntry> entries;
-  for (const Planned& p : plan) {
+  for (const ScheduledSeq& p : plan.seqs) {
     const Sequence& s = seq(p.id);
     entries.push_back({p.id, &s.tokens, s.num_computed, p.num_tokens, p.wants_logits});
   }
@@ -792,7 +620,7 @@ std::vector<EngineEvent> Engine::step() {
       config_.device_sampling && backend_->samples_on_device() && backend_->summarizes_logits();
   DeviceSampleBatch& samples = step_samples_;
   samples.clear();
-  for (const Planned& p : plan) {
+  for (const ScheduledSeq& p : plan.seqs) {
     if (!p.wants_logits) continue;
     Sequence& s = seq(p.id);
     const RequestState& r = *requests_.at(s.request_id);
@@ -840,7 +668,7 @@ std::vector<EngineEvent> Engine::step() {
   };
   std::vector<SampleJob> jobs;
   size_t logit_index = 0;
-  for (const Planned& p : plan) {
+  for (const ScheduledSeq& p : plan.seqs) {
     Sequence& s = seq(p.id);
     RequestState& r = *requests_.at(s.request_id);
     const int32_t pending_before = static_cast<int32_t>(s.tokens.size()) - s.num_computed;

@@ -2,12 +2,15 @@
 // docs/engine.md).
 //
 //   submit(request) ─▶ waiting (FIFO) ─▶ admitted when its next chunk's blocks fit ─▶ running
-//   step(): 1. running sequences first, oldest first: each takes its pending tokens (1 when
+//   step(): steps 1 and 2 are planned by the Scheduler (scheduler.h: the queues and the
+//           decisions, over the engine's bookkeeping through Engine::StepBooks); the engine
+//           executes the plan (3 and 4)
+//           1. running sequences first, oldest first: each takes its pending tokens (1 when
 //              decoding; a chunk while prefilling) within the step's token budget; when the
 //              pool is short, idle sessions move down a tier first (host, disk, or dropped),
 //              then waiting sequences give back their blocks, then the newest running
-//              sequences are preempted (blocks freed; they recompute later, hitting the prefix
-//              cache for their full blocks)
+//              sequences are preempted (swapped to the host tier, or their blocks freed to be
+//              recomputed later, hitting the prefix cache for their full blocks)
 //           2. waiting sequences are admitted in order (no skipping ahead: no starvation):
 //              a session's KV comes back from host or disk, else the prefix cache (every cache
 //              group) gives what it has; while budget, sequence cap and blocks allow
@@ -47,18 +50,11 @@
 #include "engine/preemption_cost.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
+#include "engine/scheduler.h"
 #include "model/forward_backend.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvp {
-
-// What a running sequence that must leave the pool does with its KV (Engine::preempt).
-enum class Preemption {
-  kAuto,       // swap where the cost model (engine/preemption_cost.h) prices it cheaper
-  kSwap,       // swap whenever the host tier can hold it
-  kRecompute,  // drop it; prefilled again at readmission (the prefix cache serves what it can)
-};
-const char* preemption_name(Preemption p);
 
 struct EngineConfig {
   int32_t block_size = 16;        // tokens per KV block
@@ -263,21 +259,20 @@ class Engine {
   int32_t total_tokens_needed(int32_t num_tokens) const;
   // Whether token_id, just sampled by sid, makes its text contain a stop string of r.
   bool completes_stop_string(RequestState& r, SeqId sid, int32_t token_id);
+  // The scheduler's view of the engine for one step (engine_internal.h, engine_books.cc).
+  class StepBooks;
   // Gives a waiting sequence its KV: a session's (restored from host or disk), else the prefix
   // cache's. false: the session's KV cannot be restored now for lack of blocks (retry later).
   bool admit_prefix(Sequence& seq);
-  // Frees blocks until for_seq can append num_tokens: moves idle sessions down a tier, then
-  // preempts the newest running sequences at index >= first_unplanned, for_seq itself last.
-  // Returns false when for_seq was preempted.
-  bool make_room(SeqId for_seq, int32_t num_tokens, size_t first_unplanned);
   // Moves the least recently used idle session with blocks in the pool down a tier (host, disk
-  // or dropped, as the budgets allow). false when there is none.
+  // or dropped, as the budgets allow), after waiting for the oldest write-back in flight if
+  // any. false when there is none.
   bool evict_idle_session();
-  // Frees the blocks of the newest waiting sequence that holds some (a resumed session's, or
-  // one preempted and re-queued), except `except`. Returns false when there is none.
-  bool release_waiting(SeqId except);
+  // Frees the blocks of a waiting sequence that holds some (the scheduler picks it): a resumed
+  // session's history goes down a tier, other KV is swapped or dropped.
+  void release_waiting(Sequence& seq);
   // Takes a running sequence out of the pool: swapped to the host tier (swap_out) or dropped
-  // to be recomputed, and queued first among the waiting.
+  // to be recomputed. The scheduler queues it first among the waiting.
   void preempt(SeqId seq_id);
 
   // swap-instead-of-recompute (engine_preemption.cc)
@@ -435,8 +430,7 @@ class Engine {
   // spill files whose sessions dropped them while they were written: removed when written
   std::vector<std::unique_ptr<PendingWrite>> orphan_writes_;
   std::map<std::string, std::unique_ptr<SessionState>> sessions_;
-  std::deque<SeqId> waiting_;
-  std::vector<SeqId> running_;                  // admission order, oldest first
+  Scheduler scheduler_;                         // the waiting and running queues; step plans
   std::vector<GroupBlockCopy> pending_copies_;  // copy-on-write copies of this step's appends
   std::unique_ptr<FileWriter> file_writer_;     // with a disk tier; after sessions_ (reads them)
   int64_t next_request_id_ = 1;

@@ -9,8 +9,8 @@ namespace kvp {
 
 EngineStats Engine::stats() const {
   EngineStats s = stats_;
-  s.num_running = static_cast<int32_t>(running_.size());
-  s.num_waiting = static_cast<int32_t>(waiting_.size());
+  s.num_running = static_cast<int32_t>(scheduler_.running().size());
+  s.num_waiting = static_cast<int32_t>(scheduler_.waiting().size());
   const BlockAllocator& a = cache_->allocator(0);
   s.num_blocks_total = a.num_blocks();
   s.num_blocks_used = a.num_blocks() - a.num_available();

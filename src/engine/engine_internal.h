@@ -1,4 +1,5 @@
-// The Engine's private state types, shared by engine.cc and engine_tiers.cc. Not an API.
+// The Engine's private state types, shared by engine.cc, engine_tiers.cc and the other
+// engine_*.cc files. Not an API.
 #pragma once
 
 #include <chrono>
@@ -157,6 +158,34 @@ struct Engine::SessionState {
     if (!file.empty()) return SessionTier::kDisk;
     return SessionTier::kNone;
   }
+};
+
+// The engine's bookkeeping as its Scheduler sees it during one step (scheduler.h): reads the
+// sequences, the cache manager and the copies in flight, and makes the moves the scheduler asks
+// for with the engine's own operations (engine_books.cc). Lives for one plan_step call.
+class Engine::StepBooks final : public StepBookkeeping {
+ public:
+  // events: receives the events of sequences aborted while planning
+  StepBooks(Engine& engine, std::vector<EngineEvent>* events) : e_(engine), events_(events) {}
+
+  int32_t num_pending_tokens(SeqId id) const override;
+  bool holds_blocks(SeqId id) const override;
+  bool can_append(SeqId id, int32_t num_tokens) override;
+  void append(SeqId id, int32_t num_tokens) override;
+  bool ready_to_run(SeqId id) override;
+  bool is_restoring(SeqId id) const override;
+  bool order_restore(SeqId id) override;
+  int32_t num_restoring_unplanned() const override;
+  bool admit(SeqId id) override;
+  void recompute(SeqId id) override;
+  bool evict_idle_session() override;
+  void release(SeqId id) override;
+  void preempt(SeqId id) override;
+  void abort(SeqId id) override;
+
+ private:
+  Engine& e_;
+  std::vector<EngineEvent>* events_;
 };
 
 }  // namespace kvp

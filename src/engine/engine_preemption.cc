@@ -1,5 +1,6 @@
 // Preemption of running sequences: swapped to the host tier or recomputed (EngineConfig::
-// preemption, engine/preemption_cost.h). A swapped sequence waits first in line with its KV in
+// preemption, engine/preemption_cost.h; the choice is Scheduler::should_swap, the victim the
+// scheduler's too). A swapped sequence waits first in line with its KV in
 // swapped_; readmitted, it takes what the prefix cache holds of its tokens and copies in the
 // rest, as a restored session does (Engine::copy_in).
 //
@@ -14,18 +15,6 @@
 
 namespace kvp {
 
-const char* preemption_name(Preemption p) {
-  switch (p) {
-    case Preemption::kAuto:
-      return "auto";
-    case Preemption::kSwap:
-      return "swap";
-    case Preemption::kRecompute:
-      return "recompute";
-  }
-  return "?";
-}
-
 void Engine::preempt(SeqId seq_id) {
   settle_restore(seq_id, true);  // its blocks are being filled: not freed under the copy
   Sequence& s = seq(seq_id);
@@ -33,19 +22,14 @@ void Engine::preempt(SeqId seq_id) {
   s.resident = false;
   s.num_computed = 0;
   s.num_registered_blocks = 0;
-  running_.erase(std::find(running_.begin(), running_.end(), seq_id));
-  waiting_.push_front(seq_id);
   ++requests_.at(s.request_id)->usage.num_preemptions;
   ++stats_.num_preemptions;
 }
 
 bool Engine::swap_out(Sequence& s) {
-  if (!host_tier_ || config_.preemption == Preemption::kRecompute || s.num_computed == 0) {
-    return false;
-  }
-  const uint64_t bytes = live_bytes(s.id);
-  if (config_.preemption == Preemption::kAuto &&
-      !preemption_cost_.prefer_swap(bytes, s.num_computed)) {
+  const uint64_t bytes = s.resident ? live_bytes(s.id) : 0;
+  if (!Scheduler::should_swap(config_.preemption, host_tier_ != nullptr, s.num_computed, bytes,
+                              preemption_cost_)) {
     return false;
   }
   if (!make_host_room(bytes, nullptr)) return false;
@@ -68,11 +52,12 @@ bool Engine::swap_in(Sequence& s) {
   // running, any room will do. Every cache group is asked (a sliding-window group holds fewer
   // blocks of the sequence than the full one, in a pool of its own).
   bool room = true;
-  for (size_t g = 0; g < kv.tables.size() && !running_.empty(); ++g) {
+  const auto num_running = static_cast<int32_t>(scheduler_.running().size());
+  for (size_t g = 0; g < kv.tables.size(); ++g) {
     int32_t needed = 0;
     for (BlockId b : kv.tables[g]) needed += b != HostKv::kNoBlock ? 1 : 0;
-    room &= cache_->allocator(static_cast<int32_t>(g)).num_available() >=
-            needed + static_cast<int32_t>(running_.size());
+    room &= Scheduler::swap_in_fits(
+        needed, cache_->allocator(static_cast<int32_t>(g)).num_available(), num_running);
   }
   if (!room) {
     cache_->free_sequence(s.id);

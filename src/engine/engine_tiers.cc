@@ -143,15 +143,19 @@ void Engine::start_write_backs() {
   int32_t coming = 0;  // pool blocks that write-backs in flight will free
   for (const auto& wb : write_backs_) coming += wb->num_blocks;
   while (cache_->allocator(0).num_available() + coming < watermark) {
-    SessionState* lru = nullptr;
+    std::vector<SessionState*> idle;
+    std::vector<int64_t> last_used;
     for (auto& [name, session] : sessions_) {
       if (session->busy || !session->resident || session->writing_back ||
           session->num_computed == 0) {
         continue;
       }
-      if (lru == nullptr || session->last_used < lru->last_used) lru = session.get();
+      idle.push_back(session.get());
+      last_used.push_back(session->last_used);
     }
-    if (lru == nullptr) return;
+    const std::optional<size_t> pick = Scheduler::pick_idle_session(last_used);
+    if (!pick) return;
+    SessionState* lru = idle[*pick];
     const SeqId seq_id = *lru->resident;
     if (!make_host_room(live_bytes(seq_id), lru)) return;
     auto wb = std::make_unique<WriteBack>();
@@ -503,8 +507,11 @@ void Engine::move_down(SessionState& session) {
             "session '{}' is not (only) in the pool", session.name);
   const SeqId seq_id = *session.resident;
   const int32_t num_tokens = session.num_computed;
+  const IdleSessionTiers tiers = Scheduler::tiers_for_idle_session(
+      num_tokens, host_tier_ != nullptr, !config_.disk_dir.empty(), file_size_bytes(num_tokens),
+      config_.disk_tier_bytes);
   std::unique_ptr<HostKv> kv;
-  if (num_tokens > 0 && host_tier_ && make_host_room(live_bytes(seq_id), &session)) {
+  if (tiers.host && make_host_room(live_bytes(seq_id), &session)) {
     kv = copy_out(seq_id, num_tokens, host_tier_.get());
     if (kv) {
       kv->window_valid_from = session.window_valid_from;
@@ -517,9 +524,7 @@ void Engine::move_down(SessionState& session) {
       return;
     }
   }
-  const bool disk_fits =
-      !config_.disk_dir.empty() && file_size_bytes(num_tokens) <= config_.disk_tier_bytes;
-  if (num_tokens > 0 && disk_fits) {
+  if (tiers.disk) {
     kv = copy_out_for_file(seq_id, num_tokens);
     if (kv) kv->window_valid_from = session.window_valid_from;
   }

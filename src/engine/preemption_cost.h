@@ -1,5 +1,5 @@
 // Swap or recompute: the choice the engine makes for a running sequence it must take out of the
-// pool (Engine::preempt, EngineConfig::preemption). Swapping copies the sequence's KV to the
+// pool (Engine::preempt, Scheduler::should_swap). Swapping copies the sequence's KV to the
 // host tier now and back when it is readmitted; recomputing drops it and prefills the tokens
 // again. The model compares the two in seconds from rates measured on this engine:
 //
