@@ -1,11 +1,40 @@
-// ForwardBackend's session tier transfers as every backend can do them: synchronously, through
-// a block image (read_blocks / write_blocks) and one memcpy per block and layer between the image
-// and the host slab. Backends that move blocks directly override start_transfers.
+// ForwardBackend's defaults: session tier transfers as every backend can do them (synchronously,
+// through a block image (read_blocks / write_blocks) and one memcpy per block and layer between
+// the image and the host slab; backends that move blocks directly override start_transfers), and
+// logits written into strided rows through a scratch buffer (forward_into_rows).
 #include "model/forward_backend.h"
 
 #include <cstring>
+#include <vector>
+
+#include "common/parallel_memcpy.h"
 
 namespace kvp {
+
+Status check_logit_rows(size_t num_rows, size_t per_row, size_t row_stride, size_t num_floats) {
+  if (row_stride < per_row ||
+      (num_rows > 0 && num_floats < (num_rows - 1) * row_stride + per_row)) {
+    return Status::invalid_argument(
+        "forward: {} logit rows of {} at a stride of {} do not fit a buffer of {} floats", num_rows,
+        per_row, row_stride, num_floats);
+  }
+  return Status::ok();
+}
+
+Status ForwardBackend::forward_into_rows(const ForwardBatch& batch,
+                                         std::span<const int32_t> full_rows,
+                                         std::span<float> logits, size_t row_stride,
+                                         std::span<LogitRowSummary> summaries) {
+  const auto per_row = static_cast<size_t>(spec().logits_per_row());
+  const size_t rows = summaries.empty() ? batch.logit_rows.size() : full_rows.size();
+  KVP_RETURN_IF_ERROR(check_logit_rows(rows, per_row, row_stride, logits.size()));
+  std::vector<float> scratch(rows * per_row);
+  KVP_RETURN_IF_ERROR(summaries.empty() ? forward(batch, scratch)
+                                        : forward_summarized(batch, full_rows, scratch, summaries));
+  parallel_memcpy_2d(logits.data(), row_stride * 4, scratch.data(), per_row * 4, per_row * 4, rows,
+                     4);
+  return Status::ok();
+}
 
 Status ForwardBackend::check_transfers(int32_t group, std::span<const BlockTransfer> ops,
                                        const HostKvStorage& host, bool* to_host) const {

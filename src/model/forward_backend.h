@@ -105,6 +105,15 @@ class ForwardBackend {
     return Status::unsupported("{}: logits summaries on the device", device_name());
   }
 
+  // forward (summaries empty) or forward_summarized (summaries given) with logits row i written
+  // at logits[i * row_stride], row_stride >= spec().logits_per_row(); what lies between rows is
+  // left alone: a split model's ranks write their vocabulary shares straight into the joined rows
+  // (tensor_parallel.h). This default goes through a scratch buffer; the CUDA backend copies out
+  // of its pinned staging into place. Errors as forward's, and a stride or buffer too small.
+  virtual Status forward_into_rows(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                                   std::span<float> logits, size_t row_stride,
+                                   std::span<LogitRowSummary> summaries);
+
   // Whether forward_sampled is available: the backend samples tokens where it computed the
   // logits (CUDA), so sampled rows never come to the host. The CPU backend says no: the engine
   // samples its rows with engine/sampler.h.
@@ -166,5 +175,9 @@ class ForwardBackend {
  private:
   std::vector<std::byte> transfer_image_;  // the base implementation's block image, reused
 };
+
+// ok when num_rows rows of per_row floats, one every row_stride floats, fit num_floats floats
+// (row_stride >= per_row); else invalid_argument naming the numbers (forward_into_rows).
+Status check_logit_rows(size_t num_rows, size_t per_row, size_t row_stride, size_t num_floats);
 
 }  // namespace kvp

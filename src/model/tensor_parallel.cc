@@ -10,7 +10,6 @@
 #include <cstring>
 #include <utility>
 
-#include "common/parallel_memcpy.h"
 #include "model/cpu_forward_backend.h"
 #include "model/model_runner.h"
 
@@ -437,26 +436,17 @@ Status TensorParallelBackend::forward_vocab_split(const ForwardBatch& batch,
                                                   bool summarized) {
   const size_t rows = batch.logit_rows.size();
   const size_t out_rows = summarized ? full_rows.size() : rows;
+  // rank r's rows are columns [begin_r, begin_r + V / N) of the joined rows: each rank writes
+  // its own straight there, side by side (64 rows of a 128K vocabulary are 33 MB)
   KVP_RETURN_IF_ERROR(threads_->run([&](int32_t r) -> Status {
     ForwardBackend& b = *ranks_[r];
-    rank_logits_[r].resize(out_rows * static_cast<size_t>(b.spec().logits_per_row()));
-    Status st;
-    if (summarized) {
-      rank_summaries_[r].resize(rows);
-      st = b.forward_summarized(batch, full_rows, rank_logits_[r], rank_summaries_[r]);
-    } else {
-      st = b.forward(batch, rank_logits_[r]);
-    }
-    if (!st.is_ok()) {
-      if (gate_ != nullptr) gate_->abort();
-      return st;
-    }
-    // its [out_rows][V / N] are columns [begin, begin + V / N) of every row (the ranks side by
-    // side: 64 rows of a 128K vocabulary are 33 MB)
-    const ModelSpec& local = b.spec();
-    const size_t row_bytes = static_cast<size_t>(local.logits_per_row()) * 4;
-    parallel_memcpy_2d(logits.data() + local.logit_begin, size_t(spec_.vocab_size) * 4,
-                       rank_logits_[r].data(), row_bytes, row_bytes, out_rows, 4);
+    const auto begin = static_cast<size_t>(b.spec().logit_begin);
+    const std::span<float> mine = out_rows == 0 ? std::span<float>() : logits.subspan(begin);
+    if (summarized) rank_summaries_[r].resize(rows);
+    const Status st = b.forward_into_rows(
+        batch, full_rows, mine, size_t(spec_.vocab_size),
+        summarized ? std::span(rank_summaries_[r]) : std::span<LogitRowSummary>());
+    if (!st.is_ok() && gate_ != nullptr) gate_->abort();
     return st;
   }));
   if (summarized) {

@@ -202,8 +202,9 @@ class TensorParallelBackend final : public ForwardBackend {
   // Every rank's forward of one batch; rank 0's with `lead`, the others' with scratch outputs
   // (every rank computes the same logits; only rank 0's leave). The lm-head whole on each rank.
   Status forward_all(const ForwardBatch& batch, const std::function<Status()>& lead);
-  // The lm-head split by vocabulary: every rank's forward (summarized when `summarized`) into its
-  // scratch, then the rows joined into `logits` and the summaries combined.
+  // The lm-head split by vocabulary: every rank's forward (summarized when `summarized`) writes
+  // its columns of the joined rows straight into `logits` (forward_into_rows), then the ranks'
+  // summaries are combined.
   Status forward_vocab_split(const ForwardBatch& batch, std::span<const int32_t> full_rows,
                              std::span<float> logits, std::span<LogitRowSummary> summaries,
                              bool summarized);

@@ -288,6 +288,39 @@ TEST(TensorParallel, RanksComputeTheirVocabularySharesOfTheLogits) {
   expect_split_equals_unsplit(four, source, 4);
 }
 
+// forward_into_rows writes each logit row at its stride and nothing between (the default, through
+// a scratch: the CPU backend's), and refuses a stride or buffer that cannot hold the rows.
+TEST(TensorParallel, ForwardIntoRowsWritesEachRowAtItsStride) {
+  const OpenedModel model = open_tiny("qwen2");
+  const int32_t vocab = model.spec.vocab_size;
+  std::unique_ptr<ForwardBackend> a = unsplit(model.spec, *model.weights);
+  std::unique_ptr<ForwardBackend> b = unsplit(model.spec, *model.weights);
+  ASSERT_TRUE(a->allocate_kv(layouts_of(*a)).is_ok());
+  ASSERT_TRUE(b->allocate_kv(layouts_of(*b)).is_ok());
+  Sequences sa, sb;
+  sa.tokens.resize(2);
+  sb.tokens.resize(2);
+  const std::vector<std::vector<int32_t>> fresh = {{3, 17, 5}, {7, 2}};
+  std::vector<float> packed(2 * vocab);
+  ASSERT_TRUE(a->forward(sa.batch(fresh), packed).is_ok());
+  const size_t stride = vocab + 7;
+  std::vector<float> strided(stride + vocab, -123.0f);
+  ForwardBatch batch = sb.batch(fresh);
+  EXPECT_EQ(b->forward_into_rows(batch, {}, strided, vocab - 1, {}).code(),
+            StatusCode::kInvalidArgument);  // stride below a row
+  EXPECT_EQ(
+      b->forward_into_rows(batch, {}, std::span(strided).first(stride + vocab - 1), stride, {})
+          .code(),
+      StatusCode::kInvalidArgument);  // the last row does not fit
+  ASSERT_TRUE(b->forward_into_rows(batch, {}, strided, stride, {}).is_ok());
+  for (int32_t r = 0; r < 2; ++r) {
+    for (int32_t v = 0; v < vocab; ++v) {
+      ASSERT_EQ(strided[r * stride + v], packed[r * vocab + v]) << "row " << r << " id " << v;
+    }
+  }
+  for (size_t i = vocab; i < stride; ++i) EXPECT_EQ(strided[i], -123.0f) << "between rows";
+}
+
 // The whole rows' summary from the shares' summaries: the first largest logit (the lower id on
 // ties across shares), the log-sum-exp of all — as computed over the whole row here.
 TEST(TensorParallel, RowSummariesOfVocabularySharesCombineIntoTheWholeRows) {

@@ -145,6 +145,16 @@ Status CudaForwardBackend::forward_summarized(const ForwardBatch& batch,
   return runner_->forward_summarized(batch, pools_, full_rows, logits, summaries);
 }
 
+Status CudaForwardBackend::forward_into_rows(const ForwardBatch& batch,
+                                             std::span<const int32_t> full_rows,
+                                             std::span<float> logits, size_t row_stride,
+                                             std::span<LogitRowSummary> summaries) {
+  if (static_cast<int32_t>(pools_.size()) != num_cache_groups()) {
+    return Status::invalid_argument("cuda forward: no KV pools (call allocate_kv first)");
+  }
+  return runner_->forward_into_rows(batch, pools_, full_rows, logits, row_stride, summaries);
+}
+
 Status CudaForwardBackend::forward_sampled(const ForwardBatch& batch,
                                            std::span<const int32_t> full_rows,
                                            std::span<float> logits,
@@ -282,14 +292,17 @@ Result<std::unique_ptr<ForwardBackend>> make_split(const ModelSpec& spec, int fi
   auto comms = std::make_shared<NcclComms>();
   comms->nccl = nccl;
   KVP_ASSIGN_OR_RETURN(comms->comms, nccl->init_all(devices));
-  // Decode-sized all-reduces (up to 256 tokens of hidden) go over peer memory where the GPUs
-  // have peer access (PeerAllReduce, one kernel in NCCL's LL style; docs/perf/
+  // Decode-sized all-reduces (up to 256 tokens of hidden over 2 GPUs) go over peer memory where the
+  // GPUs have peer access (PeerAllReduce, one kernel in NCCL's LL style; docs/perf/
   // tensor-parallel.md), the rest through NCCL; KVP_TP_ALL_REDUCE=nccl sends them all to NCCL.
+  // Over more than 2 GPUs every rank pushes each float to every peer, and the one-shot kernel
+  // loses to NCCL's ring at batch sizes: on 4 H200s 24.3 µs against 16.8 for 1 MB, 8.1 against
+  // 10.6 for 64 KB (docs/perf/tensor-parallel.md run 9), so there it takes up to 64 KB only.
   std::shared_ptr<const PeerAllReduce> peer;
   const char* choice = std::getenv("KVP_TP_ALL_REDUCE");
   if (choice == nullptr || std::string(choice) != "nccl") {
-    Result<std::shared_ptr<PeerAllReduce>> made =
-        PeerAllReduce::create(devices, int64_t{256} * spec.hidden_size);
+    const int64_t capacity = n == 2 ? int64_t{256} * spec.hidden_size : int64_t{16384};
+    Result<std::shared_ptr<PeerAllReduce>> made = PeerAllReduce::create(devices, capacity);
     if (made.is_ok()) peer = std::move(made).value();
   }
   auto gate = std::make_shared<RankGate>(n);

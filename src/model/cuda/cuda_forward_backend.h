@@ -51,6 +51,10 @@ class CudaForwardBackend final : public ForwardBackend {
   bool summarizes_logits() const override { return true; }
   Status forward_summarized(const ForwardBatch& batch, std::span<const int32_t> full_rows,
                             std::span<float> logits, std::span<LogitRowSummary> summaries) override;
+  // Out of the pinned staging straight into the strided rows (one host copy).
+  Status forward_into_rows(const ForwardBatch& batch, std::span<const int32_t> full_rows,
+                           std::span<float> logits, size_t row_stride,
+                           std::span<LogitRowSummary> summaries) override;
   bool samples_on_device() const override { return true; }
   Status forward_sampled(const ForwardBatch& batch, std::span<const int32_t> full_rows,
                          std::span<float> logits, std::span<LogitRowSummary> summaries,

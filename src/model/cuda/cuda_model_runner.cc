@@ -362,7 +362,8 @@ size_t CudaModelRunner::count_weight_bytes() const {
 
 Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                                     const std::span<const int32_t>* full_rows,
-                                    std::span<float> logits, size_t num_summaries) const {
+                                    std::span<float> logits, size_t num_summaries,
+                                    size_t row_stride) const {
   const auto num_tokens = static_cast<int64_t>(batch.token_ids.size());
   if (batch.query_start.empty() || batch.query_start.size() != batch.kv_lens.size() + 1) {
     return Status::invalid_argument("cuda forward: {} query starts for {} sequences",
@@ -402,7 +403,10 @@ Status CudaModelRunner::check_batch(const ForwardBatch& batch, std::span<DeviceK
                                       batch.logit_rows.size());
     }
   }
-  if (logits.size() != wanted_rows * static_cast<size_t>(spec_.logits_per_row())) {
+  if (row_stride > 0) {
+    KVP_RETURN_IF_ERROR(
+        check_logit_rows(wanted_rows, spec_.logits_per_row(), row_stride, logits.size()));
+  } else if (logits.size() != wanted_rows * static_cast<size_t>(spec_.logits_per_row())) {
     return Status::invalid_argument("cuda forward: logits buffer of {} floats, need {} x {}",
                                     logits.size(), wanted_rows, spec_.logits_per_row());
   }
@@ -529,6 +533,14 @@ Status CudaModelRunner::forward_summarized(const ForwardBatch& batch, std::span<
   return run(batch, pools, &full_rows, logits, summaries);
 }
 
+Status CudaModelRunner::forward_into_rows(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+                                          std::span<const int32_t> full_rows,
+                                          std::span<float> logits, size_t row_stride,
+                                          std::span<LogitRowSummary> summaries) {
+  return run(batch, pools, summaries.empty() ? nullptr : &full_rows, logits, summaries, nullptr, {},
+             row_stride);
+}
+
 Status CudaModelRunner::forward_sampled(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                                         std::span<const int32_t> full_rows, std::span<float> logits,
                                         std::span<LogitRowSummary> summaries,
@@ -540,8 +552,8 @@ Status CudaModelRunner::forward_sampled(const ForwardBatch& batch, std::span<Dev
 Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                             const std::span<const int32_t>* full_rows, std::span<float> logits,
                             std::span<LogitRowSummary> summaries, const DeviceSampleBatch* samples,
-                            std::span<DeviceSample> results) {
-  KVP_RETURN_IF_ERROR(check_batch(batch, pools, full_rows, logits, summaries.size()));
+                            std::span<DeviceSample> results, size_t row_stride) {
+  KVP_RETURN_IF_ERROR(check_batch(batch, pools, full_rows, logits, summaries.size(), row_stride));
   const bool sampling = samples != nullptr && !samples->requests.empty();
   if (sampling && spec_.logit_count > 0) {
     return Status::unsupported(
@@ -698,7 +710,10 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
     }
   }
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  if (!logits.empty()) copy_logits_out(logits);
+  if (!logits.empty()) {
+    copy_logits_out(logits, full_rows == nullptr ? size_t(num_rows) : full_rows->size(),
+                    row_stride);
+  }
   static_assert(sizeof(detail::RowSummary) == sizeof(LogitRowSummary));
   if (!summaries.empty()) {
     std::memcpy(summaries.data(), summaries_host_.data(),
@@ -778,9 +793,16 @@ Status CudaModelRunner::reduce_residual_norm(const float* post_w, const float* n
   return norm(nullptr);
 }
 
-void CudaModelRunner::copy_logits_out(std::span<float> logits) const {
+void CudaModelRunner::copy_logits_out(std::span<float> logits, size_t num_rows,
+                                      size_t row_stride) const {
   // 64 x a 128K vocabulary is 33 MB: several threads (common/parallel_memcpy.h)
-  parallel_memcpy(logits.data(), logits_host_.data(), logits.size() * 4);
+  const size_t row_bytes = size_t(spec_.logits_per_row()) * 4;
+  if (row_stride == 0) {
+    parallel_memcpy(logits.data(), logits_host_.data(), num_rows * row_bytes);
+  } else {
+    parallel_memcpy_2d(logits.data(), row_stride * 4, logits_host_.data(), row_bytes, row_bytes,
+                       num_rows, 8);
+  }
 }
 
 void CudaModelRunner::capture(const StepShape& shape, std::span<DeviceKvPool> pools,

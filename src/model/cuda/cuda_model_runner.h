@@ -107,6 +107,11 @@ class CudaModelRunner {
   Status forward_summarized(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                             std::span<const int32_t> full_rows, std::span<float> logits,
                             std::span<LogitRowSummary> summaries);
+  // ForwardBackend::forward_into_rows's contract: forward (summaries empty) or
+  // forward_summarized, logits row i at logits[i * row_stride].
+  Status forward_into_rows(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
+                           std::span<const int32_t> full_rows, std::span<float> logits,
+                           size_t row_stride, std::span<LogitRowSummary> summaries);
   // ForwardBackend::forward_sampled's contract: as forward_summarized, and samples' requests
   // drawn on the device from the step's logits rows (cuda_device_sampler.h).
   Status forward_sampled(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
@@ -189,16 +194,18 @@ class CudaModelRunner {
   void capture(const StepShape& shape, std::span<DeviceKvPool> pools, const GraphKey& key);
   void clear_graphs();
   // logits_host_ → the caller's buffer (several threads for large copies).
-  void copy_logits_out(std::span<float> logits) const;
+  // The staged logits rows (num_rows of logits_per_row) to logits, row i at i * row_stride
+  // (0: packed).
+  void copy_logits_out(std::span<float> logits, size_t num_rows, size_t row_stride) const;
   // full_rows null: every row's logits are wanted.
   Status check_batch(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
                      const std::span<const int32_t>* full_rows, std::span<float> logits,
-                     size_t num_summaries) const;
+                     size_t num_summaries, size_t row_stride) const;
   // samples null: nothing sampled on the device.
   Status run(const ForwardBatch& batch, std::span<DeviceKvPool> pools,
              const std::span<const int32_t>* full_rows, std::span<float> logits,
              std::span<LogitRowSummary> summaries, const DeviceSampleBatch* samples = nullptr,
-             std::span<DeviceSample> results = {});
+             std::span<DeviceSample> results = {}, size_t row_stride = 0);
   Status reserve(int64_t num_tokens, int64_t num_rows, size_t meta_bytes);
   Status gemm(const void* x, const void* w, void* y, bool y_f32, int64_t rows, int64_t in,
               int64_t out, const char* what);
