@@ -3,7 +3,6 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
-#include <ranges>
 
 #include "common/check.h"
 
@@ -124,7 +123,10 @@ bool Scheduler::free_some_blocks(StepBookkeeping& books, SeqId for_seq, StepPlan
 }
 
 bool Scheduler::release_newest_waiting(StepBookkeeping& books, SeqId except, StepPlan& plan) {
-  for (const SeqId id : std::views::reverse(waiting_)) {
+  // newest first (an explicit reverse iterator: clang 14, the sanitizer build's compiler, cannot
+  // use libstdc++ 12's views::reverse)
+  for (auto it = waiting_.rbegin(); it != waiting_.rend(); ++it) {
+    const SeqId id = *it;
     if (id == except || !books.holds_blocks(id)) continue;
     books.release(id);
     plan.released.push_back(id);
