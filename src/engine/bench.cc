@@ -130,12 +130,20 @@ std::string BenchReport::to_text() const {
 Status BenchReport::write_csv(const std::string& path) const {
   std::ofstream out(path);
   if (!out) return Status::io_error("bench: cannot write '{}'", path);
+  // the stages on the way to the first token, as seconds after arrival; empty: did not happen
+  const auto after_arrival = [](const RequestTiming& r, double t) {
+    return t < 0 ? std::string() : fmt::format("{:.6f}", t - r.arrival_s);
+  };
   out << "request_id,agent,turn,arrival_s,ttft_s,finish_s,prompt_tokens,prefilled_tokens,"
-         "cached_tokens,output_tokens\n";
+         "cached_tokens,output_tokens,restored_tokens,admitted_after_s,kv_copy_start_after_s,"
+         "kv_copy_done_after_s,first_step_after_s\n";
   for (const RequestTiming& r : requests) {
-    out << fmt::format("{},{},{},{:.6f},{:.6f},{:.6f},{},{},{},{}\n", r.request_id, r.agent, r.turn,
-                       r.arrival_s, r.first_token_s - r.arrival_s, r.finish_s, r.prompt_tokens,
-                       r.prefilled_tokens, r.cached_tokens, r.output_tokens);
+    out << fmt::format("{},{},{},{:.6f},{:.6f},{:.6f},{},{},{},{},{},{},{},{},{}\n", r.request_id,
+                       r.agent, r.turn, r.arrival_s, r.first_token_s - r.arrival_s, r.finish_s,
+                       r.prompt_tokens, r.prefilled_tokens, r.cached_tokens, r.output_tokens,
+                       r.restored_tokens, after_arrival(r, r.admitted_s),
+                       after_arrival(r, r.kv_copy_start_s), after_arrival(r, r.kv_copy_done_s),
+                       after_arrival(r, r.first_step_s));
   }
   if (!out) return Status::io_error("bench: write to '{}' failed", path);
   return Status::ok();
@@ -279,6 +287,13 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
       timing.prefilled_tokens = e.usage.prefilled_tokens;
       timing.cached_tokens = e.usage.cached_tokens;
       timing.restored_tokens = e.usage.restored_tokens;
+      const auto since_start = [&](const std::optional<RequestTimes::TimePoint>& t) {
+        return t ? std::chrono::duration<double>(*t - start).count() : -1.0;
+      };
+      timing.admitted_s = since_start(e.times.admitted);
+      timing.kv_copy_start_s = since_start(e.times.kv_copy_start);
+      timing.kv_copy_done_s = since_start(e.times.kv_copy_done);
+      timing.first_step_s = since_start(e.times.first_step);
       if (config.workload == BenchConfig::Workload::kClosed &&
           requested_tokens < config.target_output_tokens) {
         schedule_random(step_end);

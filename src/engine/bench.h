@@ -50,6 +50,8 @@ struct RequestTiming {
   double arrival_s = 0, first_token_s = 0, finish_s = 0;
   int32_t prompt_tokens = 0, prefilled_tokens = 0, cached_tokens = 0, output_tokens = 0;
   int32_t restored_tokens = 0;  // Usage::restored_tokens: its session came back from host or disk
+  // RequestTimes on the bench's clock (seconds since its start); negative: did not happen
+  double admitted_s = -1, kv_copy_start_s = -1, kv_copy_done_s = -1, first_step_s = -1;
   std::vector<double> token_times_s;
 };
 

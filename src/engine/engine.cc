@@ -483,6 +483,7 @@ void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* 
   if (r.num_finished == static_cast<int32_t>(r.seqs.size()) &&
       (r.forked || r.request.n == 1 || r.cancelled)) {
     e.usage = r.usage;
+    e.times = r.times;
     e.request_finished = true;
     events->push_back(e);
     for (SeqId sid : r.seqs) sequences_.erase(sid);
@@ -647,6 +648,10 @@ std::vector<EngineEvent> Engine::step() {
   std::vector<float>& logits = step_logits_;
   std::vector<LogitRowSummary>& summaries = step_summaries_;
   const auto forward_start = std::chrono::steady_clock::now();
+  for (const ScheduledSeq& p : plan.seqs) {
+    RequestTimes& times = requests_.at(seq(p.id).request_id)->times;
+    if (!times.first_step) times.first_step = forward_start;
+  }
   run_model(entries, &logits, &full_rows, &summaries, on_device ? &samples : nullptr,
             &step_sampled_);
   observe_forward(entries, forward_start);

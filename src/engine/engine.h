@@ -264,6 +264,8 @@ class Engine {
   // Gives a waiting sequence its KV: a session's (restored from host or disk), else the prefix
   // cache's. false: the session's KV cannot be restored now for lack of blocks (retry later).
   bool admit_prefix(Sequence& seq);
+  // Stamps the request of seq_id (if still there) with the time its KV copy into the pool ended.
+  void note_kv_copy_done(SeqId seq_id);
   // Moves the least recently used idle session with blocks in the pool down a tier (host, disk
   // or dropped, as the budgets allow), after waiting for the oldest write-back in flight if
   // any. false when there is none.

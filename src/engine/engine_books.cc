@@ -47,7 +47,14 @@ int32_t Engine::StepBooks::num_restoring_unplanned() const {
   return n;
 }
 
-bool Engine::StepBooks::admit(SeqId id) { return e_.admit_prefix(e_.seq(id)); }
+bool Engine::StepBooks::admit(SeqId id) {
+  Sequence& s = e_.seq(id);
+  const auto start = std::chrono::steady_clock::now();  // before its KV starts coming back
+  if (!e_.admit_prefix(s)) return false;
+  RequestTimes& times = e_.requests_.at(s.request_id)->times;
+  if (!times.admitted) times.admitted = start;
+  return true;
+}
 
 void Engine::StepBooks::recompute(SeqId id) {
   Sequence& s = e_.seq(id);
@@ -59,7 +66,10 @@ void Engine::StepBooks::recompute(SeqId id) {
     ++session.num_evictions;
     ++e_.stats_.num_session_evictions;
   }
+  const auto start = std::chrono::steady_clock::now();
   KVP_CHECK(e_.admit_prefix(s), "admission without a session copy to restore");
+  RequestTimes& times = e_.requests_.at(s.request_id)->times;
+  if (!times.admitted) times.admitted = start;
 }
 
 bool Engine::StepBooks::evict_idle_session() { return e_.evict_idle_session(); }
@@ -69,6 +79,15 @@ void Engine::StepBooks::release(SeqId id) { e_.release_waiting(e_.seq(id)); }
 void Engine::StepBooks::preempt(SeqId id) { e_.preempt(id); }
 
 void Engine::StepBooks::abort(SeqId id) { e_.finish(e_.seq(id), FinishReason::kAborted, events_); }
+
+void Engine::note_kv_copy_done(SeqId seq_id) {
+  auto s = sequences_.find(seq_id);
+  if (s == sequences_.end()) return;
+  auto r = requests_.find(s->second->request_id);
+  if (r == requests_.end()) return;
+  RequestTimes& times = r->second->times;
+  if (!times.kv_copy_done) times.kv_copy_done = std::chrono::steady_clock::now();
+}
 
 bool Engine::admit_prefix(Sequence& s) {
   if (!s.resident) {
@@ -83,8 +102,11 @@ bool Engine::admit_prefix(Sequence& s) {
   if (s.num_computed == 0 && r.request.session) {
     SessionState& session = *sessions_.at(*r.request.session);
     if (session.host || !session.file.empty()) {
+      const auto start = std::chrono::steady_clock::now();
       switch (restore_session(session, s, /*wait=*/false)) {
         case Restore::kDone:
+          if (!r.times.kv_copy_start) r.times.kv_copy_start = start;
+          if (restoring_.count(s.id) == 0) note_kv_copy_done(s.id);  // copied at once
           if (s.num_generated == 0) {
             r.usage.cached_tokens = std::max(r.usage.cached_tokens, s.num_computed);
             r.usage.restored_tokens = std::max(r.usage.restored_tokens, s.num_computed);

@@ -43,6 +43,7 @@ struct Engine::RequestState {
   bool forked = false;
   bool cancelled = false;
   Usage usage;
+  RequestTimes times;
   // Stop strings: each sample's text so far, decoded incrementally (only when the request has
   // stop strings); text keeps the tail a stop string could still end in.
   struct StopText {

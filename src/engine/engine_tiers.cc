@@ -396,6 +396,7 @@ bool Engine::settle_restore(SeqId seq_id, bool wait) {
   }
   if (r.charged) stats_.host_tier_bytes_used -= r.kv->size_bytes;
   restoring_.erase(it);
+  note_kv_copy_done(seq_id);
   // its blocks hold their KV now: other sequences may share them through the prefix cache
   register_full_blocks(seq(seq_id));
   return true;

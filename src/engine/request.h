@@ -1,6 +1,7 @@
 // What a caller submits to the Engine and what it gets back (issue "Engine": API).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -48,6 +49,17 @@ struct Usage {
   int32_t num_preemptions = 0;
 };
 
+// When a request passed each stage on its way to its first token (the engine's steady clock),
+// in its finished event: what `kvpool bench --csv` traces. Unset: the stage did not happen
+// (kv_copy_*: its session's KV did not come back from the host or disk tier).
+struct RequestTimes {
+  using TimePoint = std::chrono::steady_clock::time_point;
+  std::optional<TimePoint> admitted;       // first given blocks in the pool
+  std::optional<TimePoint> kv_copy_start;  // its session's KV started coming back into the pool
+  std::optional<TimePoint> kv_copy_done;   // that copy found complete (settled)
+  std::optional<TimePoint> first_step;     // the first forward pass that ran its tokens began
+};
+
 struct EngineEvent {
   enum class Kind { kToken, kFinished };
   Kind kind = Kind::kToken;
@@ -59,6 +71,7 @@ struct EngineEvent {
   FinishReason finish_reason = FinishReason::kStop;  // kFinished
   bool request_finished = false;  // kFinished: the request's last event (all samples done)
   Usage usage;                    // with request_finished: the request's totals
+  RequestTimes times;             // with request_finished
 };
 
 }  // namespace kvp

@@ -12,10 +12,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "engine/engine_test_util.h"
 #include "model/model_loader.h"
+#include "support/temp_dir.h"
 
 using namespace kvp::engine_test;  // NOLINT(google-build-using-namespace)
 
@@ -620,6 +622,76 @@ TEST(Bench, AgentsFirstTurnCarriesItsOwnLength) {
 
   config.first_turn_tokens = -1;
   EXPECT_FALSE(run_bench(engine, runner->spec().vocab_size, config).is_ok());
+}
+
+// Agents whose sessions leave the pool between turns (a host tier, a pool of about two
+// histories): the CSV traces each request's stages, and a restored turn shows its KV copy
+// between its admission and its first step.
+TEST(Bench, CsvTracesEachRequestsStagesAndRestoresShowTheirCopy) {
+  auto runner = load("llama");
+  BenchConfig config;
+  config.workload = BenchConfig::Workload::kAgents;
+  config.num_agents = 4;
+  config.num_turns = 3;
+  config.system_prompt_tokens = 4;
+  config.first_turn_tokens = 40;
+  config.turn_tokens = 3;
+  config.reply_tokens = 3;
+  CpuForwardBackend backend(runner);
+  EngineConfig engine_config = small_config(40);  // 160 tokens: two agents' histories
+  engine_config.host_tier_bytes = 64 << 20;
+  Engine engine(&backend, engine_config);
+  auto report = run_bench(engine, runner->spec().vocab_size, config);
+  ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+  ASSERT_GT(report->num_restored_requests, 0) << report->to_text();
+  test::TempDir dir("bench-csv");
+  const std::string path = (dir.path() / "requests.csv").string();
+  ASSERT_TRUE(report->write_csv(path).is_ok());
+
+  std::ifstream in(path);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const auto split = [](const std::string& row) {
+    std::vector<std::string> cells;
+    std::string cell;
+    std::istringstream stream(row);
+    while (std::getline(stream, cell, ',')) cells.push_back(cell);
+    if (!row.empty() && row.back() == ',') cells.emplace_back();
+    return cells;
+  };
+  const std::vector<std::string> header = split(line);
+  std::map<std::string, size_t> column;
+  for (size_t i = 0; i < header.size(); ++i) column[header[i]] = i;
+  for (const char* name : {"ttft_s", "restored_tokens", "admitted_after_s", "kv_copy_start_after_s",
+                           "kv_copy_done_after_s", "first_step_after_s"}) {
+    ASSERT_EQ(column.count(name), 1u) << name << " missing from " << line;
+  }
+  int restored_rows = 0, rows = 0;
+  while (std::getline(in, line)) {
+    const std::vector<std::string> cells = split(line);
+    ASSERT_EQ(cells.size(), header.size()) << line;
+    ++rows;
+    const auto at = [&](const char* name) { return cells[column.at(name)]; };
+    const double ttft = std::stod(at("ttft_s"));
+    const double admitted = std::stod(at("admitted_after_s"));
+    const double first_step = std::stod(at("first_step_after_s"));
+    EXPECT_GE(admitted, 0.0) << line;
+    EXPECT_LE(admitted, first_step) << line;
+    EXPECT_LE(first_step, ttft) << line;
+    if (std::stoi(at("restored_tokens")) == 0) {
+      EXPECT_EQ(at("kv_copy_start_after_s"), "") << line;
+      continue;
+    }
+    ++restored_rows;
+    const double copy_start = std::stod(at("kv_copy_start_after_s"));
+    const double copy_done = std::stod(at("kv_copy_done_after_s"));
+    EXPECT_LE(admitted, copy_start) << line;
+    EXPECT_LE(copy_start, copy_done) << line;
+    EXPECT_LE(copy_done, first_step) << line;
+  }
+  EXPECT_EQ(rows, report->num_requests);
+  EXPECT_EQ(restored_rows, report->num_restored_requests);
+  engine.check_integrity();
 }
 
 TEST(Bench, ClosedLoopReachesItsTokenTarget) {

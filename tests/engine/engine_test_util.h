@@ -42,6 +42,7 @@ inline Request greedy_request(std::vector<int32_t> prompt, int32_t max_tokens) {
 struct Outcome {
   std::vector<int32_t> tokens;
   Usage usage;
+  RequestTimes times;
   FinishReason reason = FinishReason::kStop;
 };
 
@@ -57,6 +58,7 @@ inline std::map<int64_t, Outcome> run_all(Engine& engine, bool check_each_step =
         o.tokens.push_back(e.token_id);
       } else {
         o.usage = e.usage;
+        o.times = e.times;
         o.reason = e.finish_reason;
       }
     }

@@ -111,6 +111,16 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
   const EngineStats after = engine.stats();
   EXPECT_EQ(after.num_prefill_tokens - before.num_prefill_tokens, usage.prefilled_tokens);
   EXPECT_EQ(after.num_session_restores - before.num_session_restores, 1);
+  // the restored turn's stages, in order: admitted, its KV copied in, then its first step
+  const RequestTimes& t2 = out2[id2->value].times;
+  ASSERT_TRUE(t2.admitted && t2.kv_copy_start && t2.kv_copy_done && t2.first_step);
+  EXPECT_LE(*t2.admitted, *t2.kv_copy_start);
+  EXPECT_LE(*t2.kv_copy_start, *t2.kv_copy_done);
+  EXPECT_LE(*t2.kv_copy_done, *t2.first_step);
+  // the first turn had nothing to copy in
+  const RequestTimes& t1 = out1[id1->value].times;
+  EXPECT_TRUE(t1.admitted && t1.first_step);
+  EXPECT_FALSE(t1.kv_copy_start || t1.kv_copy_done);
   const EngineSessionInfo resumed = session_info(engine, "agent");
   EXPECT_EQ(resumed.tier, SessionTier::kDevice);
   EXPECT_EQ(resumed.num_restores, 1);
