@@ -25,7 +25,7 @@ timeout 120 ./kvp_model_gpu_tests --gtest_filter='CudaTierTransfers.*:CudaForwar
 tail -3 "$out/tier-tests.log"
 for tool in memcheck racecheck; do
   timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 ./kvp_model_gpu_tests \
-    --gtest_filter='CudaTierTransfers.*' > "$out/tier-$tool.log" 2>&1 || status=1
+    --gtest_filter='CudaTierTransfers.*:-*Overlapping*' > "$out/tier-$tool.log" 2>&1 || status=1
   echo "$tool: $(grep -E 'ERROR SUMMARY|PASSED|FAILED' "$out/tier-$tool.log" | tr '\n' ' ')"
 done
 fi
@@ -84,7 +84,8 @@ want 16k && agents 16k 300 4096 16 7 2048 42949672960 none host
 # -join: the restored sequence joins the step its copy is expected to end within, that step
 # ordered after the copy (--restore-joins-step); by default it waits for a step that starts after
 # the copy is done. RESTORE8K_TIERS overrides the list.
-want restore8k && for tier in ${RESTORE8K_TIERS:-none host host-join host-ahead host-ahead-join disk}; do
+want restore8k && for round in ${RESTORE8K_ROUNDS:-1}; do
+for tier in ${RESTORE8K_TIERS:-none host host-join host-ahead host-ahead-nooverlap host-ahead-always host-ahead-join disk}; do
   case $tier in
     none) extra="" ;;
     host) extra="--host-tier-bytes 17179869184" ;;
@@ -92,13 +93,19 @@ want restore8k && for tier in ${RESTORE8K_TIERS:-none host host-join host-ahead 
     # idle sessions written back while the pool is under half free, so a restore finds its room
     host-ahead) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5" ;;
     host-ahead-join) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-joins-step" ;;
+    # restores alone in their step wait for their copy instead of overlapping it layer by layer;
+    # or every restore overlaps its step, others decoding in it or not
+    host-ahead-nooverlap) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-overlap off" ;;
+    host-ahead-always) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-overlap always" ;;
     disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
   esac
-  echo "== 8B idle 8K-token sessions restored (4 agents x 3 turns, 1280 blocks), tier: $tier"
+  echo "== 8B idle 8K-token sessions restored (4 agents x 3 turns, 1280 blocks), tier: $tier, round $round"
   timeout 150 $b8 --blocks 1280 --workload agents --agents 4 --turns 3 --system-prompt-tokens 0 \
     --first-turn-tokens 8192 --turn-tokens 64 --reply-tokens 64 --think-time 3 --max-seqs 2 \
-    --step-tokens 4096 $extra 2>&1 | tee "$out/8b-restore8k-$tier.log" | tail -10 || status=1
+    --step-tokens 4096 $extra --csv "$out/8b-restore8k-$tier-$round.csv" 2>&1 \
+    | tee "$out/8b-restore8k-$tier-$round.log" | tail -10 || status=1
   rm -rf /tmp/kvp-spill
+done
 done
 # running sequences preempted: 64 requests of 1-3K prompt tokens growing by 128-256 in a 32K-token
 # pool, 32 at a time; preempted ones recomputed, or swapped to a 16 GiB host tier, alternating
@@ -126,15 +133,17 @@ done
 # without): the 24 agents x 3 turns of 2K tokens in a 4096-block pool (sessions move to the host
 # tier and back, restores waiting or joining steps) and a 12288-block pool that holds them all
 want tpot-moves && for round in 1 2; do
-  for pool in 4096 4096-join 12288; do
+  for pool in ${TPOT_POOLS:-4096 4096-join 4096-nooverlap 4096-always 12288}; do
     extra=""
     [ "$pool" = 4096-join ] && extra="--restore-joins-step"
-    echo "== 8B TPOT with moves: 24 agents x 3 turns, pool ${pool%-join} blocks $extra, round $round"
-    timeout 120 $b8 --blocks "${pool%-join}" --workload agents --agents 24 --turns 3 \
+    [ "$pool" = 4096-nooverlap ] && extra="--restore-overlap off"
+    [ "$pool" = 4096-always ] && extra="--restore-overlap always"
+    echo "== 8B TPOT with moves: 24 agents x 3 turns, pool ${pool%-*} blocks $extra, round $round"
+    timeout 120 $b8 --blocks "${pool%-*}" --workload agents --agents 24 --turns 3 \
       --system-prompt-tokens 1024 --turn-tokens 2048 --reply-tokens 64 --max-seqs 8 \
       --step-tokens 4096 --host-tier-bytes 34359738368 $extra 2>&1 \
       | tee "$out/8b-tpot-moves-$pool-$round.log" | tail -8 || status=1
   done
 done
-( cd "$out" && tar -czf tier-logs.tgz --remove-files ./*.log ) 2>/dev/null
+( cd "$out" && tar -czf tier-logs.tgz --remove-files ./*.log ./*.csv ) 2>/dev/null
 exit $status

@@ -56,6 +56,9 @@
 
 namespace kvp {
 
+// EngineConfig::restore_overlap.
+enum class RestoreOverlap { kOff, kAlone, kAlways };
+
 struct EngineConfig {
   int32_t block_size = 16;        // tokens per KV block
   int32_t num_blocks = 1024;      // blocks per cache group
@@ -93,6 +96,12 @@ struct EngineConfig {
   // Off by default: on an H100 it took no measurable time off an 8K-token restore and made the
   // other sequences' TPOT p95 ~2 % longer (docs/perf/engine.md, "Restores joining steps").
   bool restore_joins_step = false;
+  // Where the backend orders steps after copies layer by layer (CUDA: each layer waits for its
+  // own blocks, so the step computes while the copy lands), which restores join a step at once:
+  // kAlone those that would hold up no other sequence (the step runs restores only), kAlways
+  // every one (the other sequences' step then lasts until the copy lands), kOff none (they
+  // wait as restore_joins_step says).
+  RestoreOverlap restore_overlap = RestoreOverlap::kAlone;
   // With a host tier, a running sequence preempted for room is swapped there (copied out now,
   // back in at readmission) or recomputed. Without a host tier: always recomputed.
   Preemption preemption = Preemption::kAuto;
@@ -377,9 +386,11 @@ class Engine {
   // Completes seq_id's copy into the pool if it is done (wait: waits for it): the source goes,
   // the blocks are offered to the prefix cache. true when no copy of it is in flight any more.
   bool settle_restore(SeqId seq_id, bool wait);
-  // Whether seq_id, its KV still being copied in, runs in this step: when the copy is expected
-  // to end within a step's time, the backend orders the step after it (once) and true.
-  bool order_restore(SeqId seq_id);
+  // Whether seq_id, its KV still being copied in, runs in this step: the backend orders the step
+  // after the copy (once) and true where the backend overlaps the copy layer by layer and
+  // restore_overlap says so (kAlone: nothing else in the step would wait for it), or
+  // (restore_joins_step) the copy is expected to end within a step's time.
+  bool order_restore(SeqId seq_id, bool holds_up_others);
   // Completes the copies of the restores that ran in the step just taken (done by now).
   void settle_ordered_restores();
   // Counts a copy of `bytes` just queued on the backend after those in flight of its direction;

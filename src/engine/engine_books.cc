@@ -33,13 +33,15 @@ void Engine::StepBooks::append(SeqId id, int32_t num_tokens) {
             "append after can_append");
 }
 
-bool Engine::StepBooks::ready_to_run(SeqId id) {
-  return e_.settle_restore(id, false) || e_.order_restore(id);
+bool Engine::StepBooks::ready_to_run(SeqId id, bool holds_up_others) {
+  return e_.settle_restore(id, false) || e_.order_restore(id, holds_up_others);
 }
 
 bool Engine::StepBooks::is_restoring(SeqId id) const { return e_.restoring_.count(id) > 0; }
 
-bool Engine::StepBooks::order_restore(SeqId id) { return e_.order_restore(id); }
+bool Engine::StepBooks::order_restore(SeqId id, bool holds_up_others) {
+  return e_.order_restore(id, holds_up_others);
+}
 
 int32_t Engine::StepBooks::num_restoring_unplanned() const {
   int32_t n = 0;

@@ -173,9 +173,9 @@ class Engine::StepBooks final : public StepBookkeeping {
   bool holds_blocks(SeqId id) const override;
   bool can_append(SeqId id, int32_t num_tokens) override;
   void append(SeqId id, int32_t num_tokens) override;
-  bool ready_to_run(SeqId id) override;
+  bool ready_to_run(SeqId id, bool holds_up_others) override;
   bool is_restoring(SeqId id) const override;
-  bool order_restore(SeqId id) override;
+  bool order_restore(SeqId id, bool holds_up_others) override;
   int32_t num_restoring_unplanned() const override;
   bool admit(SeqId id) override;
   void recompute(SeqId id) override;

@@ -402,16 +402,23 @@ bool Engine::settle_restore(SeqId seq_id, bool wait) {
   return true;
 }
 
-bool Engine::order_restore(SeqId seq_id) {
+bool Engine::order_restore(SeqId seq_id, bool holds_up_others) {
   PendingRestore& r = restoring_.at(seq_id);
   if (r.ordered) return true;
-  if (!config_.restore_joins_step) return false;
-  // later than that, the step would hold up the other sequences it decodes for longer than it
-  // saves this one (the next step starts when the host finds the copy done)
-  if (!r.expected_end) return false;
-  const double left =
-      std::chrono::duration<double>(*r.expected_end - std::chrono::steady_clock::now()).count();
-  if (!preemption_cost_.within_step(left)) return false;
+  // over a copy that lands layer by layer the step computes under it (waiting instead, the host
+  // finds the copy done and only then starts the step); alone, it delays nobody
+  const bool overlaps = backend_->orders_by_layer() &&
+                        (config_.restore_overlap == RestoreOverlap::kAlways ||
+                         (config_.restore_overlap == RestoreOverlap::kAlone && !holds_up_others));
+  if (!overlaps) {
+    if (!config_.restore_joins_step) return false;
+    // later than that, the step would hold up the other sequences it decodes for longer than it
+    // saves this one (the next step starts when the host finds the copy done)
+    if (!r.expected_end) return false;
+    const double left =
+        std::chrono::duration<double>(*r.expected_end - std::chrono::steady_clock::now()).count();
+    if (!preemption_cost_.within_step(left)) return false;
+  }
   const Status st = backend_->order_after_transfers(r.ticket);
   KVP_CHECK(st.is_ok(), "the {} backend failed to order a step after a sequence's blocks: {}",
             backend_->device_name(), st.to_string());

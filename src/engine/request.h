@@ -56,7 +56,8 @@ struct RequestTimes {
   using TimePoint = std::chrono::steady_clock::time_point;
   std::optional<TimePoint> admitted;       // first given blocks in the pool
   std::optional<TimePoint> kv_copy_start;  // its session's KV started coming back into the pool
-  std::optional<TimePoint> kv_copy_done;   // that copy found complete (settled)
+  std::optional<TimePoint> kv_copy_done;   // that copy found complete (settled; for a restore
+                                           // whose step was ordered after it: after that step)
   std::optional<TimePoint> first_step;     // the first forward pass that ran its tokens began
 };
 

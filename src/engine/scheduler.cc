@@ -43,11 +43,23 @@ StepPlan Scheduler::plan_step(StepBookkeeping& books) {
     budget -= num_tokens;
   };
 
+  // whether a step that runs `id` after its copy would hold up sequences that wait for none:
+  // any planned so far, or any other running one
+  const auto holds_up_others = [&](SeqId id) {
+    for (const ScheduledSeq& p : plan.seqs) {
+      if (!books.is_restoring(p.id)) return true;
+    }
+    for (SeqId other : running_) {
+      if (other != id && !books.is_restoring(other)) return true;
+    }
+    return false;
+  };
+
   // 1. running sequences, oldest first
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     const SeqId id = running_[i];
     // its KV still being copied in: this step if the copy ends within it, else a later one
-    if (!books.ready_to_run(id)) {
+    if (!books.ready_to_run(id, holds_up_others(id))) {
       ++i;
       continue;
     }
@@ -76,7 +88,8 @@ StepPlan Scheduler::plan_step(StepBookkeeping& books) {
     const int32_t q = std::min(pending, budget);
     // a restore still copying runs now if its copy ends within the step, else once its KV is in
     // (step 1 of a later step)
-    if (books.is_restoring(id) && !(books.can_append(id, q) && books.order_restore(id))) {
+    if (books.is_restoring(id) &&
+        !(books.can_append(id, q) && books.order_restore(id, holds_up_others(id)))) {
       waiting_.pop_front();
       running_.push_back(id);
       plan.admitted.push_back(id);

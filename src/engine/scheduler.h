@@ -92,13 +92,15 @@ class StepBookkeeping {
   virtual void append(SeqId id, int32_t num_tokens) = 0;
 
   // A running sequence whose KV may still be copied in: true when it can run in this step (the
-  // copy is done, or the step is ordered after it).
-  virtual bool ready_to_run(SeqId id) = 0;
+  // copy is done, or the step is ordered after it). holds_up_others: the step has, or will
+  // have, sequences that do not wait for a copy (ordering it after the copy would delay them).
+  virtual bool ready_to_run(SeqId id, bool holds_up_others) = 0;
   // Whether `id`'s KV is being copied into the pool (a restore or a swap-in, started at its
   // admission). does not modify anything
   virtual bool is_restoring(SeqId id) const = 0;
-  // requires: is_restoring(id). Whether it can join this step, the step ordered after its copy.
-  virtual bool order_restore(SeqId id) = 0;
+  // requires: is_restoring(id). Whether it can join this step, the step ordered after its copy
+  // (holds_up_others as for ready_to_run).
+  virtual bool order_restore(SeqId id, bool holds_up_others) = 0;
   // Restores in flight that this step does not run: they hold their places under the cap.
   virtual int32_t num_restoring_unplanned() const = 0;
 

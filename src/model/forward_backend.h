@@ -165,6 +165,10 @@ class ForwardBackend {
   // waits on the ticket's event); their destinations may then be read by the next forward pass.
   // Their sources must still live until transfers_done(ticket). The base implementation waits.
   virtual Status order_after_transfers(uint64_t ticket) { return wait_transfers(ticket); }
+  // Whether order_after_transfers holds each layer of the next forward pass back only until its
+  // own layer's blocks have landed (CUDA), so a step ordered after a copy overlaps it; false: the
+  // whole step runs after the copy.
+  virtual bool orders_by_layer() const { return false; }
 
  protected:
   // Checks ops for start_transfers; *to_host receives their direction.

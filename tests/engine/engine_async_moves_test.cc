@@ -66,6 +66,7 @@ class LateCopiesBackend final : public CpuBackendWrapper {
     ordered_ = std::max(ordered_, ticket);
     return Status::ok();
   }
+  bool orders_by_layer() const override { return by_layer; }
   Status copy_blocks(int32_t group, std::span<const BlockCopy> ops) override {
     KVP_RETURN_IF_ERROR(run_ordered());
     return CpuBackendWrapper::copy_blocks(group, ops);
@@ -85,6 +86,7 @@ class LateCopiesBackend final : public CpuBackendWrapper {
   int64_t num_late_to_host = 0;
   int64_t num_orders = 0;  // order_after_transfers calls
   bool offers_slabs = false;
+  bool by_layer = false;  // says it orders steps layer by layer (as the CUDA backend does)
   int64_t num_slabs = 0, num_slabs_released = 0;
   int64_t num_copies_into_slabs = 0;     // to the host, into memory of host_slab_allocator
   int64_t num_copies_from_pageable = 0;  // into the pool, out of other host memory
@@ -193,6 +195,72 @@ TEST(EngineLateCopies, RestoredSessionsRunAfterTheirCopiesWithTheSameOutput) {
         EXPECT_EQ(late.num_orders, late_stats.num_restores_joined_steps);  // once a restore
       } else {
         EXPECT_EQ(late.num_orders, 0);
+      }
+    }
+  }
+}
+
+// An agent's session written to the host tier, then its next turn alone in the engine, on a
+// backend that orders steps after copies layer by layer: the restore joins its step at once (the
+// step is ordered after the copy, so the copy is found done only after it) and the output is
+// the CPU backend's. With restore_overlap off, or a backend that cannot order by layer,
+// the turn waits for its copy and runs in a later step, with the same output.
+TEST(EngineLateCopies, ALoneRestoreJoinsItsStepWhereTheBackendOrdersByLayer) {
+  for (const char* model : {"llama", "gemma3"}) {
+    auto runner = load(model);
+    const auto turns = [&](ForwardBackend& backend, bool overlap, EngineStats* stats,
+                           RequestTimes* times) {
+      EngineConfig config = small_config(64);
+      config.host_tier_bytes = 64 << 20;
+      config.restore_overlap = overlap ? RestoreOverlap::kAlone : RestoreOverlap::kOff;
+      Engine engine(&backend, config);
+      Request turn1 = greedy_request(golden_ids(model, "prompt_1"), 8);
+      turn1.session = "agent";
+      KVP_CHECK(engine.submit(turn1).is_ok(), "turn 1");
+      run_all(engine);
+      for (int i = 0; i < 3; ++i) {  // other work pushes the idle session out of the pool
+        KVP_CHECK(engine.submit(greedy_request(std::vector<int32_t>(150, 10 + i), 20)).is_ok(),
+                  "filler");
+      }
+      run_all(engine);
+      engine.settle_tier_moves();
+      const auto prompt2 = golden_ids(model, "prompt_2");
+      Request turn2 = greedy_request({prompt2.begin(), prompt2.begin() + 3}, 16);
+      turn2.session = "agent";
+      auto id = engine.submit(turn2);
+      KVP_CHECK(id.is_ok(), "turn 2");
+      auto out = run_all(engine);
+      engine.check_integrity();
+      *stats = engine.stats();
+      *times = out[id->value].times;
+      return out[id->value].tokens;
+    };
+    CpuForwardBackend cpu(runner);
+    EngineStats cpu_stats;
+    RequestTimes cpu_times;
+    const std::vector<int32_t> expected = turns(cpu, true, &cpu_stats, &cpu_times);
+    ASSERT_EQ(cpu_stats.num_session_restores, 1) << model;
+    for (const bool by_layer : {true, false}) {
+      for (const bool overlap : {true, false}) {
+        SCOPED_TRACE(std::string(model) + (by_layer ? ", by layer" : ", whole") +
+                     (overlap ? ", overlap on" : ", overlap off"));
+        LateCopiesBackend late(runner);
+        late.by_layer = by_layer;
+        EngineStats stats;
+        RequestTimes times;
+        EXPECT_EQ(turns(late, overlap, &stats, &times), expected);
+        ASSERT_EQ(stats.num_session_restores, 1);
+        ASSERT_TRUE(times.kv_copy_done && times.first_step);
+        if (by_layer && overlap) {
+          // (the fillers' swap-ins, alone in their steps too, may join theirs)
+          EXPECT_GE(stats.num_restores_joined_steps, 1);
+          EXPECT_EQ(late.num_orders, stats.num_restores_joined_steps);
+          EXPECT_LE(*times.first_step, *times.kv_copy_done);  // the step ran under the copy
+        } else {
+          EXPECT_EQ(late.num_orders, 0);
+          EXPECT_EQ(stats.num_restores_joined_steps, 0);
+          EXPECT_LE(*times.kv_copy_done, *times.first_step);
+        }
       }
     }
   }

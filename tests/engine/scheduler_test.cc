@@ -49,7 +49,8 @@ class FakeBooks final : public StepBookkeeping {
     int32_t num_table_tokens = 0;  // what its blocks are for (computed + appended this step)
     bool resident = false;
     int32_t restore_tokens = 0;  // > 0: admission restores this many tokens' KV
-    bool restoring = false;      // that copy is in flight (never joins a step early)
+    bool restoring = false;      // that copy is in flight
+    bool ordered = false;        // a step runs it after its copy (join_restores_alone)
   };
 
   explicit FakeBooks(int32_t num_blocks) : num_blocks_(num_blocks), num_free_(num_blocks) {}
@@ -72,6 +73,11 @@ class FakeBooks final : public StepBookkeeping {
     seqs_[id].restore_tokens = num_restored;
   }
   void finish_restore(SeqId id) { seqs_.at(id).restoring = false; }
+  // From now on a restore joins a step when the scheduler says it holds up nobody (the engine
+  // over a backend that overlaps copies layer by layer); before, restores never join early.
+  void join_restores_alone() { join_alone_ = true; }
+  // order_restore's questions so far: (sequence, holds_up_others)
+  const std::vector<std::pair<SeqId, bool>>& order_asks() const { return order_asks_; }
   // An idle session holding num_blocks blocks, more recently used than those added before.
   void add_idle_session(int32_t num_blocks) {
     take(num_blocks);
@@ -92,6 +98,7 @@ class FakeBooks final : public StepBookkeeping {
       KVP_CHECK(s.num_computed == s.num_table_tokens, "seq {} ran what it did not append",
                 p.id.value);
       if (p.wants_logits) ++s.num_tokens;
+      if (s.ordered) s.restoring = s.ordered = false;  // the step waited for the copy
     }
   }
 
@@ -124,12 +131,21 @@ class FakeBooks final : public StepBookkeeping {
     take(more_blocks(s, num_tokens));
     s.num_table_tokens += num_tokens;
   }
-  bool ready_to_run(SeqId id) override { return !seqs_.at(id).restoring; }
+  bool ready_to_run(SeqId id, bool holds_up_others) override {
+    return !seqs_.at(id).restoring || order_restore(id, holds_up_others);
+  }
   bool is_restoring(SeqId id) const override { return seqs_.at(id).restoring; }
-  bool order_restore(SeqId) override { return false; }
+  bool order_restore(SeqId id, bool holds_up_others) override {
+    Seq& s = seqs_.at(id);
+    KVP_CHECK(s.restoring, "order_restore of seq {}, not restoring", id.value);
+    if (s.ordered) return true;
+    order_asks_.emplace_back(id, holds_up_others);
+    s.ordered = join_alone_ && !holds_up_others;
+    return s.ordered;
+  }
   int32_t num_restoring_unplanned() const override {
     int32_t n = 0;
-    for (const auto& [id, s] : seqs_) n += s.restoring ? 1 : 0;
+    for (const auto& [id, s] : seqs_) n += s.restoring && !s.ordered ? 1 : 0;
     return n;
   }
   bool admit(SeqId id) override {
@@ -185,7 +201,7 @@ class FakeBooks final : public StepBookkeeping {
     Seq& s = seqs_.at(id);
     if (s.resident) num_free_ += blocks_of(s.num_table_tokens);
     s.resident = false;
-    s.restoring = false;  // (the engine completes a copy in flight before the blocks go)
+    s.restoring = s.ordered = false;  // (the engine completes a copy before the blocks go)
     s.num_computed = s.num_table_tokens = 0;
   }
 
@@ -194,6 +210,8 @@ class FakeBooks final : public StepBookkeeping {
   std::map<SeqId, Seq> seqs_;
   std::deque<int32_t> idle_sessions_;  // blocks of each, least recently used first
   std::vector<std::string> moves_;
+  bool join_alone_ = false;
+  std::vector<std::pair<SeqId, bool>> order_asks_;
 };
 
 const SeqId kA{1}, kB{2}, kC{3}, kD{4};
@@ -422,6 +440,50 @@ TEST(Scheduler, ARestoreInFlightHoldsItsPlaceUnderTheCapUntilItsCopyIsDone) {
   plan = step(scheduler, books);
   EXPECT_EQ(plan.seqs, (std::vector<ScheduledSeq>{{kR, 1, true}, {kB, 1, true}}));
   EXPECT_EQ(waiting(scheduler), (std::vector<SeqId>{kC}));
+}
+
+TEST(Scheduler, ARestoreJoinsAStepAtOnceOnlyWhereItHoldsUpNoSequenceThatWaitsForNoCopy) {
+  // Restores may join a step when nothing else in it waits for no copy (join_restores_alone).
+  Scheduler scheduler(config(512));
+  FakeBooks books(64);
+  books.join_restores_alone();
+  // 1. R alone (9 tokens, 8 restored): admitted and run in the same step, after its copy.
+  const SeqId kR = kA;
+  books.add_restored_seq(kR, 9, 8);
+  scheduler.add(kR);
+  StepPlan plan = step(scheduler, books);
+  EXPECT_EQ(plan.seqs, (std::vector<ScheduledSeq>{{kR, 1, true}}));
+  EXPECT_EQ(plan.admitted, (std::vector<SeqId>{kR}));
+  EXPECT_EQ(books.order_asks(), (std::vector<std::pair<SeqId, bool>>{{kR, false}}));
+  // 2. R decoding (waits for no copy now), S restored (5 tokens, 4 restored): S would hold R
+  // up, so it waits for a later step, its place kept.
+  const SeqId kS = kB;
+  books.add_restored_seq(kS, 5, 4);
+  scheduler.add(kS);
+  plan = step(scheduler, books);
+  EXPECT_EQ(plan.seqs, (std::vector<ScheduledSeq>{{kR, 1, true}}));
+  EXPECT_EQ(plan.admitted, (std::vector<SeqId>{kS}));
+  EXPECT_EQ(books.order_asks().back(), (std::pair<SeqId, bool>{kS, true}));
+  plan = step(scheduler, books);  // still copying, R still decoding: still held back
+  EXPECT_EQ(plan.seqs, (std::vector<ScheduledSeq>{{kR, 1, true}}));
+  EXPECT_EQ(books.order_asks().back(), (std::pair<SeqId, bool>{kS, true}));
+  books.finish_restore(kS);
+  plan = step(scheduler, books);
+  EXPECT_EQ(plan.seqs, (std::vector<ScheduledSeq>{{kR, 1, true}, {kS, 1, true}}));
+  // 3. R and S finish; two restores T and U come alone: both join one step (a restore that
+  // waits for a copy is no sequence held up).
+  books.finish(kR);
+  books.finish(kS);
+  scheduler.remove(kR);
+  scheduler.remove(kS);
+  const SeqId kT = kC, kU = kD;
+  books.add_restored_seq(kT, 9, 8);
+  books.add_restored_seq(kU, 13, 12);
+  scheduler.add(kT);
+  scheduler.add(kU);
+  plan = step(scheduler, books);
+  EXPECT_EQ(plan.seqs, (std::vector<ScheduledSeq>{{kT, 1, true}, {kU, 1, true}}));
+  books.check_integrity();
 }
 
 TEST(Scheduler, ATierCopyThatCanNeverFitIsDroppedAndRecomputed) {

@@ -176,6 +176,7 @@ Status CudaForwardBackend::copy_blocks(int32_t group, std::span<const BlockCopy>
     }
   }
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_RETURN_IF_ERROR(runner_->flush_layer_waits());  // after copies ordered into the pool
   KVP_RETURN_IF_ERROR(pools_[group].copy_blocks(ops, runner_->stream()));
   return cuda_status(cudaStreamSynchronize(runner_->stream()), "cudaStreamSynchronize");
 }
@@ -200,6 +201,7 @@ Status CudaForwardBackend::read_blocks(int32_t group, std::span<const BlockId> b
   }
   if (blocks.empty()) return Status::ok();
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_RETURN_IF_ERROR(runner_->flush_layer_waits());  // after copies ordered into the pool
   KVP_RETURN_IF_ERROR(reserve_staging(blocks.size() * device.block_size_bytes()));
   KVP_RETURN_IF_ERROR(pools_[group].copy_blocks_to_host(blocks, staging_, runner_->stream()));
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(runner_->stream()));
@@ -233,6 +235,7 @@ Status CudaForwardBackend::write_blocks(int32_t group, std::span<const BlockId> 
   }
   if (blocks.empty()) return Status::ok();
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_RETURN_IF_ERROR(runner_->flush_layer_waits());  // after copies ordered into the pool
   KVP_RETURN_IF_ERROR(reserve_staging(blocks.size() * device.block_size_bytes()));
   if (device.head_dim == logical.head_dim) {
     parallel_memcpy(staging_.data(), image.data(), image.size());
@@ -248,6 +251,7 @@ Status CudaForwardBackend::write_blocks(int32_t group, std::span<const BlockId> 
 
 Status CudaForwardBackend::fill_kv_random(uint64_t seed) {
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  KVP_RETURN_IF_ERROR(runner_->flush_layer_waits());
   for (size_t g = 0; g < pools_.size(); ++g) {
     const KvLayout& layout = pools_[g].layout();
     // 8-bit: the slab's bytes as f16 values in [-1, 1): codes and f16 scales both bounded (an

@@ -14,8 +14,11 @@
 // into the pool do not queue behind write-backs out of it: the device has a copy engine each
 // way), after an event of the compute stream (so a block written by a queued forward pass is
 // copied after it), and records an event per ticket that transfers_done polls and
-// order_after_transfers makes the compute stream wait on. A padded pool falls back to the base
-// implementation (through block images).
+// order_after_transfers makes the compute stream wait on. Copies into the pool run layer by layer
+// (2-D copies of a chunk of layers per run, an event after each chunk): order_after_transfers
+// hands those events to the runner, whose next eager step waits at each layer for that layer's
+// blocks only, so the step computes while the copy lands (orders_by_layer). A padded pool falls
+// back to the base implementation (through block images).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +74,7 @@ class CudaForwardBackend final : public ForwardBackend {
   Result<bool> transfers_done(uint64_t ticket) override;
   Status wait_transfers(uint64_t ticket) override;
   Status order_after_transfers(uint64_t ticket) override;
+  bool orders_by_layer() const override { return true; }
 
   // For benchmarks and tests: the runner, and every pool filled with uniform values in [-1, 1).
   const CudaModelRunner& runner() const { return *runner_; }
@@ -91,7 +95,13 @@ class CudaForwardBackend final : public ForwardBackend {
     uint64_t ticket = 0;
     bool to_host = false;        // which copy stream
     cudaEvent_t done = nullptr;  // recorded on that stream after the ticket's copies
+    // into the pool: group, and [layer within the group] -> the event recorded after that
+    // layer's copies (the chunk's; the last is `done`); empty out of the pool
+    int32_t group = 0;
+    std::vector<cudaEvent_t> layer_done;
   };
+  Result<cudaEvent_t> take_event();
+  void give_back_events(const InFlight& f);
   Status ensure_copy_streams();
   void destroy_transfers();
   // The in-flight entry of `ticket` (in_flight_.end(): retired, and with it every earlier ticket

@@ -4,6 +4,7 @@
 //   per step:  host checks of the batch → one pinned staging buffer → one async upload
 //   embed(+scale) → rms_norm ─┐
 //   per layer:  GEMM qkv (f32 out) → qkv_post: +bias, q/k norm, rope, → KV dtype, pad head_dim
+//               (a copy into the pool ordered layer by layer: wait for this layer's blocks)
 //               → cuda::launch_kv_write (int8 / fp8 pool: quantising) → cuda::paged_attention
 //               (q bf16 over a bf16, int8 or fp8 pool, f16 over an f16 one; GPT-OSS's sinks) →
 //               GEMM o (f32 out) (+ o bias)
@@ -118,6 +119,13 @@ class CudaModelRunner {
                          std::span<const int32_t> full_rows, std::span<float> logits,
                          std::span<LogitRowSummary> summaries, const DeviceSampleBatch& samples,
                          std::span<DeviceSample> results);
+
+  // Copies into the pool ordered layer by layer (CudaForwardBackend::order_after_transfers): the
+  // next eager step's layer l of `group` waits for per_slot[its index within the group] before
+  // it touches the pool, so the step overlaps the copy it reads. Anything else that may read the
+  // pool first waits for all of them (flush_layer_waits): a graph replay, a block copy or image.
+  void wait_layers_before(int32_t group, std::span<const cudaEvent_t> per_slot);
+  Status flush_layer_waits();
 
   // Tensor parallelism: this runner is one rank of a split model (loaded with shard_spec's spec
   // and a ShardedWeightSource, or random with its shard); the o and down projections' partial
@@ -264,7 +272,11 @@ class CudaModelRunner {
   const NcclLibrary* nccl_ = nullptr;  // null: not split
   ncclComm_t comm_ = nullptr;
   std::function<bool(bool)> gate_;
-  bool capturing_ = false;                     // enqueue_step is being captured into a graph
+  bool capturing_ = false;  // enqueue_step is being captured into a graph
+  // [layer]: events the next eager step waits for before the layer touches the pool
+  // (wait_layers_before); layer_waits_pending_ when any is set
+  std::vector<std::vector<cudaEvent_t>> layer_waits_;
+  bool layer_waits_pending_ = false;
   std::shared_ptr<const PeerAllReduce> peer_;  // null: NCCL for every all-reduce
   int32_t rank_ = 0;
   std::shared_ptr<const void> comm_keep_alive_;

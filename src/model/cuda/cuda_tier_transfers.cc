@@ -46,7 +46,7 @@ void CudaForwardBackend::destroy_transfers() {
   for (cudaStream_t stream : copy_streams_) {
     if (stream != nullptr) cudaStreamSynchronize(stream);
   }
-  for (const InFlight& f : in_flight_) cudaEventDestroy(f.done);
+  for (const InFlight& f : in_flight_) give_back_events(f);
   for (cudaEvent_t e : spare_events_) cudaEventDestroy(e);
   in_flight_.clear();
   spare_events_.clear();
@@ -82,37 +82,67 @@ Result<uint64_t> CudaForwardBackend::start_transfers(int32_t group,
   const size_t host_pitch = static_cast<size_t>(slab.layer_stride()) * elem;
   auto* device_base = static_cast<std::byte*>(pools_[group].slab());
   std::byte* host_base = host.slab(group).data();
+  struct Run {
+    std::byte* on_device;
+    std::byte* on_host;
+    size_t bytes;
+  };
+  std::vector<Run> runs;  // ops i .. i + n - 1 consecutive on both sides
   for (size_t i = 0; i < ops.size();) {
-    size_t n = 1;  // the run: ops i .. i + n - 1 consecutive on both sides
+    size_t n = 1;
     while (i + n < ops.size() && ops[i + n].src.value == ops[i].src.value + int32_t(n) &&
            ops[i + n].dst.value == ops[i].dst.value + int32_t(n)) {
       ++n;
     }
     const int32_t pool_block = (to_host ? ops[i].src : ops[i].dst).value;
     const int32_t host_block = (to_host ? ops[i].dst : ops[i].src).value;
-    std::byte* on_device = device_base + pool_block * run_bytes;
-    std::byte* on_host = host_base + host_block * run_bytes;
-    const cudaError_t err =
-        to_host ? cudaMemcpy2DAsync(on_host, host_pitch, on_device, device_pitch, n * run_bytes,
-                                    device.num_layers, cudaMemcpyDeviceToHost, copy_stream)
-                : cudaMemcpy2DAsync(on_device, device_pitch, on_host, host_pitch, n * run_bytes,
-                                    device.num_layers, cudaMemcpyHostToDevice, copy_stream);
-    KVP_CUDA_RETURN_IF_ERROR(err);
+    runs.push_back(
+        {device_base + pool_block * run_bytes, host_base + host_block * run_bytes, n * run_bytes});
     i += n;
   }
+  // Out of the pool: one 2-D copy a run, every layer. Into it: layer chunks, an event after each,
+  // so a step ordered after the ticket waits at each layer for that layer's blocks only; chunks
+  // of several layers where the runs are many (at most ~kMaxCopies calls a ticket).
+  constexpr size_t kMaxCopies = 2048;
+  const int32_t num_layers = device.num_layers;
+  const int32_t chunk = to_host
+                            ? num_layers
+                            : static_cast<int32_t>(std::clamp<size_t>(
+                                  (runs.size() * size_t(num_layers) + kMaxCopies - 1) / kMaxCopies,
+                                  1, size_t(num_layers)));
   InFlight flight;
   flight.ticket = ++last_ticket_;
   flight.to_host = to_host;
-  if (spare_events_.empty()) {
-    KVP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&flight.done, cudaEventDisableTiming));
-  } else {
-    flight.done = spare_events_.back();
-    spare_events_.pop_back();
-  }
-  const cudaError_t recorded = cudaEventRecord(flight.done, copy_stream);
-  if (recorded != cudaSuccess) {
-    spare_events_.push_back(flight.done);
-    KVP_CUDA_RETURN_IF_ERROR(recorded);
+  flight.group = group;
+  const auto give_back_on_error = [&](cudaError_t err) {
+    give_back_events(flight);
+    return cuda_status(err, "cuda start_transfers");
+  };
+  for (int32_t first = 0; first < num_layers; first += chunk) {
+    const int32_t layers = std::min(chunk, num_layers - first);
+    const size_t at = size_t(first) * device_pitch, at_host = size_t(first) * host_pitch;
+    for (const Run& run : runs) {
+      const cudaError_t err = to_host
+                                  ? cudaMemcpy2DAsync(run.on_host + at_host, host_pitch,
+                                                      run.on_device + at, device_pitch, run.bytes,
+                                                      layers, cudaMemcpyDeviceToHost, copy_stream)
+                                  : cudaMemcpy2DAsync(run.on_device + at, device_pitch,
+                                                      run.on_host + at_host, host_pitch, run.bytes,
+                                                      layers, cudaMemcpyHostToDevice, copy_stream);
+      if (err != cudaSuccess) return give_back_on_error(err);
+    }
+    Result<cudaEvent_t> event = take_event();
+    if (!event.is_ok()) {
+      give_back_events(flight);
+      return event.status();
+    }
+    const cudaError_t recorded = cudaEventRecord(*event, copy_stream);
+    if (recorded != cudaSuccess) {
+      spare_events_.push_back(*event);
+      return give_back_on_error(recorded);
+    }
+    flight.done = *event;
+    if (!to_host) flight.layer_done.insert(flight.layer_done.end(), layers, *event);
   }
   in_flight_.push_back(flight);
   return flight.ticket;
@@ -123,12 +153,40 @@ std::deque<CudaForwardBackend::InFlight>::iterator CudaForwardBackend::in_flight
                       [&](const InFlight& f) { return f.ticket == ticket; });
 }
 
+Result<cudaEvent_t> CudaForwardBackend::take_event() {
+  if (!spare_events_.empty()) {
+    const cudaEvent_t event = spare_events_.back();
+    spare_events_.pop_back();
+    return event;
+  }
+  cudaEvent_t event = nullptr;
+  KVP_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  return event;
+}
+
+void CudaForwardBackend::give_back_events(const InFlight& f) {
+  if (f.layer_done.empty()) {
+    if (f.done != nullptr) spare_events_.push_back(f.done);
+    return;
+  }
+  // chunks share an event: each once
+  for (size_t i = 0; i < f.layer_done.size(); ++i) {
+    if (i == 0 || f.layer_done[i] != f.layer_done[i - 1]) spare_events_.push_back(f.layer_done[i]);
+  }
+}
+
 void CudaForwardBackend::retire_through(std::deque<InFlight>::iterator it) {
   const bool to_host = it->to_host;
   const uint64_t ticket = it->ticket;
+  if (!to_host) {
+    // a step's pending layer waits may name these events: they go on the stream now (these
+    // copies are done: they hold nothing up) before the events are recorded for other copies
+    const Status flushed = runner_->flush_layer_waits();
+    KVP_CHECK(flushed.is_ok(), "cuda: {}", flushed.to_string());
+  }
   std::erase_if(in_flight_, [&](const InFlight& f) {
     if (f.to_host != to_host || f.ticket > ticket) return false;
-    spare_events_.push_back(f.done);
+    give_back_events(f);
     return true;
   });
 }
@@ -159,6 +217,10 @@ Status CudaForwardBackend::order_after_transfers(uint64_t ticket) {
   auto it = in_flight(ticket);
   if (it == in_flight_.end()) return Status::ok();
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
+  if (!it->layer_done.empty()) {  // the next step's layers wait for their own blocks
+    runner_->wait_layers_before(it->group, it->layer_done);
+    return Status::ok();
+  }
   // the wait is on the event's record as of now: recording it again for a later ticket (it goes
   // back to spare_events_ once retired) does not change what the stream waits for
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(runner_->stream(), it->done, 0));

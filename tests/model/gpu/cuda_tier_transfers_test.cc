@@ -3,15 +3,18 @@
 // DMA per run, and land as read_blocks' synchronous image says; they are ordered after the
 // compute stream's queued work (a fill still running when the transfer starts is copied whole);
 // tickets complete in order; work queued on the compute stream after order_after_transfers sees
-// the copy's bytes. Skips without a CUDA device.
+// the copy's bytes; an engine's restore whose step runs under its copy, layer by layer, computes
+// what a restore that waits for its copy computes. Skips without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <random>
 
 #include "cache/cache_spec.h"
+#include "engine/engine.h"
 #include "model/cuda/cuda_forward_backend.h"
 #include "model/random_model.h"
 #include "support/gpu_skip.h"
@@ -163,6 +166,72 @@ TEST(CudaTierTransfers, ComputeWorkOrderedAfterATransferSeesItsBytes) {
   ASSERT_TRUE(gpu->wait_transfers(*ticket).is_ok());
   // a ticket already done orders nothing and is no error
   EXPECT_TRUE(gpu->order_after_transfers(*ticket).is_ok());
+}
+
+// An agent's 7K-token session (~160 MB of KV in the SmolLM2-135M shape: milliseconds on the
+// copy engine) pushed to the host tier by another request, then its next turn alone: with
+// restore_overlap its step is ordered after the copy layer by layer and runs while the
+// copy lands; without, it waits for the copy. Both steps run the same batch on the same KV, so
+// the greedy tokens agree; a layer that did not wait for its blocks would read the other
+// request's KV left in them.
+TEST(CudaTierTransfers, ARestoreOverlappingItsStepLayerByLayerComputesWhatWaitingComputes) {
+  SKIP_WITHOUT_GPU();
+  auto spec = random_model_spec("smollm2-135m");
+  ASSERT_TRUE(spec.is_ok());
+  constexpr int32_t kHistory = 7000;  // the shape's context is 8192
+  std::mt19937 rng(11);
+  const auto random_prompt = [&](int32_t n) {
+    std::vector<int32_t> tokens(n);
+    for (int32_t& t : tokens) t = 3 + int32_t(rng() % uint32_t(spec->vocab_size - 3));
+    return tokens;
+  };
+  const std::vector<int32_t> history = random_prompt(kHistory);
+  const std::vector<int32_t> other = random_prompt(kHistory);
+  const std::vector<int32_t> next_turn = random_prompt(3);
+  const auto run = [&](bool overlap, EngineStats* stats) {
+    auto backend = make_random_cuda_backend(*spec, 1);
+    KVP_CHECK(backend.is_ok(), "{}", backend.status().to_string());
+    EngineConfig config;
+    config.num_blocks = 660;  // 10560 tokens: one history and a half
+    config.block_size = 16;
+    config.kv_dtype = DType::BF16;
+    config.host_tier_bytes = uint64_t{2} << 30;
+    config.restore_overlap = overlap ? RestoreOverlap::kAlone : RestoreOverlap::kOff;
+    auto engine = Engine::create(backend->get(), config);
+    KVP_CHECK(engine.is_ok(), "{}", engine.status().to_string());
+    const auto serve = [&](std::vector<int32_t> prompt, bool session, int32_t max_tokens) {
+      Request r;
+      r.prompt_tokens = std::move(prompt);
+      r.max_tokens = max_tokens;
+      r.ignore_eos = true;
+      if (session) r.session = "agent";
+      const RequestId id = (*engine)->submit(r).value();
+      std::vector<int32_t> tokens;
+      for (int guard = 0; (*engine)->has_unfinished() && guard < 10000; ++guard) {
+        for (const EngineEvent& e : (*engine)->step()) {
+          if (e.kind == EngineEvent::Kind::kToken && e.request_id == id)
+            tokens.push_back(e.token_id);
+        }
+      }
+      return tokens;
+    };
+    serve(history, true, 4);
+    serve(other, false, 4);  // the idle session leaves the pool for the host tier
+    (*engine)->settle_tier_moves();
+    const std::vector<int32_t> tokens = serve(next_turn, true, 8);
+    (*engine)->check_integrity();
+    *stats = (*engine)->stats();
+    return tokens;
+  };
+  EngineStats overlapped, waited;
+  const std::vector<int32_t> with_overlap = run(true, &overlapped);
+  const std::vector<int32_t> with_wait = run(false, &waited);
+  ASSERT_EQ(overlapped.num_session_restores, 1);
+  ASSERT_EQ(waited.num_session_restores, 1);
+  EXPECT_EQ(overlapped.num_restores_joined_steps, 1);
+  EXPECT_EQ(waited.num_restores_joined_steps, 0);
+  EXPECT_EQ(with_overlap.size(), 8u);
+  EXPECT_EQ(with_overlap, with_wait);
 }
 
 }  // namespace
