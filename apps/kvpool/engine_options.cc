@@ -107,9 +107,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
   cmd->add_option("--restore-overlap", o->restore_overlap,
                   "which sessions coming back from a tier run in a step at once, each layer "
                   "waiting for its own blocks so the step computes while the copy lands (CUDA): "
-                  "alone (into a step with no other sequence), always (the others' step then "
-                  "waits for the copy), off")
-      ->check(CLI::IsMember({"off", "alone", "always"}))
+                  "alone (into a step with no other sequence), copy-bound (also where the copy "
+                  "outlasts the session's own prefill), always (the others' step then waits for "
+                  "the copy), off")
+      ->check(CLI::IsMember({"off", "alone", "copy-bound", "always"}))
       ->capture_default_str();
   cmd->add_option("--preemption", o->preemption,
                   "with a host tier, a running sequence preempted for room is swapped there or "
@@ -288,9 +289,11 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
   config.host_tier_bytes = static_cast<uint64_t>(host_bytes);
   config.tier_watermark = o.tier_watermark;
   config.restore_joins_step = o.restore_joins_step;
-  config.restore_overlap = o.restore_overlap == "always" ? RestoreOverlap::kAlways
-                           : o.restore_overlap == "off"  ? RestoreOverlap::kOff
-                                                         : RestoreOverlap::kAlone;
+  config.restore_overlap = o.restore_overlap == "always"       ? RestoreOverlap::kAlways
+                           : o.restore_overlap == "copy-bound" ? RestoreOverlap::kCopyBound
+                           : o.restore_overlap == "off"        ? RestoreOverlap::kOff
+                           : o.restore_overlap == "alone"      ? RestoreOverlap::kAlone
+                                                               : RestoreOverlap::kCopyBound;
   config.preemption = o.preemption == "swap"        ? Preemption::kSwap
                       : o.preemption == "recompute" ? Preemption::kRecompute
                                                     : Preemption::kAuto;

@@ -41,16 +41,17 @@ struct EngineOptions {
   int32_t max_seqs = 64;           // sequences in one step
   int32_t step_tokens = 512;       // tokens in one step
   bool prefix_caching = true;
-  bool device_sampling = true;            // EngineConfig::device_sampling
-  std::string host_tier = "0";            // bytes of host memory for idle sessions' KV (0: none)
-  double tier_watermark = 0.1;            // EngineConfig::tier_watermark
-  bool restore_joins_step = false;        // EngineConfig::restore_joins_step
-  std::string restore_overlap = "alone";  // EngineConfig::restore_overlap: off, alone, always
-  std::string preemption = "auto";        // EngineConfig::preemption: auto, swap, recompute
-  std::string disk_dir;                   // folder for idle sessions' cache files (empty: none)
-  std::string disk_tier = "0";            // bytes of cache files (> 0 with disk_dir; default 16GiB)
-  int32_t threads = 0;                    // CPU threads (0: all cores)
-  int32_t tensor_parallel = 1;  // GPUs one model is split over (cpu: threads emulating them)
+  bool device_sampling = true;      // EngineConfig::device_sampling
+  std::string host_tier = "0";      // bytes of host memory for idle sessions' KV (0: none)
+  double tier_watermark = 0.1;      // EngineConfig::tier_watermark
+  bool restore_joins_step = false;  // EngineConfig::restore_joins_step
+  // EngineConfig::restore_overlap: off, alone, copy-bound, always
+  std::string restore_overlap = "copy-bound";
+  std::string preemption = "auto";  // EngineConfig::preemption: auto, swap, recompute
+  std::string disk_dir;             // folder for idle sessions' cache files (empty: none)
+  std::string disk_tier = "0";      // bytes of cache files (> 0 with disk_dir; default 16GiB)
+  int32_t threads = 0;              // CPU threads (0: all cores)
+  int32_t tensor_parallel = 1;      // GPUs one model is split over (cpu: threads emulating them)
 };
 
 // A CLI11 validator for floating-point options: a finite number in [min, max] (CLI11's Range

@@ -97,6 +97,7 @@ for tier in ${RESTORE8K_TIERS:-none host host-join host-ahead host-ahead-nooverl
     # or every restore overlaps its step, others decoding in it or not
     host-ahead-nooverlap) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-overlap off" ;;
     host-ahead-always) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-overlap always" ;;
+    host-ahead-copybound) extra="--host-tier-bytes 17179869184 --tier-watermark 0.5 --restore-overlap copy-bound" ;;
     disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
   esac
   echo "== 8B idle 8K-token sessions restored (4 agents x 3 turns, 1280 blocks), tier: $tier, round $round"
@@ -132,12 +133,13 @@ done
 # the other sequences' decode while sessions move (the issue's TPOT goal: p95 with moves <= 1.1x
 # without): the 24 agents x 3 turns of 2K tokens in a 4096-block pool (sessions move to the host
 # tier and back, restores waiting or joining steps) and a 12288-block pool that holds them all
-want tpot-moves && for round in 1 2; do
+want tpot-moves && for round in ${TPOT_ROUNDS:-1 2}; do
   for pool in ${TPOT_POOLS:-4096 4096-join 4096-nooverlap 4096-always 12288}; do
     extra=""
     [ "$pool" = 4096-join ] && extra="--restore-joins-step"
     [ "$pool" = 4096-nooverlap ] && extra="--restore-overlap off"
     [ "$pool" = 4096-always ] && extra="--restore-overlap always"
+    [ "$pool" = 4096-copybound ] && extra="--restore-overlap copy-bound"
     echo "== 8B TPOT with moves: 24 agents x 3 turns, pool ${pool%-*} blocks $extra, round $round"
     timeout 120 $b8 --blocks "${pool%-*}" --workload agents --agents 24 --turns 3 \
       --system-prompt-tokens 1024 --turn-tokens 2048 --reply-tokens 64 --max-seqs 8 \

@@ -57,7 +57,7 @@
 namespace kvp {
 
 // EngineConfig::restore_overlap.
-enum class RestoreOverlap { kOff, kAlone, kAlways };
+enum class RestoreOverlap { kOff, kAlone, kCopyBound, kAlways };
 
 struct EngineConfig {
   int32_t block_size = 16;        // tokens per KV block
@@ -98,10 +98,15 @@ struct EngineConfig {
   bool restore_joins_step = false;
   // Where the backend orders steps after copies layer by layer (CUDA: each layer waits for its
   // own blocks, so the step computes while the copy lands), which restores join a step at once:
-  // kAlone those that would hold up no other sequence (the step runs restores only), kAlways
-  // every one (the other sequences' step then lasts until the copy lands), kOff none (they
-  // wait as restore_joins_step says).
-  RestoreOverlap restore_overlap = RestoreOverlap::kAlone;
+  // kAlone those that would hold up no other sequence (the step runs restores only);
+  // kCopyBound those too, and those whose copy is expected to outlast their own prefill (by the
+  // measured rates: the first token waits for the copy, not the compute); kAlways every one
+  // (the other sequences' step then lasts until the copy lands); kOff none (they wait as
+  // restore_joins_step says).
+  // kCopyBound by default: on an H100 it took an idle 8K-token session's TTFT from 6.5x to
+  // 11-12x below re-prefilling it, with the other sequences' TPOT p95 within 1.08x of no moves
+  // (docs/perf/engine.md, "Restores overlapping their step layer by layer").
+  RestoreOverlap restore_overlap = RestoreOverlap::kCopyBound;
   // With a host tier, a running sequence preempted for room is swapped there (copied out now,
   // back in at readmission) or recomputed. Without a host tier: always recomputed.
   Preemption preemption = Preemption::kAuto;

@@ -407,9 +407,20 @@ bool Engine::order_restore(SeqId seq_id, bool holds_up_others) {
   if (r.ordered) return true;
   // over a copy that lands layer by layer the step computes under it (waiting instead, the host
   // finds the copy done and only then starts the step); alone, it delays nobody
+  const auto copy_bound = [&] {
+    const std::optional<double> rate = preemption_cost_.prefill_tokens_per_second();
+    if (!r.expected_end || !rate) return false;
+    const Sequence& s = seq(seq_id);
+    const double prefill = double(int64_t(s.tokens.size()) - s.num_computed) / *rate;
+    return std::chrono::duration<double>(*r.expected_end - std::chrono::steady_clock::now())
+               .count() >= prefill;
+  };
+  const RestoreOverlap mode = config_.restore_overlap;
   const bool overlaps = backend_->orders_by_layer() &&
-                        (config_.restore_overlap == RestoreOverlap::kAlways ||
-                         (config_.restore_overlap == RestoreOverlap::kAlone && !holds_up_others));
+                        (mode == RestoreOverlap::kAlways ||
+                         ((mode == RestoreOverlap::kAlone || mode == RestoreOverlap::kCopyBound) &&
+                          !holds_up_others) ||
+                         (mode == RestoreOverlap::kCopyBound && copy_bound()));
   if (!overlaps) {
     if (!config_.restore_joins_step) return false;
     // later than that, the step would hold up the other sequences it decodes for longer than it

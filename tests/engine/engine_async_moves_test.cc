@@ -208,11 +208,11 @@ TEST(EngineLateCopies, RestoredSessionsRunAfterTheirCopiesWithTheSameOutput) {
 TEST(EngineLateCopies, ALoneRestoreJoinsItsStepWhereTheBackendOrdersByLayer) {
   for (const char* model : {"llama", "gemma3"}) {
     auto runner = load(model);
-    const auto turns = [&](ForwardBackend& backend, bool overlap, EngineStats* stats,
+    const auto turns = [&](ForwardBackend& backend, RestoreOverlap overlap, EngineStats* stats,
                            RequestTimes* times) {
       EngineConfig config = small_config(64);
       config.host_tier_bytes = 64 << 20;
-      config.restore_overlap = overlap ? RestoreOverlap::kAlone : RestoreOverlap::kOff;
+      config.restore_overlap = overlap;
       Engine engine(&backend, config);
       Request turn1 = greedy_request(golden_ids(model, "prompt_1"), 8);
       turn1.session = "agent";
@@ -238,17 +238,20 @@ TEST(EngineLateCopies, ALoneRestoreJoinsItsStepWhereTheBackendOrdersByLayer) {
     CpuForwardBackend cpu(runner);
     EngineStats cpu_stats;
     RequestTimes cpu_times;
-    const std::vector<int32_t> expected = turns(cpu, true, &cpu_stats, &cpu_times);
+    const std::vector<int32_t> expected =
+        turns(cpu, RestoreOverlap::kAlone, &cpu_stats, &cpu_times);
     ASSERT_EQ(cpu_stats.num_session_restores, 1) << model;
     for (const bool by_layer : {true, false}) {
-      for (const bool overlap : {true, false}) {
-        SCOPED_TRACE(std::string(model) + (by_layer ? ", by layer" : ", whole") +
-                     (overlap ? ", overlap on" : ", overlap off"));
+      for (const RestoreOverlap mode :
+           {RestoreOverlap::kAlone, RestoreOverlap::kCopyBound, RestoreOverlap::kOff}) {
+        const bool overlap = mode != RestoreOverlap::kOff;
+        SCOPED_TRACE(std::string(model) + (by_layer ? ", by layer" : ", whole") + ", mode " +
+                     std::to_string(int(mode)));
         LateCopiesBackend late(runner);
         late.by_layer = by_layer;
         EngineStats stats;
         RequestTimes times;
-        EXPECT_EQ(turns(late, overlap, &stats, &times), expected);
+        EXPECT_EQ(turns(late, mode, &stats, &times), expected);
         ASSERT_EQ(stats.num_session_restores, 1);
         ASSERT_TRUE(times.kv_copy_done && times.first_step);
         if (by_layer && overlap) {
