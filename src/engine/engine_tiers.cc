@@ -415,12 +415,22 @@ bool Engine::order_restore(SeqId seq_id, bool holds_up_others) {
     return std::chrono::duration<double>(*r.expected_end - std::chrono::steady_clock::now())
                .count() >= prefill;
   };
-  const RestoreOverlap mode = config_.restore_overlap;
-  const bool overlaps = backend_->orders_by_layer() &&
-                        (mode == RestoreOverlap::kAlways ||
-                         ((mode == RestoreOverlap::kAlone || mode == RestoreOverlap::kCopyBound) &&
-                          !holds_up_others) ||
-                         (mode == RestoreOverlap::kCopyBound && copy_bound()));
+  bool overlaps = false;
+  if (backend_->orders_by_layer()) {
+    switch (config_.restore_overlap) {
+      case RestoreOverlap::kOff:
+        break;
+      case RestoreOverlap::kAlone:
+        overlaps = !holds_up_others;
+        break;
+      case RestoreOverlap::kCopyBound:
+        overlaps = !holds_up_others || copy_bound();
+        break;
+      case RestoreOverlap::kAlways:
+        overlaps = true;
+        break;
+    }
+  }
   if (!overlaps) {
     if (!config_.restore_joins_step) return false;
     // later than that, the step would hold up the other sequences it decodes for longer than it

@@ -835,28 +835,6 @@ void CudaModelRunner::clear_graphs() {
   graphs_.clear();
 }
 
-void CudaModelRunner::wait_layers_before(int32_t group, std::span<const cudaEvent_t> per_slot) {
-  layer_waits_.resize(layer_group_.size());
-  for (size_t l = 0; l < layer_group_.size(); ++l) {
-    if (layer_group_[l] == group) layer_waits_[l].push_back(per_slot[size_t(layer_slot_[l])]);
-  }
-  layer_waits_pending_ = true;
-}
-
-Status CudaModelRunner::flush_layer_waits() {
-  if (!layer_waits_pending_) return Status::ok();
-  layer_waits_pending_ = false;
-  Status st = Status::ok();
-  for (std::vector<cudaEvent_t>& waits : layer_waits_) {
-    for (cudaEvent_t copied : waits) {
-      const cudaError_t err = cudaStreamWaitEvent(stream_, copied, 0);
-      if (err != cudaSuccess && st.is_ok()) st = cuda_status(err, "cudaStreamWaitEvent");
-    }
-    waits.clear();
-  }
-  return st;
-}
-
 Status CudaModelRunner::enqueue_step(const StepShape& shape, std::span<DeviceKvPool> pools) {
   const int64_t num_tokens = shape.num_tokens, num_rows = shape.num_rows;
   const int32_t num_seqs = shape.num_seqs;

@@ -1,5 +1,7 @@
 // CudaForwardBackend's session tier transfers (cuda_forward_backend.h): pinned host slabs, one
-// 2-D DMA per run of consecutive blocks on the copy stream of its direction, an event per ticket.
+// 2-D DMA per run of consecutive blocks on the copy stream of its direction, an event per ticket
+// (into the pool: per layer chunk); and the CudaModelRunner's layer waits on those events
+// (wait_layers_before, flush_layer_waits: a step ordered after a copy, layer by layer).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -225,6 +227,28 @@ Status CudaForwardBackend::order_after_transfers(uint64_t ticket) {
   // back to spare_events_ once retired) does not change what the stream waits for
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(runner_->stream(), it->done, 0));
   return Status::ok();
+}
+
+void CudaModelRunner::wait_layers_before(int32_t group, std::span<const cudaEvent_t> per_slot) {
+  layer_waits_.resize(layer_group_.size());
+  for (size_t l = 0; l < layer_group_.size(); ++l) {
+    if (layer_group_[l] == group) layer_waits_[l].push_back(per_slot[size_t(layer_slot_[l])]);
+  }
+  layer_waits_pending_ = true;
+}
+
+Status CudaModelRunner::flush_layer_waits() {
+  if (!layer_waits_pending_) return Status::ok();
+  layer_waits_pending_ = false;
+  Status st = Status::ok();
+  for (std::vector<cudaEvent_t>& waits : layer_waits_) {
+    for (cudaEvent_t copied : waits) {
+      const cudaError_t err = cudaStreamWaitEvent(stream_, copied, 0);
+      if (err != cudaSuccess && st.is_ok()) st = cuda_status(err, "cudaStreamWaitEvent");
+    }
+    waits.clear();
+  }
+  return st;
 }
 
 }  // namespace kvp::cuda
