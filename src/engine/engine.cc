@@ -160,6 +160,8 @@ Engine::Engine(ForwardBackend* backend, EngineConfig config, Unallocated)
       config_(std::move(config)),
       cache_spec_(checked_cache_spec(*backend_, config_)),
       fingerprint_(make_fingerprint(backend_->spec(), config_)),
+      moves_(backend_, &preemption_cost_,
+             TierMoves::Policy{config_.restore_overlap, config_.restore_joins_step}),
       scheduler_(SchedulerConfig{config_.max_num_seqs, config_.max_step_tokens}) {
   static std::atomic<uint64_t> num_engines{0};
   instance_id_ = num_engines.fetch_add(1);
@@ -221,11 +223,6 @@ Status Engine::allocate_pool() {
 }
 
 Engine::~Engine() {
-  // copies still running into host tier blocks end before the blocks go
-  for (const auto& wb : write_backs_) (void)backend_->wait_transfers(wb->ticket);
-  write_backs_.clear();
-  for (const auto& [id, r] : restoring_) (void)backend_->wait_transfers(r.ticket);
-  restoring_.clear();
   swapped_.clear();  // host tier blocks, given back
   // tables release their blocks before the prefix cache and allocators go
   for (auto& [id, s] : sequences_) {
@@ -598,7 +595,7 @@ std::vector<EngineEvent> Engine::step() {
   const StepPlan plan = scheduler_.plan_step(books);
   if (plan.seqs.empty()) {
     // only copies into the pool are left to wait for: wait here, not in a spin of empty steps
-    while (!restoring_.empty()) settle_restore(restoring_.begin()->first, true);
+    while (!moves_.restores().empty()) settle_restore(moves_.restores().begin()->first, true);
     start_write_backs();
     return events;
   }

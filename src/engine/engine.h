@@ -30,7 +30,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -51,13 +50,11 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "engine/scheduler.h"
+#include "engine/tier_moves.h"
 #include "model/forward_backend.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kvp {
-
-// EngineConfig::restore_overlap.
-enum class RestoreOverlap { kOff, kAlone, kCopyBound, kAlways };
 
 struct EngineConfig {
   int32_t block_size = 16;        // tokens per KV block
@@ -153,18 +150,9 @@ struct EngineStats {
   int64_t num_tier_errors = 0;  // disk writes or reads that failed (the KV was dropped)
   uint64_t host_tier_bytes_used = 0;
   uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
-  // Byte moves of the tiers: pool -> host memory (host tier, or a copy on its way to a file),
-  // host -> pool, file writes and reads. count / bytes / seconds: moves timed on the engine
-  // thread from start to completion (waited for, or a file's, found done by its thread);
-  // overlapped: pool <-> host copies found complete by a later step while steps ran (their
-  // duration is not known, only that compute hid it).
-  struct Moves {
-    int64_t count = 0;
-    uint64_t bytes = 0;
-    double seconds = 0;
-    int64_t overlapped = 0;
-    uint64_t overlapped_bytes = 0;
-  };
+  // Byte moves of the tiers (MoveStats, tier_moves.h): pool -> host memory (host tier, or a copy
+  // on its way to a file), host -> pool, file writes and reads.
+  using Moves = MoveStats;
   Moves to_host, to_pool, file_writes, file_reads;
 };
 
@@ -253,7 +241,6 @@ class Engine {
   struct Sequence;
   struct RequestState;
   struct SessionState;
-  struct HostKv;
   enum class Restore { kDone, kNoRoom, kFailed };
   // One sequence's share of a forward pass.
   struct BatchEntry {
@@ -381,28 +368,21 @@ class Engine {
   // shared; then fresh blocks that receive the copy). false (the sequence empty again) when
   // the pool lacks blocks. Returns the tokens taken from the prefix cache in *num_shared.
   // pending null: the copy is waited for; else it is started and *pending says how to wait.
-  struct PendingRestore;
   bool copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, int32_t* num_shared,
-               PendingRestore* pending = nullptr);
+               TierMoves::Restore* pending = nullptr);
   // Restores an idle or waiting session's KV from host or disk into sequence seq (resident,
   // empty). kNoRoom: pool short (seq empty again); kFailed: the file was unreadable (KV dropped).
-  // wait false: the copy is left running (restoring_) when its source can be kept until done.
+  // wait false: the copy is left running (moves_) when its source can be kept until done.
   Restore restore_session(SessionState& session, Sequence& seq, bool wait = true);
   // Completes seq_id's copy into the pool if it is done (wait: waits for it): the source goes,
   // the blocks are offered to the prefix cache. true when no copy of it is in flight any more.
   bool settle_restore(SeqId seq_id, bool wait);
-  // Whether seq_id, its KV still being copied in, runs in this step: the backend orders the step
-  // after the copy (once) and true where the backend overlaps the copy layer by layer and
-  // restore_overlap says so (kAlone: nothing else in the step would wait for it), or
-  // (restore_joins_step) the copy is expected to end within a step's time.
+  // Whether seq_id, its KV still being copied in, runs in this step (TierMoves::join_step).
   bool order_restore(SeqId seq_id, bool holds_up_others);
   // Completes the copies of the restores that ran in the step just taken (done by now).
   void settle_ordered_restores();
-  // Counts a copy of `bytes` just queued on the backend after those in flight of its direction;
-  // returns when it is expected to be done (nullopt while the copy rate is not measured).
-  std::optional<std::chrono::steady_clock::time_point> queue_copy(uint64_t bytes, bool into_pool);
-  // Keeps a started copy into seq's blocks in restoring_ (and completes it if already done).
-  void keep_restoring(Sequence& seq, PendingRestore pending);
+  // Hands a started copy into seq's blocks to moves_ (and completes it if already done).
+  void keep_restoring(Sequence& seq, TierMoves::Restore pending);
   // Moves an idle session's KV (on the device in sequence *resident) down: host, disk or drop.
   void move_down(SessionState& session);
   // Puts a host copy on the disk tier (or drops it when the tier cannot take it).
@@ -437,13 +417,9 @@ class Engine {
   // so that it goes first)
   std::unordered_map<SeqId, std::unique_ptr<HostKv>> swapped_;
   PreemptionCostModel preemption_cost_;
-  // copies into the pool in flight, by the sequence they fill (after host_tier_: sources in it)
-  std::unordered_map<SeqId, PendingRestore> restoring_;
-  // When the tier copies queued on the backend are expected to be done, [0] out of the pool and
-  // [1] into it (each direction runs in order), from the measured copy rate (queue_copy)
-  std::chrono::steady_clock::time_point copy_queue_end_[2] = {};
-  struct WriteBack;
-  std::deque<std::unique_ptr<WriteBack>> write_backs_;  // in flight, oldest first
+  // the pool <-> host copies in flight: write-backs and restores (after host_tier_ and
+  // disk_staging_, whose blocks they copy; after preemption_cost_, which they feed)
+  TierMoves moves_;
   struct PendingWrite;
   // spill files whose sessions dropped them while they were written: removed when written
   std::vector<std::unique_ptr<PendingWrite>> orphan_writes_;

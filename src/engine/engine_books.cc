@@ -37,17 +37,13 @@ bool Engine::StepBooks::ready_to_run(SeqId id, bool holds_up_others) {
   return e_.settle_restore(id, false) || e_.order_restore(id, holds_up_others);
 }
 
-bool Engine::StepBooks::is_restoring(SeqId id) const { return e_.restoring_.count(id) > 0; }
+bool Engine::StepBooks::is_restoring(SeqId id) const { return e_.moves_.is_restoring(id); }
 
 bool Engine::StepBooks::order_restore(SeqId id, bool holds_up_others) {
   return e_.order_restore(id, holds_up_others);
 }
 
-int32_t Engine::StepBooks::num_restoring_unplanned() const {
-  int32_t n = 0;
-  for (const auto& [id, r] : e_.restoring_) n += r.ordered ? 0 : 1;
-  return n;
-}
+int32_t Engine::StepBooks::num_restoring_unplanned() const { return e_.moves_.num_unordered(); }
 
 bool Engine::StepBooks::admit(SeqId id) {
   Sequence& s = e_.seq(id);
@@ -108,7 +104,7 @@ bool Engine::admit_prefix(Sequence& s) {
       switch (restore_session(session, s, /*wait=*/false)) {
         case Restore::kDone:
           if (!r.times.kv_copy_start) r.times.kv_copy_start = start;
-          if (restoring_.count(s.id) == 0) note_kv_copy_done(s.id);  // copied at once
+          if (!moves_.is_restoring(s.id)) note_kv_copy_done(s.id);  // copied at once
           if (s.num_generated == 0) {
             r.usage.cached_tokens = std::max(r.usage.cached_tokens, s.num_computed);
             r.usage.restored_tokens = std::max(r.usage.restored_tokens, s.num_computed);
@@ -139,7 +135,7 @@ bool Engine::admit_prefix(Sequence& s) {
 
 bool Engine::evict_idle_session() {
   // a write-back in flight frees its blocks soonest: wait for the oldest
-  while (!write_backs_.empty()) {
+  while (!moves_.write_backs().empty()) {
     if (finish_write_backs(true) > 0) return true;
   }
   std::vector<SessionState*> idle;

@@ -9,6 +9,9 @@ namespace kvp {
 
 EngineStats Engine::stats() const {
   EngineStats s = stats_;
+  s.to_host = moves_.to_host();
+  s.to_pool = moves_.to_pool();
+  s.num_restores_joined_steps = moves_.num_joined_steps();
   s.num_running = static_cast<int32_t>(scheduler_.running().size());
   s.num_waiting = static_cast<int32_t>(scheduler_.waiting().size());
   const BlockAllocator& a = cache_->allocator(0);
@@ -85,8 +88,8 @@ void Engine::check_integrity() const {
   }
   KVP_CHECK(resident == cache_->num_sequences(), "{} resident sequences, cache holds {}", resident,
             cache_->num_sequences());
-  for (const auto& wb : write_backs_) host_bytes += wb->kv->size_bytes;  // reserved
-  for (const auto& [id, r] : restoring_) {
+  for (const auto& wb : moves_.write_backs()) host_bytes += wb->kv->size_bytes;  // reserved
+  for (const auto& [id, r] : moves_.restores()) {
     KVP_CHECK(sequences_.count(id) > 0 && sequences_.at(id)->resident,
               "sequence {} restoring but not resident", id.value);
     if (r.charged) host_bytes += r.kv->size_bytes;
@@ -110,7 +113,7 @@ void Engine::check_integrity() const {
       count(session->host.get());
     }
     for (const auto& w : orphan_writes_) count(w->kv.get());
-    for (const auto& [id, r] : restoring_) count(r.kv.get());
+    for (const auto& [id, r] : moves_.restores()) count(r.kv.get());
     for (int32_t g = 0; g < cache_->num_groups(); ++g) {
       const int64_t in_use =
           int64_t{disk_staging_->storage().layout(g).num_blocks} - disk_staging_->num_free(g);

@@ -53,65 +53,12 @@ struct Engine::RequestState {
   std::unordered_map<SeqId, StopText> stop_text;
 };
 
-// A session's KV out of the pool, block for block: group g's live block i of the sequence is
-// block tables[g][i] of storage(); entries behind a window are kNoBlock. The blocks are the host
-// tier's (tier != null: given back when the copy goes) or those of a storage of its own (a cache
-// file read, a copy on its way to a file), densely numbered.
-struct Engine::HostKv {
-  static constexpr BlockId kNoBlock{-1};
-  explicit HostKv(HostKvStorage storage) : own(std::move(storage)) {}
-  HostKv(HostTier* host_tier, std::vector<std::vector<BlockId>> blocks)
-      : tier(host_tier), tier_blocks(std::move(blocks)) {}
-  HostKv(const HostKv&) = delete;
-  HostKv& operator=(const HostKv&) = delete;
-  ~HostKv() {
-    if (tier != nullptr) tier->release(tier_blocks);
-  }
-  HostKvStorage& storage() { return tier != nullptr ? tier->storage() : *own; }
-  const HostKvStorage& storage() const { return tier != nullptr ? tier->storage() : *own; }
-
-  HostTier* tier = nullptr;
-  std::vector<std::vector<BlockId>> tier_blocks;  // [num_groups] of tier's blocks
-  std::optional<HostKvStorage> own;               // when tier is null
-  std::vector<std::vector<BlockId>> tables;       // [num_groups][ceil(num_tokens / block_size)]
-  int32_t num_tokens = 0;
-  int32_t window_valid_from = 0;  // see Sequence::window_valid_from
-  uint64_t size_bytes = 0;        // of its blocks
-};
-
-// A copy of an idle session's blocks to the host tier, running (Engine::start_write_backs). The
-// session stays in the pool until it completes; kv's bytes are charged to the host tier already.
-struct Engine::WriteBack {
-  std::string session;  // name; with session_id, to find it again (it may be gone)
-  int64_t session_id = 0;
-  SeqId seq;
-  std::unique_ptr<HostKv> kv;
-  uint64_t ticket = 0;
-  int32_t num_blocks = 0;  // of the pool it frees (group 0)
-  std::chrono::steady_clock::time_point start;
-};
-
 // A cache file being written by the FileWriter from a host copy the engine keeps until then.
 struct Engine::PendingWrite {
   uint64_t id = 0;  // FileWriter's
   std::unique_ptr<HostKv> kv;
   std::filesystem::path path;
   std::chrono::steady_clock::time_point start;
-};
-
-// A copy into the pool started at a sequence's admission (a session's restore, a swap-in) and not
-// waited for: the sequence is not planned until it completes (Engine::settle_restore); other
-// sequences' steps run meanwhile.
-struct Engine::PendingRestore {
-  uint64_t ticket = 0;
-  uint64_t bytes = 0;  // copied into the pool
-  std::chrono::steady_clock::time_point start;
-  // when it is expected to be done, after the copies queued before it (Engine::queue_copy)
-  std::optional<std::chrono::steady_clock::time_point> expected_end;
-  std::unique_ptr<HostKv> kv;    // the source, kept until the copy completes
-  bool charged = false;          // kv's bytes are counted in host_tier_bytes_used until then
-  bool ran_under_steps = false;  // found not done once: steps ran while it copied
-  bool ordered = false;          // its sequence runs: the backend orders steps after the copy
 };
 
 // A spill file being read ahead of its session's admission (Engine::start_prefetch).

@@ -65,7 +65,7 @@ bool Engine::swap_in(Sequence& s) {
     return false;
   }
   int32_t num_shared = 0;
-  PendingRestore pending;
+  TierMoves::Restore pending;
   if (!copy_in(s.id, s.tokens, kv, &num_shared, &pending)) {
     cache_->free_sequence(s.id);
     s.resident = false;
@@ -83,7 +83,7 @@ bool Engine::swap_in(Sequence& s) {
   return true;
 }
 
-std::unique_ptr<Engine::HostKv> Engine::take_swapped(SeqId id) {
+std::unique_ptr<HostKv> Engine::take_swapped(SeqId id) {
   auto it = swapped_.find(id);
   if (it == swapped_.end()) return nullptr;
   std::unique_ptr<HostKv> kv = std::move(it->second);
@@ -137,9 +137,7 @@ void Engine::probe_copy_rate() {
 void Engine::observe_forward(std::span<const BatchEntry> entries,
                              std::chrono::steady_clock::time_point start) {
   // a step ordered after a restore's copy also waited for it: it times neither steps nor prefill
-  for (const auto& [id, r] : restoring_) {
-    if (r.ordered) return;
-  }
+  if (moves_.any_ordered()) return;
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   preemption_cost_.observe_step(seconds);

@@ -12,10 +12,11 @@
 // per run of consecutive blocks on a copy stream, on the CPU one memcpy per block and layer. A
 // cache file re-blocks (docs/cache-files.md), so files are the same whichever backend wrote
 // them. Coming back, the session first takes what the prefix cache holds of its tokens (a shared
-// system prompt stays one set of blocks) and copies in only the rest. The copy in is not waited
-// for (restoring_): the sequence joins the first step that its copy is expected to end within
-// (order_restore: the backend orders that step after the copy), or the first step that starts
-// after the host finds it done (settle_restore).
+// system prompt stays one set of blocks) and copies in only the rest. The copies in flight are
+// held by TierMoves (tier_moves.h): a restore's sequence joins a step over its copy where the
+// policy says so (order_restore), or the first step that starts after the host finds the copy
+// done (settle_restore); a write-back frees the session's blocks when its copy is done
+// (finish_write_backs).
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,30 +29,6 @@
 
 namespace kvp {
 
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// Counts a move that began at `start`; returns its seconds.
-double count_move(EngineStats::Moves& moves, uint64_t bytes,
-                  std::chrono::steady_clock::time_point start) {
-  const double seconds = seconds_since(start);
-  ++moves.count;
-  moves.bytes += bytes;
-  moves.seconds += seconds;
-  return seconds;
-}
-
-// Counts a copy found complete by polling while steps ran (its duration is not known).
-void count_overlapped(EngineStats::Moves& moves, uint64_t bytes) {
-  ++moves.overlapped;
-  moves.overlapped_bytes += bytes;
-}
-
-}  // namespace
-
 uint64_t Engine::live_bytes(SeqId seq_id) const {
   uint64_t bytes = 0;
   for (int32_t g = 0; g < cache_->num_groups(); ++g) {
@@ -61,19 +38,16 @@ uint64_t Engine::live_bytes(SeqId seq_id) const {
   return bytes;
 }
 
-std::unique_ptr<Engine::HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier) {
+std::unique_ptr<HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier) {
   const auto start = std::chrono::steady_clock::now();
   uint64_t ticket = 0;
   std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, tier, &ticket);
   if (kv == nullptr) return nullptr;
-  if (!backend_->wait_transfers(ticket).is_ok()) return nullptr;
-  copy_queue_end_[0] = std::chrono::steady_clock::now();  // every copy out so far is done
-  // copies waited for from start to end: what the preemption cost model prices
-  preemption_cost_.observe_copy(kv->size_bytes, count_move(stats_.to_host, kv->size_bytes, start));
+  if (!moves_.wait(ticket, kv->size_bytes, start, /*into_pool=*/false).is_ok()) return nullptr;
   return kv;
 }
 
-std::unique_ptr<Engine::HostKv> Engine::copy_out_for_file(SeqId seq_id, int32_t num_tokens) {
+std::unique_ptr<HostKv> Engine::copy_out_for_file(SeqId seq_id, int32_t num_tokens) {
   if (disk_staging_) {
     std::unique_ptr<HostKv> kv = copy_out(seq_id, num_tokens, disk_staging_.get());
     if (kv) return kv;
@@ -81,8 +55,8 @@ std::unique_ptr<Engine::HostKv> Engine::copy_out_for_file(SeqId seq_id, int32_t 
   return copy_out(seq_id, num_tokens, nullptr);
 }
 
-std::unique_ptr<Engine::HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num_tokens,
-                                                       HostTier* tier, uint64_t* ticket) {
+std::unique_ptr<HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
+                                               uint64_t* ticket) {
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> num_blocks(num_groups);  // [num_groups] live blocks
   for (int32_t g = 0; g < num_groups; ++g) {
@@ -122,26 +96,14 @@ std::unique_ptr<Engine::HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num
     kv->tables.push_back(std::move(host_table));
     kv->size_bytes += uint64_t(num_blocks[g]) * cache_spec_.block_bytes(g);
   }
-  queue_copy(kv->size_bytes, /*into_pool=*/false);
+  moves_.queue(kv->size_bytes, /*into_pool=*/false);
   return kv;
-}
-
-std::optional<std::chrono::steady_clock::time_point> Engine::queue_copy(uint64_t bytes,
-                                                                        bool into_pool) {
-  const std::optional<double> seconds = preemption_cost_.copy_seconds(bytes);
-  if (!seconds) return std::nullopt;
-  auto& end = copy_queue_end_[into_pool ? 1 : 0];
-  end = std::max(end, std::chrono::steady_clock::now()) +
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double>(*seconds));
-  return end;
 }
 
 void Engine::start_write_backs() {
   if (!host_tier_ || config_.tier_watermark <= 0) return;
   const auto watermark = static_cast<int32_t>(config_.tier_watermark * config_.num_blocks);
-  int32_t coming = 0;  // pool blocks that write-backs in flight will free
-  for (const auto& wb : write_backs_) coming += wb->num_blocks;
+  int32_t coming = moves_.num_write_back_blocks();  // pool blocks the write-backs in flight free
   while (cache_->allocator(0).num_available() + coming < watermark) {
     std::vector<SessionState*> idle;
     std::vector<int64_t> last_used;
@@ -158,7 +120,7 @@ void Engine::start_write_backs() {
     SessionState* lru = idle[*pick];
     const SeqId seq_id = *lru->resident;
     if (!make_host_room(live_bytes(seq_id), lru)) return;
-    auto wb = std::make_unique<WriteBack>();
+    auto wb = std::make_unique<TierMoves::WriteBack>();
     wb->start = std::chrono::steady_clock::now();
     wb->kv = start_copy_out(seq_id, lru->num_computed, host_tier_.get(), &wb->ticket);
     if (wb->kv == nullptr) return;  // the synchronous path will try again when room is needed
@@ -171,61 +133,43 @@ void Engine::start_write_backs() {
     stats_.host_tier_bytes_used += wb->kv->size_bytes;  // reserved now
     lru->writing_back = true;
     coming += wb->num_blocks;
-    write_backs_.push_back(std::move(wb));
+    moves_.start_write_back(std::move(wb));
   }
 }
 
 int32_t Engine::finish_write_backs(bool wait) {
   int32_t freed = 0;
-  while (!write_backs_.empty()) {
-    WriteBack& wb = *write_backs_.front();
-    const bool waited = wait;
-    if (wait) {
-      const Status st = backend_->wait_transfers(wb.ticket);
-      KVP_CHECK(st.is_ok(), "the {} backend failed a write-back: {}", backend_->device_name(),
-                st.to_string());
-      wait = false;  // only the oldest is waited for
-    } else {
-      auto done = backend_->transfers_done(wb.ticket);
-      KVP_CHECK(done.is_ok(), "the {} backend failed a write-back: {}", backend_->device_name(),
-                done.status().to_string());
-      if (!*done) break;
-    }
-    std::unique_ptr<WriteBack> owned = std::move(write_backs_.front());
-    write_backs_.pop_front();
-    stats_.host_tier_bytes_used -= owned->kv->size_bytes;
-    auto it = sessions_.find(owned->session);
+  // only the oldest is waited for
+  for (bool wait_oldest = wait;; wait_oldest = false) {
+    std::unique_ptr<TierMoves::WriteBack> done = moves_.take_write_back(wait_oldest);
+    if (done == nullptr) break;
+    stats_.host_tier_bytes_used -= done->kv->size_bytes;
+    auto it = sessions_.find(done->session);
     SessionState* session =
-        it != sessions_.end() && it->second->id == owned->session_id ? it->second.get() : nullptr;
+        it != sessions_.end() && it->second->id == done->session_id ? it->second.get() : nullptr;
     if (session == nullptr) continue;
     session->writing_back = false;
     // the copy holds the session only if nothing touched it meanwhile
-    if (session->busy || session->resident != owned->seq || session->host ||
-        session->num_computed != owned->kv->num_tokens) {
+    if (session->busy || session->resident != done->seq || session->host ||
+        session->num_computed != done->kv->num_tokens) {
       continue;
     }
-    if (waited) {
-      count_move(stats_.to_host, owned->kv->size_bytes, owned->start);
-    } else {
-      count_overlapped(stats_.to_host, owned->kv->size_bytes);
-    }
-    freed += owned->num_blocks;
-    cache_->free_sequence(owned->seq);
+    freed += done->num_blocks;
+    cache_->free_sequence(done->seq);
     session->resident.reset();
-    stats_.host_tier_bytes_used += owned->kv->size_bytes;
-    session->host = std::move(owned->kv);
+    stats_.host_tier_bytes_used += done->kv->size_bytes;
+    session->host = std::move(done->kv);
     ++session->num_moves_to_host;
     ++stats_.num_session_moves_to_host;
   }
   return freed;
 }
 
-Result<std::unique_ptr<Engine::HostKv>> Engine::read_file(const std::filesystem::path& path,
-                                                          std::vector<int32_t>* tokens,
-                                                          HostKv* into) {
+Result<std::unique_ptr<HostKv>> Engine::read_file(const std::filesystem::path& path,
+                                                  std::vector<int32_t>* tokens, HostKv* into) {
   const auto start = std::chrono::steady_clock::now();
   auto kv = load_file(path, tokens, into);
-  if (kv.is_ok()) count_move(stats_.file_reads, (*kv ? kv->get() : into)->size_bytes, start);
+  if (kv.is_ok()) stats_.file_reads.count_timed((*kv ? kv->get() : into)->size_bytes, start);
   return kv;
 }
 
@@ -241,7 +185,7 @@ std::vector<int32_t> Engine::file_blocks(int64_t num_tokens) const {
   return num_blocks;
 }
 
-std::unique_ptr<Engine::HostKv> Engine::stage_file_read(int32_t num_tokens) {
+std::unique_ptr<HostKv> Engine::stage_file_read(int32_t num_tokens) {
   if (!disk_staging_ || num_tokens <= 0) return nullptr;
   auto blocks = disk_staging_->allocate(file_blocks(num_tokens));
   if (!blocks) return nullptr;
@@ -250,9 +194,9 @@ std::unique_ptr<Engine::HostKv> Engine::stage_file_read(int32_t num_tokens) {
   return kv;
 }
 
-Result<std::unique_ptr<Engine::HostKv>> Engine::load_file(const std::filesystem::path& path,
-                                                          std::vector<int32_t>* tokens,
-                                                          HostKv* into) const {
+Result<std::unique_ptr<HostKv>> Engine::load_file(const std::filesystem::path& path,
+                                                  std::vector<int32_t>* tokens,
+                                                  HostKv* into) const {
   auto file = CacheFile::read(path, fingerprint_, cache_spec_);
   if (!file.is_ok()) return file.status();
   const int32_t vocab = backend_->spec().vocab_size;
@@ -310,7 +254,7 @@ Result<std::unique_ptr<Engine::HostKv>> Engine::load_file(const std::filesystem:
 }
 
 bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, int32_t* num_shared,
-                     PendingRestore* pending) {
+                     TierMoves::Restore* pending) {
   flush_copies();  // a block freed this step may be the source of a pending copy
   const int32_t num_tokens = kv.num_tokens;
   KVP_CHECK(static_cast<int32_t>(tokens.size()) >= num_tokens, "{} tokens for KV of {}",
@@ -354,7 +298,7 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, 
     bytes += ops.size() * cache_spec_.block_bytes(g);
   }
   *num_shared = num_matched;
-  const auto expected_end = queue_copy(bytes, /*into_pool=*/true);
+  const auto expected_end = moves_.queue(bytes, /*into_pool=*/true);
   if (pending != nullptr) {
     pending->ticket = ticket;
     pending->bytes = bytes;
@@ -362,40 +306,17 @@ bool Engine::copy_in(SeqId seq_id, std::span<const int32_t> tokens, HostKv& kv, 
     pending->expected_end = expected_end;
     return true;
   }
-  const Status copied = backend_->wait_transfers(ticket);
+  const Status copied = moves_.wait(ticket, bytes, start, /*into_pool=*/true);
   KVP_CHECK(copied.is_ok(), "the {} backend failed to copy a session's blocks: {}",
             backend_->device_name(), copied.to_string());
-  copy_queue_end_[1] = std::chrono::steady_clock::now();  // every copy in so far is done
-  preemption_cost_.observe_copy(bytes, count_move(stats_.to_pool, bytes, start));
   return true;
 }
 
 bool Engine::settle_restore(SeqId seq_id, bool wait) {
-  auto it = restoring_.find(seq_id);
-  if (it == restoring_.end()) return true;
-  PendingRestore& r = it->second;
-  if (wait) {
-    const Status st = backend_->wait_transfers(r.ticket);
-    KVP_CHECK(st.is_ok(), "the {} backend failed to copy a sequence's blocks: {}",
-              backend_->device_name(), st.to_string());
-  } else {
-    auto done = backend_->transfers_done(r.ticket);
-    KVP_CHECK(done.is_ok(), "the {} backend failed to copy a sequence's blocks: {}",
-              backend_->device_name(), done.status().to_string());
-    if (!*done) {
-      r.ran_under_steps = true;
-      return false;
-    }
-  }
-  // a copy's own time when it was waited for or done at once (a synchronous backend); one found
-  // done by a later step says only that the steps hid it
-  if (!r.ran_under_steps) {
-    preemption_cost_.observe_copy(r.bytes, count_move(stats_.to_pool, r.bytes, r.start));
-  } else {
-    count_overlapped(stats_.to_pool, r.bytes);
-  }
-  if (r.charged) stats_.host_tier_bytes_used -= r.kv->size_bytes;
-  restoring_.erase(it);
+  if (!moves_.is_restoring(seq_id)) return true;
+  std::optional<TierMoves::Restore> done = moves_.settle(seq_id, wait);
+  if (!done) return false;
+  if (done->charged) stats_.host_tier_bytes_used -= done->kv->size_bytes;
   note_kv_copy_done(seq_id);
   // its blocks hold their KV now: other sequences may share them through the prefix cache
   register_full_blocks(seq(seq_id));
@@ -403,62 +324,16 @@ bool Engine::settle_restore(SeqId seq_id, bool wait) {
 }
 
 bool Engine::order_restore(SeqId seq_id, bool holds_up_others) {
-  PendingRestore& r = restoring_.at(seq_id);
-  if (r.ordered) return true;
-  // over a copy that lands layer by layer the step computes under it (waiting instead, the host
-  // finds the copy done and only then starts the step); alone, it delays nobody
-  const auto copy_bound = [&] {
-    const std::optional<double> rate = preemption_cost_.prefill_tokens_per_second();
-    if (!r.expected_end || !rate) return false;
-    const Sequence& s = seq(seq_id);
-    const double prefill = double(int64_t(s.tokens.size()) - s.num_computed) / *rate;
-    return std::chrono::duration<double>(*r.expected_end - std::chrono::steady_clock::now())
-               .count() >= prefill;
-  };
-  bool overlaps = false;
-  if (backend_->orders_by_layer()) {
-    switch (config_.restore_overlap) {
-      case RestoreOverlap::kOff:
-        break;
-      case RestoreOverlap::kAlone:
-        overlaps = !holds_up_others;
-        break;
-      case RestoreOverlap::kCopyBound:
-        overlaps = !holds_up_others || copy_bound();
-        break;
-      case RestoreOverlap::kAlways:
-        overlaps = true;
-        break;
-    }
-  }
-  if (!overlaps) {
-    if (!config_.restore_joins_step) return false;
-    // later than that, the step would hold up the other sequences it decodes for longer than it
-    // saves this one (the next step starts when the host finds the copy done)
-    if (!r.expected_end) return false;
-    const double left =
-        std::chrono::duration<double>(*r.expected_end - std::chrono::steady_clock::now()).count();
-    if (!preemption_cost_.within_step(left)) return false;
-  }
-  const Status st = backend_->order_after_transfers(r.ticket);
-  KVP_CHECK(st.is_ok(), "the {} backend failed to order a step after a sequence's blocks: {}",
-            backend_->device_name(), st.to_string());
-  r.ordered = true;
-  r.ran_under_steps = true;  // the step's time is in its duration: not a copy's rate
-  ++stats_.num_restores_joined_steps;
-  return true;
+  const Sequence& s = seq(seq_id);
+  return moves_.join_step(seq_id, int64_t(s.tokens.size()) - s.num_computed, holds_up_others);
 }
 
 void Engine::settle_ordered_restores() {
-  std::vector<SeqId> ordered;
-  for (const auto& [id, r] : restoring_) {
-    if (r.ordered) ordered.push_back(id);
-  }
-  for (SeqId id : ordered) settle_restore(id, false);
+  for (SeqId id : moves_.ordered()) settle_restore(id, false);
 }
 
-void Engine::keep_restoring(Sequence& s, PendingRestore pending) {
-  restoring_.emplace(s.id, std::move(pending));
+void Engine::keep_restoring(Sequence& s, TierMoves::Restore pending) {
+  moves_.start_restore(s.id, std::move(pending));
   settle_restore(s.id, false);  // a backend that copies synchronously (the CPU's) is done
 }
 
@@ -480,7 +355,7 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool
       const bool counted = session.prefetch->kept;
       session.prefetch.reset();
       if (read.is_ok() && !counted)
-        count_move(stats_.file_reads, (*read ? read->get() : staged.get())->size_bytes, start);
+        stats_.file_reads.count_timed((*read ? read->get() : staged.get())->size_bytes, start);
     } else {
       staged = stage_file_read(session.num_computed);
       read = read_file(session.file, &file_tokens, staged.get());
@@ -504,7 +379,7 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool
   // a copy from a spill file's writer source is waited for: the writer may free it when done
   const bool keep = !wait && (kv == session.host.get() || kv == from_file.get());
   int32_t num_shared = 0;
-  PendingRestore pending;
+  TierMoves::Restore pending;
   if (!copy_in(s.id, s.tokens, *kv, &num_shared, keep ? &pending : nullptr)) {
     // what was read stays for the next try (the session's request is still waiting), not read
     // from the disk again
@@ -707,8 +582,8 @@ void Engine::start_prefetch(SessionState& session) {
 }
 
 void Engine::settle_tier_moves() {
-  while (!write_backs_.empty()) finish_write_backs(true);
-  while (!restoring_.empty()) settle_restore(restoring_.begin()->first, true);
+  while (!moves_.write_backs().empty()) finish_write_backs(true);
+  while (!moves_.restores().empty()) settle_restore(moves_.restores().begin()->first, true);
   if (!file_writer_) return;
   file_writer_->drain();
   settle_file_writes();
@@ -729,7 +604,7 @@ void Engine::settle_file_writes() {
       if (!session->writing || session->writing->id != id) continue;
       std::unique_ptr<PendingWrite> done = std::move(session->writing);
       if (status.is_ok()) {
-        count_move(stats_.file_writes, session->disk_bytes, done->start);
+        stats_.file_writes.count_timed(session->disk_bytes, done->start);
         break;
       }
       // the file could not be written: the KV goes, as when a read fails (unless a request is

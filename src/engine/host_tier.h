@@ -1,9 +1,10 @@
 // HostTier: the memory of the session tier "host" (docs/engine.md, "Session tiers"). One slab
 // per cache group (HostKvStorage in the pool's layout, from the backend's slab allocator: pinned
 // memory on CUDA, so a move is one DMA per run of blocks) and a free list of its blocks per
-// group. A session's host copy is a set of these blocks (Engine::HostKv); the engine charges
+// group. A session's host copy is a set of these blocks (HostKv, below); the engine charges
 // their bytes to the tier's budget, so however the groups share it, the blocks in use never
-// exceed the budget.
+// exceed the budget. A copy on its way to a file, or read from one, is a HostKv of a storage of
+// its own.
 //
 //   engine ──allocate(n blocks per group)──▶ block ids ──start_transfers(pool ⇄ slab)──▶ backend
 //          ◀──────────────────────release(block ids)──────────────────────────────┘
@@ -18,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "cache/cache_spec.h"
@@ -48,6 +50,32 @@ class HostTier {
 
   HostKvStorage storage_;
   std::vector<std::vector<BlockId>> free_;  // [num_groups] stacks: the last freed goes out first
+};
+
+// A session's KV out of the pool, block for block: group g's live block i of the sequence is
+// block tables[g][i] of storage(); entries behind a window are kNoBlock. The blocks are the host
+// tier's (tier != null: given back when the copy goes) or those of a storage of its own (a cache
+// file read, a copy on its way to a file), densely numbered.
+struct HostKv {
+  static constexpr BlockId kNoBlock{-1};
+  explicit HostKv(HostKvStorage storage) : own(std::move(storage)) {}
+  HostKv(HostTier* host_tier, std::vector<std::vector<BlockId>> blocks)
+      : tier(host_tier), tier_blocks(std::move(blocks)) {}
+  HostKv(const HostKv&) = delete;
+  HostKv& operator=(const HostKv&) = delete;
+  ~HostKv() {
+    if (tier != nullptr) tier->release(tier_blocks);
+  }
+  HostKvStorage& storage() { return tier != nullptr ? tier->storage() : *own; }
+  const HostKvStorage& storage() const { return tier != nullptr ? tier->storage() : *own; }
+
+  HostTier* tier = nullptr;
+  std::vector<std::vector<BlockId>> tier_blocks;  // [num_groups] of tier's blocks
+  std::optional<HostKvStorage> own;               // when tier is null
+  std::vector<std::vector<BlockId>> tables;       // [num_groups][ceil(num_tokens / block_size)]
+  int32_t num_tokens = 0;
+  int32_t window_valid_from = 0;  // see Sequence::window_valid_from
+  uint64_t size_bytes = 0;        // of its blocks
 };
 
 }  // namespace kvp

@@ -64,13 +64,37 @@ struct WeightFootprint {
   std::vector<std::pair<std::string, uint64_t>> by_format;  // ("Q4_1", bytes), …
 };
 
-class ForwardBackend {
+// The completion side of ForwardBackend::start_transfers' tickets: all that the engine's tier
+// moves (engine/tier_moves.h) ask of a backend once a copy is queued, so they are tested without
+// a model.
+class TransferTickets {
  public:
-  virtual ~ForwardBackend() = default;
+  virtual ~TransferTickets() = default;
+  // For messages: "cpu", "cuda:0 (NVIDIA H100 80GB HBM3)".
+  virtual std::string device_name() const = 0;
+  // Whether every transfer up to `ticket` of its direction has completed (never blocks); an
+  // error of the copies.
+  virtual Result<bool> transfers_done(uint64_t ticket) = 0;
+  // Blocks until every transfer up to `ticket` of its direction has completed.
+  virtual Status wait_transfers(uint64_t ticket) = 0;
+  // Orders every forward pass and block copy queued from now on after the transfers up to
+  // `ticket` of its direction, without blocking where the device can (CUDA: the compute stream
+  // waits on the ticket's event); their destinations may then be read by the next forward pass.
+  // Their sources must still live until transfers_done(ticket).
+  virtual Status order_after_transfers(uint64_t ticket) = 0;
+  // Whether order_after_transfers holds each layer of the next forward pass back only until its
+  // own layer's blocks have landed (CUDA), so a step ordered after a copy overlaps it; false: the
+  // whole step runs after the copy.
+  virtual bool orders_by_layer() const = 0;
+};
+
+class ForwardBackend : public TransferTickets {
+ public:
+  ~ForwardBackend() override = default;
 
   virtual const ModelSpec& spec() const = 0;
   // "cpu" or "cuda:0 (NVIDIA H100 80GB HBM3)": for messages and stats lines.
-  virtual std::string device_name() const = 0;
+  std::string device_name() const override = 0;
   virtual WeightFootprint weight_footprint() const { return {}; }
 
   // Cache groups (1, or 2 with sliding-window layers), as ModelRunner defines them.
@@ -155,20 +179,12 @@ class ForwardBackend {
   // layout.
   virtual Result<uint64_t> start_transfers(int32_t group, std::span<const BlockTransfer> ops,
                                            HostKvStorage& host);
-  // Whether every transfer up to `ticket` of its direction has completed (never blocks); an
-  // error of the copies.
-  virtual Result<bool> transfers_done(uint64_t ticket);
-  // Blocks until every transfer up to `ticket` of its direction has completed.
-  virtual Status wait_transfers(uint64_t ticket);
-  // Orders every forward pass and block copy queued from now on after the transfers up to
-  // `ticket` of its direction, without blocking where the device can (CUDA: the compute stream
-  // waits on the ticket's event); their destinations may then be read by the next forward pass.
-  // Their sources must still live until transfers_done(ticket). The base implementation waits.
-  virtual Status order_after_transfers(uint64_t ticket) { return wait_transfers(ticket); }
-  // Whether order_after_transfers holds each layer of the next forward pass back only until its
-  // own layer's blocks have landed (CUDA), so a step ordered after a copy overlaps it; false: the
-  // whole step runs after the copy.
-  virtual bool orders_by_layer() const { return false; }
+  // TransferTickets (above): the base implementation completes its copies at once; ordering
+  // waits; no layer-by-layer ordering.
+  Result<bool> transfers_done(uint64_t ticket) override;
+  Status wait_transfers(uint64_t ticket) override;
+  Status order_after_transfers(uint64_t ticket) override { return wait_transfers(ticket); }
+  bool orders_by_layer() const override { return false; }
 
  protected:
   // Checks ops for start_transfers; *to_host receives their direction.
