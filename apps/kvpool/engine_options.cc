@@ -104,6 +104,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
                 "a session coming back from a tier runs in the first step its copy is expected "
                 "to end within, that step ordered after the copy (--restore-waits: in the first "
                 "step after the copy is done; default: waits)");
+  cmd->add_flag("--copy-out-overlap,!--copy-out-waits", o->copy_out_overlap,
+                "a session or sequence moved to the host tier for room gives its blocks back "
+                "as soon as its copy is queued, the next step writing them as each layer is read "
+                "out (CUDA; default) (--copy-out-waits: the step starts after the whole copy)");
   cmd->add_option("--restore-overlap", o->restore_overlap,
                   "which sessions coming back from a tier run in a step at once, each layer "
                   "waiting for its own blocks so the step computes while the copy lands (CUDA): "
@@ -289,6 +293,7 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
   config.host_tier_bytes = static_cast<uint64_t>(host_bytes);
   config.tier_watermark = o.tier_watermark;
   config.restore_joins_step = o.restore_joins_step;
+  config.copy_out_overlap = o.copy_out_overlap;
   config.restore_overlap = o.restore_overlap == "always"       ? RestoreOverlap::kAlways
                            : o.restore_overlap == "copy-bound" ? RestoreOverlap::kCopyBound
                            : o.restore_overlap == "off"        ? RestoreOverlap::kOff

@@ -47,6 +47,7 @@ struct EngineOptions {
   bool restore_joins_step = false;  // EngineConfig::restore_joins_step
   // EngineConfig::restore_overlap: off, alone, copy-bound, always
   std::string restore_overlap = "copy-bound";
+  bool copy_out_overlap = true;     // EngineConfig::copy_out_overlap
   std::string preemption = "auto";  // EngineConfig::preemption: auto, swap, recompute
   std::string disk_dir;             // folder for idle sessions' cache files (empty: none)
   std::string disk_tier = "0";      // bytes of cache files (> 0 with disk_dir; default 16GiB)

@@ -61,6 +61,8 @@ agents() {
     case $tier in
       none) extra="" ;;
       host) extra="--host-tier-bytes $host" ;;
+      # copies out of the pool for room waited for before the step (the path before 2026-11-28)
+      host-waits) extra="--host-tier-bytes $host --copy-out-waits" ;;
       disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
     esac
     echo "== 8B agents $name ($agents x $turns, $turn-token turns, $blocks blocks), tier: $tier"
@@ -71,11 +73,11 @@ agents() {
   done
 }
 # docs/perf/engine.md's pressure workload: 32 agents, histories to ~2.3K tokens, a 32K-token pool
-want pressure && agents pressure 200 2048 32 4 256 17179869184 none host disk
+want pressure && agents pressure 200 2048 32 4 256 17179869184 ${PRESSURE_TIERS:-none host host-waits disk}
 # the longer histories: 24 agents x 3 turns, 2K-token turns, 64K-token pool
-want long && agents long 240 4096 24 3 2048 34359738368 none host
+want long && agents long 240 4096 24 3 2048 34359738368 ${LONG_TIERS:-none host host-waits}
 # histories growing to ~16K tokens: 16 agents x 7 turns of 2K tokens, the same 64K pool
-want 16k && agents 16k 300 4096 16 7 2048 42949672960 none host
+want 16k && agents 16k 300 4096 16 7 2048 42949672960 ${TIERS_16K:-none host host-waits}
 # the restore goal: an idle 8K-token session's next turn, restored from the host tier or
 # disk against re-prefilled (none). 4 agents whose first turn is an 8K-token document, then 2
 # short turns 3 s apart; a 20K-token pool holds two of them, so every later turn finds its
@@ -140,6 +142,7 @@ want tpot-moves && for round in ${TPOT_ROUNDS:-1 2}; do
     [ "$pool" = 4096-nooverlap ] && extra="--restore-overlap off"
     [ "$pool" = 4096-always ] && extra="--restore-overlap always"
     [ "$pool" = 4096-copybound ] && extra="--restore-overlap copy-bound"
+    [ "$pool" = 4096-outwaits ] && extra="--copy-out-waits"
     echo "== 8B TPOT with moves: 24 agents x 3 turns, pool ${pool%-*} blocks $extra, round $round"
     timeout 120 $b8 --blocks "${pool%-*}" --workload agents --agents 24 --turns 3 \
       --system-prompt-tokens 1024 --turn-tokens 2048 --reply-tokens 64 --max-seqs 8 \

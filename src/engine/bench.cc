@@ -84,9 +84,9 @@ std::string BenchReport::to_text() const {
       num_preemption_swaps, num_swapped_in_tokens, num_session_evictions);
   s += fmt::format(
       "  session tiers: moves to host {}, to disk {}; restores {} ({} ran in a step under their "
-      "copy); tier errors {}\n",
+      "copy); copies out not waited for {}; tier errors {}\n",
       num_session_moves_to_host, num_session_moves_to_disk, num_session_restores,
-      num_restores_joined_steps, num_tier_errors);
+      num_restores_joined_steps, num_copies_out_ordered, num_tier_errors);
   auto moves = [](const char* what, const EngineStats::Moves& m) {
     std::string s =
         m.count == 0
@@ -359,6 +359,7 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   report.num_session_restores = after.num_session_restores - before.num_session_restores;
   report.num_restores_joined_steps =
       after.num_restores_joined_steps - before.num_restores_joined_steps;
+  report.num_copies_out_ordered = after.num_copies_out_ordered - before.num_copies_out_ordered;
   report.num_tier_errors = after.num_tier_errors - before.num_tier_errors;
   auto moved = [](const EngineStats::Moves& a, const EngineStats::Moves& b) {
     return EngineStats::Moves{a.count - b.count, a.bytes - b.bytes, a.seconds - b.seconds,

@@ -80,6 +80,7 @@ struct BenchReport {
   // session tiers (EngineConfig host / disk budgets): moves out of the pool and back
   int64_t num_session_moves_to_host = 0, num_session_moves_to_disk = 0, num_session_restores = 0;
   int64_t num_restores_joined_steps = 0;  // EngineStats::num_restores_joined_steps
+  int64_t num_copies_out_ordered = 0;     // EngineStats::num_copies_out_ordered
   // spill files that could not be written or read back (damaged, deleted, disk full): the
   // sessions' KV was dropped and recomputed (EngineStats::num_tier_errors)
   int64_t num_tier_errors = 0;

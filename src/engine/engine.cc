@@ -587,7 +587,8 @@ void Engine::run_model(std::span<const BatchEntry> entries, std::vector<float>* 
 }
 
 std::vector<EngineEvent> Engine::step() {
-  finish_write_backs(false);
+  moves_.begin_step();
+  finish_write_backs(TierMoves::Take::kIfDone);
   settle_file_writes();
   std::vector<EngineEvent> events;
   // 1. and 2.: the plan; the blocks it runs are taken, preemptions and admissions made

@@ -104,6 +104,12 @@ struct EngineConfig {
   // 11-12x below re-prefilling it, with the other sequences' TPOT p95 within 1.08x of no moves
   // (docs/perf/engine.md, "Restores overlapping their step layer by layer").
   RestoreOverlap restore_overlap = RestoreOverlap::kCopyBound;
+  // A sequence whose blocks are needed now (a waiting request's session moved down a tier, a
+  // running sequence swapped out) gives them back as soon as its copy to the host tier is
+  // queued, where the backend orders steps after copies layer by layer (CUDA): the next step
+  // writes them as each layer is read out, instead of starting after the whole copy. false:
+  // the copy is waited for.
+  bool copy_out_overlap = true;
   // With a host tier, a running sequence preempted for room is swapped there (copied out now,
   // back in at readmission) or recomputed. Without a host tier: always recomputed.
   Preemption preemption = Preemption::kAuto;
@@ -147,6 +153,9 @@ struct EngineStats {
   // restores that ran in a step while their copy was still in flight, the step's forward pass
   // ordered after the copy on the device (ForwardBackend::order_after_transfers)
   int64_t num_restores_joined_steps = 0;
+  // copies out of the pool whose blocks were given back as soon as they were queued, the next
+  // steps ordered after them on the device (EngineConfig::copy_out_overlap)
+  int64_t num_copies_out_ordered = 0;
   int64_t num_tier_errors = 0;  // disk writes or reads that failed (the KV was dropped)
   uint64_t host_tier_bytes_used = 0;
   uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
@@ -324,19 +333,28 @@ class Engine {
   // blocks of `tier` (null: a storage of the copy's own) by the backend's transfers, waited
   // for. nullptr if the memory cannot be had or the backend cannot copy the blocks.
   std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier);
-  // As copy_out, not waited for: *ticket completes the copy (ForwardBackend::transfers_done).
+  // A copy into the host tier of a sequence whose blocks the caller frees at once. Where the
+  // backend orders steps after copies layer by layer and config_.copy_out_overlap: not waited
+  // for, the steps from now on ordered after it (the next one writes the blocks as they are read
+  // out) and the copy landing later (HostKv::land); else as copy_out.
+  std::unique_ptr<HostKv> copy_out_to_host(SeqId seq_id, int32_t num_tokens);
   // A copy of the sequence for a cache file: into the disk staging tier if it has the room,
   // else into pageable storage of its own. null when neither can be had.
   std::unique_ptr<HostKv> copy_out_for_file(SeqId seq_id, int32_t num_tokens);
+  // As copy_out, not waited for: *ticket completes the copy (ForwardBackend::transfers_done).
   std::unique_ptr<HostKv> start_copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
                                          uint64_t* ticket);
   // Write-backs (EngineConfig::tier_watermark): starts copies of idle sessions to the host tier
   // while the pool's free blocks are below the watermark.
   void start_write_backs();
-  // Completes the write-backs whose copies are done (wait: the oldest, waited for, too): the
-  // session's blocks are freed and its copy becomes its host tier, or, when the session changed
-  // meanwhile (a request, a truncation), the copy is dropped. Returns the pool blocks freed.
-  int32_t finish_write_backs(bool wait);
+  // Completes the write-backs whose copies are done (and the oldest as `oldest` says: waited
+  // for, or taken at once with the steps ordered after its copy): the session's blocks are
+  // freed and its copy becomes its host tier, or, when the session changed meanwhile (a
+  // request, a truncation), the copy is dropped. Returns the pool blocks freed.
+  int32_t finish_write_backs(TierMoves::Take oldest);
+  // How a step that needs room now takes a copy out of the pool still running: at once with the
+  // steps ordered after it (copy_out_overlap, on a backend that orders by layer), else waited.
+  TierMoves::Take take_now() const;
   // Takes the FileWriter's finished spill files: a failed one sends its session's KV to none
   // (recomputed), as a failed read does.
   void settle_file_writes();

@@ -134,9 +134,9 @@ bool Engine::admit_prefix(Sequence& s) {
 }
 
 bool Engine::evict_idle_session() {
-  // a write-back in flight frees its blocks soonest: wait for the oldest
+  // a write-back in flight frees its blocks soonest: the oldest, waited for or ordered after
   while (!moves_.write_backs().empty()) {
-    if (finish_write_backs(true) > 0) return true;
+    if (finish_write_backs(take_now()) > 0) return true;
   }
   std::vector<SessionState*> idle;
   std::vector<int64_t> last_used;

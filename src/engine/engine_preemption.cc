@@ -33,8 +33,8 @@ bool Engine::swap_out(Sequence& s) {
     return false;
   }
   if (!make_host_room(bytes, nullptr)) return false;
-  // waited for: the blocks are handed out again within this step
-  std::unique_ptr<HostKv> kv = copy_out(s.id, s.num_computed, host_tier_.get());
+  // the blocks are handed out again within this step: the steps are ordered after the copy
+  std::unique_ptr<HostKv> kv = copy_out_to_host(s.id, s.num_computed);
   if (!kv) return false;
   kv->window_valid_from = s.window_valid_from;
   stats_.host_tier_bytes_used += kv->size_bytes;

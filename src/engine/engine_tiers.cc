@@ -47,6 +47,20 @@ std::unique_ptr<HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostT
   return kv;
 }
 
+std::unique_ptr<HostKv> Engine::copy_out_to_host(SeqId seq_id, int32_t num_tokens) {
+  if (take_now() != TierMoves::Take::kOrderAfter) {
+    return copy_out(seq_id, num_tokens, host_tier_.get());
+  }
+  uint64_t ticket = 0;
+  std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, host_tier_.get(), &ticket);
+  if (kv == nullptr) return nullptr;
+  if (!moves_.order_out(ticket, *kv).is_ok()) {
+    (void)backend_->wait_transfers(ticket);  // before its blocks go
+    return nullptr;
+  }
+  return kv;
+}
+
 std::unique_ptr<HostKv> Engine::copy_out_for_file(SeqId seq_id, int32_t num_tokens) {
   if (disk_staging_) {
     std::unique_ptr<HostKv> kv = copy_out(seq_id, num_tokens, disk_staging_.get());
@@ -137,11 +151,16 @@ void Engine::start_write_backs() {
   }
 }
 
-int32_t Engine::finish_write_backs(bool wait) {
+TierMoves::Take Engine::take_now() const {
+  return config_.copy_out_overlap && backend_->orders_by_layer() ? TierMoves::Take::kOrderAfter
+                                                                 : TierMoves::Take::kWait;
+}
+
+int32_t Engine::finish_write_backs(TierMoves::Take oldest) {
   int32_t freed = 0;
-  // only the oldest is waited for
-  for (bool wait_oldest = wait;; wait_oldest = false) {
-    std::unique_ptr<TierMoves::WriteBack> done = moves_.take_write_back(wait_oldest);
+  // only the oldest is waited for (or ordered after)
+  for (TierMoves::Take how = oldest;; how = TierMoves::Take::kIfDone) {
+    std::unique_ptr<TierMoves::WriteBack> done = moves_.take_write_back(how);
     if (done == nullptr) break;
     stats_.host_tier_bytes_used -= done->kv->size_bytes;
     auto it = sessions_.find(done->session);
@@ -416,7 +435,7 @@ void Engine::move_down(SessionState& session) {
       config_.disk_tier_bytes);
   std::unique_ptr<HostKv> kv;
   if (tiers.host && make_host_room(live_bytes(seq_id), &session)) {
-    kv = copy_out(seq_id, num_tokens, host_tier_.get());
+    kv = copy_out_to_host(seq_id, num_tokens);
     if (kv) {
       kv->window_valid_from = session.window_valid_from;
       cache_->free_sequence(seq_id);
@@ -447,7 +466,8 @@ void Engine::move_to_disk(SessionState& session, std::unique_ptr<HostKv> kv) {
   const uint64_t size_bytes = file_size_bytes(kv->num_tokens);
   session.num_computed = kv->num_tokens;
   session.window_valid_from = kv->window_valid_from;
-  if (!config_.disk_dir.empty() && make_disk_room(size_bytes, &session)) {
+  // the writer reads it: a copy still landing in it lands first (an error: it is dropped)
+  if (!config_.disk_dir.empty() && kv->land().is_ok() && make_disk_room(size_bytes, &session)) {
     std::error_code ec;
     std::filesystem::create_directories(config_.disk_dir, ec);
     const std::filesystem::path path = spill_path(session);
@@ -582,7 +602,8 @@ void Engine::start_prefetch(SessionState& session) {
 }
 
 void Engine::settle_tier_moves() {
-  while (!moves_.write_backs().empty()) finish_write_backs(true);
+  moves_.land_all();
+  while (!moves_.write_backs().empty()) finish_write_backs(TierMoves::Take::kWait);
   while (!moves_.restores().empty()) settle_restore(moves_.restores().begin()->first, true);
   if (!file_writer_) return;
   file_writer_->drain();
@@ -729,6 +750,7 @@ Status Engine::save_session(const std::string& name, const std::filesystem::path
     kv = copy.get();
   }
   KVP_CHECK(kv != nullptr, "session '{}' has complete KV in no tier", name);
+  if (session.host) KVP_RETURN_IF_ERROR(session.host->land());
   Status st = write_cache_file(path, fingerprint_, kv->storage(),
                                std::span(session.tokens).first(kv->num_tokens), kv->tables);
   if (!st.is_ok()) {

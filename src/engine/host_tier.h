@@ -4,7 +4,7 @@
 // group. A session's host copy is a set of these blocks (HostKv, below); the engine charges
 // their bytes to the tier's budget, so however the groups share it, the blocks in use never
 // exceed the budget. A copy on its way to a file, or read from one, is a HostKv of a storage of
-// its own.
+// its own. A copy out of the pool may still be landing in a HostKv (HostKv::land).
 //
 //   engine ──allocate(n blocks per group)──▶ block ids ──start_transfers(pool ⇄ slab)──▶ backend
 //          ◀──────────────────────release(block ids)──────────────────────────────┘
@@ -26,6 +26,7 @@
 #include "cache/host_kv_storage.h"
 #include "common/ids.h"
 #include "common/status.h"
+#include "model/forward_backend.h"
 
 namespace kvp {
 
@@ -64,10 +65,19 @@ struct HostKv {
   HostKv(const HostKv&) = delete;
   HostKv& operator=(const HostKv&) = delete;
   ~HostKv() {
+    (void)land();  // the device is done writing its blocks before they go
     if (tier != nullptr) tier->release(tier_blocks);
   }
   HostKvStorage& storage() { return tier != nullptr ? tier->storage() : *own; }
   const HostKvStorage& storage() const { return tier != nullptr ? tier->storage() : *own; }
+  // Waits for the copy still writing these blocks, if any (landing): before the host reads them.
+  // Copies into the pool need no wait: the backend orders them after it.
+  Status land() {
+    if (landing == 0) return Status::ok();
+    const Status st = landing_on->wait_transfers(landing);
+    landing = 0;
+    return st;
+  }
 
   HostTier* tier = nullptr;
   std::vector<std::vector<BlockId>> tier_blocks;  // [num_groups] of tier's blocks
@@ -76,6 +86,11 @@ struct HostKv {
   int32_t num_tokens = 0;
   int32_t window_valid_from = 0;  // see Sequence::window_valid_from
   uint64_t size_bytes = 0;        // of its blocks
+  // A copy out of the pool still writing these blocks (Engine::copy_out_to_host: its pool
+  // blocks were given back at once, the backend ordering steps after it): ticket on landing_on
+  // (outlives this), 0 once landed.
+  TransferTickets* landing_on = nullptr;
+  uint64_t landing = 0;
 };
 
 }  // namespace kvp

@@ -33,6 +33,7 @@ TierMoves::TierMoves(TransferTickets* transfers, PreemptionCostModel* cost, Poli
 TierMoves::~TierMoves() {
   for (const auto& wb : write_backs_) (void)transfers_->wait_transfers(wb->ticket);
   for (const auto& [id, r] : restores_) (void)transfers_->wait_transfers(r.ticket);
+  for (const Landing& l : landing_) (void)transfers_->wait_transfers(l.ticket);
 }
 
 void TierMoves::check(const Status& status, const char* what) const {
@@ -58,6 +59,34 @@ Status TierMoves::wait(uint64_t ticket, uint64_t bytes, Clock::time_point start,
   return Status::ok();
 }
 
+Status TierMoves::order_out(uint64_t ticket, HostKv& kv) {
+  KVP_RETURN_IF_ERROR(transfers_->order_after_transfers(ticket));
+  kv.landing_on = transfers_;
+  kv.landing = ticket;
+  landing_.push_back({ticket, kv.size_bytes});
+  step_ordered_out_ = true;
+  ++num_ordered_out_;
+  return Status::ok();
+}
+
+void TierMoves::begin_step() {
+  step_ordered_out_ = false;
+  while (!landing_.empty()) {
+    Result<bool> done = transfers_->transfers_done(landing_.front().ticket);
+    check(done.status(), "a copy out of the pool");
+    if (!*done) return;
+    // its duration is not known: the steps ordered after it ran under it
+    to_host_.count_overlapped(landing_.front().bytes);
+    landing_.pop_front();
+  }
+}
+
+void TierMoves::land_all() {
+  if (landing_.empty()) return;
+  check(transfers_->wait_transfers(landing_.back().ticket), "a copy out of the pool");
+  begin_step();
+}
+
 void TierMoves::start_write_back(std::unique_ptr<WriteBack> write_back) {
   write_backs_.push_back(std::move(write_back));
 }
@@ -68,17 +97,22 @@ int32_t TierMoves::num_write_back_blocks() const {
   return n;
 }
 
-std::unique_ptr<TierMoves::WriteBack> TierMoves::take_write_back(bool wait) {
+std::unique_ptr<TierMoves::WriteBack> TierMoves::take_write_back(Take how) {
   if (write_backs_.empty()) return nullptr;
   WriteBack& wb = *write_backs_.front();
-  if (wait) {
+  if (how == Take::kWait) {
     check(transfers_->wait_transfers(wb.ticket), "a write-back");
     to_host_.count_timed(wb.kv->size_bytes, wb.start);
   } else {
     Result<bool> done = transfers_->transfers_done(wb.ticket);
     check(done.status(), "a write-back");
-    if (!*done) return nullptr;
-    to_host_.count_overlapped(wb.kv->size_bytes);
+    if (*done) {
+      to_host_.count_overlapped(wb.kv->size_bytes);
+    } else if (how == Take::kOrderAfter) {
+      check(order_out(wb.ticket, *wb.kv), "to order a step after a write-back");
+    } else {
+      return nullptr;
+    }
   }
   std::unique_ptr<WriteBack> taken = std::move(write_backs_.front());
   write_backs_.pop_front();
@@ -97,8 +131,8 @@ int32_t TierMoves::num_unordered() const {
 }
 
 bool TierMoves::any_ordered() const {
-  return std::any_of(restores_.begin(), restores_.end(),
-                     [](const auto& entry) { return entry.second.ordered; });
+  return step_ordered_out_ || std::any_of(restores_.begin(), restores_.end(),
+                                          [](const auto& entry) { return entry.second.ordered; });
 }
 
 std::optional<TierMoves::Restore> TierMoves::settle(SeqId seq, bool wait) {

@@ -12,6 +12,8 @@
 //                                   ──settle (done, or waited for)──▶ engine
 //                                   ──join_step──▶ backend.order_after_transfers: the sequence
 //                                                  runs in this step, over its copy
+//   engine ──order_out (a copy out whose blocks it gives back now)──▶ backend.order_after_transfers
+//                                   ──begin_step (found done)──▶ counted
 //   engine ──wait (a copy it needs done now)──▶ timed, counted, the cost model's copy rate
 //
 // Copies of one direction complete in ticket order; the two directions overlap. Completion is
@@ -109,15 +111,31 @@ class TierMoves {
   // stats and the cost model, and every copy of its direction is done by then.
   Status wait(uint64_t ticket, uint64_t bytes, Clock::time_point start, bool into_pool);
 
+  // copies out of the pool whose blocks the engine gives back at once
+  // Orders the steps from now on after the copy out of the pool up to `ticket`, into `kv`, so
+  // the engine may give its blocks back before it completes (where the backend orders by layer,
+  // the next step writes them as each layer is read out; otherwise this waits for the copy). kv
+  // then carries the ticket until it lands (HostKv::land). Counted when found done.
+  Status order_out(uint64_t ticket, HostKv& kv);
+  // A step begins: counts the copies ordered out that are done by now.
+  void begin_step();
+  // Waits for every copy ordered out and counts it.
+  void land_all();
+  int32_t num_landing() const { return static_cast<int32_t>(landing_.size()); }
+
   // write-backs
   void start_write_back(std::unique_ptr<WriteBack> write_back);
   const std::deque<std::unique_ptr<WriteBack>>& write_backs() const { return write_backs_; }
   // Pool blocks the write-backs in flight will free.
   int32_t num_write_back_blocks() const;
-  // The oldest write-back, completed, if its copy is done (wait: waited for); null when none is
-  // in flight or the oldest is still running. Aborts on a copy error (the pool's blocks and the
-  // tier's are the engine's own: a failure is a broken backend).
-  std::unique_ptr<WriteBack> take_write_back(bool wait);
+  // How take_write_back takes the oldest write-back: only if its copy is done, waited for, or
+  // at once with the steps from now on ordered after its copy (as order_out: its pool blocks
+  // may be given back now; its host copy lands later, HostKv::land).
+  enum class Take { kIfDone, kWait, kOrderAfter };
+  // The oldest write-back, taken as `how` says; null when none is in flight or (kIfDone) the
+  // oldest is still running. Aborts on a copy error (the pool's blocks and the tier's are the
+  // engine's own: a failure is a broken backend).
+  std::unique_ptr<WriteBack> take_write_back(Take how);
 
   // restores
   void start_restore(SeqId seq, Restore restore);
@@ -125,7 +143,8 @@ class TierMoves {
   const std::unordered_map<SeqId, Restore>& restores() const { return restores_; }
   // Restores that have not joined a step (the scheduler holds them a place in the batch).
   int32_t num_unordered() const;
-  // Whether some restore joined the step being taken (its time is then not a step's alone).
+  // Whether some restore joined the step being taken, or the step is ordered after a copy out of
+  // the pool (its time is then not a step's alone).
   bool any_ordered() const;
   // seq's copy, completed, if it is done (wait: waited for); nullopt while it runs. requires:
   // is_restoring(seq).
@@ -143,6 +162,7 @@ class TierMoves {
   const MoveStats& to_host() const { return to_host_; }
   const MoveStats& to_pool() const { return to_pool_; }
   int64_t num_joined_steps() const { return num_joined_steps_; }  // restores that joined a step
+  int64_t num_ordered_out() const { return num_ordered_out_; }    // order_out calls that held
 
  private:
   void check(const Status& status, const char* what) const;
@@ -152,10 +172,17 @@ class TierMoves {
   Policy policy_;
   std::deque<std::unique_ptr<WriteBack>> write_backs_;  // oldest first
   std::unordered_map<SeqId, Restore> restores_;
+  struct Landing {
+    uint64_t ticket = 0;
+    uint64_t bytes = 0;
+  };
+  std::deque<Landing> landing_;    // ordered out, oldest first
+  bool step_ordered_out_ = false;  // since begin_step
   // when the copies queued are expected to be done, [0] out of the pool and [1] into it
   Clock::time_point queue_end_[2] = {};
   MoveStats to_host_, to_pool_;
   int64_t num_joined_steps_ = 0;
+  int64_t num_ordered_out_ = 0;
 };
 
 }  // namespace kvp

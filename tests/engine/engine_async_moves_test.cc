@@ -41,6 +41,7 @@ class LateCopiesBackend final : public CpuBackendWrapper {
       ++num_copies_from_pageable;
     }
     queue_.push_back({++last_ticket_, group, {ops.begin(), ops.end()}, &host, 0, to_host});
+    if (to_host) to_host_tickets_.insert(last_ticket_);
     return last_ticket_;
   }
   Result<bool> transfers_done(uint64_t ticket) override {
@@ -62,7 +63,7 @@ class LateCopiesBackend final : public CpuBackendWrapper {
     return Status::ok();
   }
   Status order_after_transfers(uint64_t ticket) override {
-    ++num_orders;
+    ++(to_host_tickets_.count(ticket) > 0 ? num_orders_out : num_orders);
     ordered_ = std::max(ordered_, ticket);
     return Status::ok();
   }
@@ -84,7 +85,8 @@ class LateCopiesBackend final : public CpuBackendWrapper {
   static constexpr int kPolls = 3;
   int64_t num_late_to_pool = 0;  // answers "not yet" about copies into the pool
   int64_t num_late_to_host = 0;
-  int64_t num_orders = 0;  // order_after_transfers calls
+  int64_t num_orders = 0;      // order_after_transfers calls: after copies into the pool
+  int64_t num_orders_out = 0;  // after copies out of it (their blocks given back at once)
   bool offers_slabs = false;
   bool by_layer = false;  // says it orders steps layer by layer (as the CUDA backend does)
   int64_t num_slabs = 0, num_slabs_released = 0;
@@ -117,6 +119,7 @@ class LateCopiesBackend final : public CpuBackendWrapper {
   std::deque<Pending> queue_;
   uint64_t ordered_ = 0;  // copies up to this ticket complete before the next device work
   std::set<const void*> slabs_made_;
+  std::set<uint64_t> to_host_tickets_;
   HostKvStorage::SlabAllocator slabs_{[](size_t bytes, void* self) -> void* {
                                         auto* backend = static_cast<LateCopiesBackend*>(self);
                                         ++backend->num_slabs;
@@ -266,6 +269,61 @@ TEST(EngineLateCopies, ALoneRestoreJoinsItsStepWhereTheBackendOrdersByLayer) {
         }
       }
     }
+  }
+}
+
+// Sessions moved down a tier and sequences swapped out for room, on a backend that orders steps
+// after copies layer by layer: the engine gives their blocks back as soon as their copies are
+// queued, ordering the next steps after them, and the copies complete only when that device
+// work runs (a step that wrote a block before its copy read it out would leave another
+// sequence's KV in the host copy, and a wrong restore). The outputs are the CPU backend's, and
+// with copy_out_overlap off the copies are waited for instead, with the same outputs.
+TEST(EngineLateCopies, CopiesOutWhoseBlocksAreGivenBackAtOnceKeepTheOutputs) {
+  for (const char* model : {"llama", "gemma3"}) {
+    auto runner = load(model);
+    CpuForwardBackend cpu(runner);
+    EngineStats cpu_stats;
+    EngineConfig config = small_config(48);
+    config.host_tier_bytes = 64 << 20;
+    const auto expected = run_agents(cpu, &cpu_stats, config);
+    for (const bool overlap : {true, false}) {
+      SCOPED_TRACE(std::string(model) + (overlap ? ", copies out overlap" : ", copies out wait"));
+      config.copy_out_overlap = overlap;
+      LateCopiesBackend late(runner);
+      late.by_layer = true;
+      EngineStats stats;
+      EXPECT_EQ(run_agents(late, &stats, config), expected);
+      EXPECT_GT(stats.num_session_moves_to_host, 0);
+      EXPECT_GT(stats.num_session_restores, 0);
+      if (overlap) {
+        EXPECT_GT(late.num_orders_out, 0);
+        EXPECT_GT(stats.to_host.overlapped, 0);  // counted when found done, not timed
+      } else {
+        EXPECT_EQ(late.num_orders_out, 0);
+      }
+    }
+
+    // running sequences swapped out for room: back with the golden tokens
+    LateCopiesBackend late(runner);
+    late.by_layer = true;
+    EngineConfig swap = small_config(24);
+    swap.host_tier_bytes = 64 << 20;
+    swap.preemption = Preemption::kSwap;
+    Engine engine(&late, swap);
+    std::map<int64_t, int> golden_of;
+    for (int p = 0; p < 4; ++p) {
+      auto id = engine.submit(greedy_request(golden_ids(model, "prompt_" + std::to_string(p)), 32));
+      ASSERT_TRUE(id.is_ok());
+      golden_of[id->value] = p;
+    }
+    auto out = run_all(engine);
+    engine.check_integrity();
+    EXPECT_GT(engine.stats().num_preemption_swaps, 0);
+    EXPECT_GT(late.num_orders_out, 0);
+    for (const auto& [id, p] : golden_of) {
+      EXPECT_EQ(out[id].tokens, golden_ids(model, "greedy_" + std::to_string(p))) << model << p;
+    }
+    EXPECT_EQ(engine.stats().host_tier_bytes_used, 0u);
   }
 }
 

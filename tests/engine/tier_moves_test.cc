@@ -17,7 +17,7 @@ namespace {
 
 using Clock = TierMoves::Clock;
 
-class ScriptedTickets final : public TransferTickets {
+class ScriptedTickets : public TransferTickets {
  public:
   std::string device_name() const override { return "scripted test device"; }
   Result<bool> transfers_done(uint64_t ticket) override {
@@ -88,23 +88,23 @@ TEST(TierMoves, WriteBacksCompleteOldestFirstAndEachIsCountedOnce) {
   EXPECT_EQ(moves.num_write_back_blocks(), 15);
 
   // nothing done: nothing taken, whatever is asked
-  EXPECT_EQ(moves.take_write_back(false), nullptr);
+  EXPECT_EQ(moves.take_write_back(TierMoves::Take::kIfDone), nullptr);
   EXPECT_EQ(moves.write_backs().size(), 3u);
 
   // the oldest done: it alone comes out, found done by a poll (overlapped, not timed)
   tickets.completed = 1;
-  std::unique_ptr<TierMoves::WriteBack> first = moves.take_write_back(false);
+  std::unique_ptr<TierMoves::WriteBack> first = moves.take_write_back(TierMoves::Take::kIfDone);
   ASSERT_NE(first, nullptr);
   EXPECT_EQ(first->ticket, 1u);
   EXPECT_EQ(first->num_blocks, 3);
-  EXPECT_EQ(moves.take_write_back(false), nullptr);
+  EXPECT_EQ(moves.take_write_back(TierMoves::Take::kIfDone), nullptr);
   EXPECT_EQ(moves.num_write_back_blocks(), 12);
   EXPECT_EQ(moves.to_host().overlapped, 1);
   EXPECT_EQ(moves.to_host().overlapped_bytes, kMiB);
   EXPECT_EQ(moves.to_host().count, 0);
 
   // waited for: the oldest only, timed
-  std::unique_ptr<TierMoves::WriteBack> second = moves.take_write_back(true);
+  std::unique_ptr<TierMoves::WriteBack> second = moves.take_write_back(TierMoves::Take::kWait);
   ASSERT_NE(second, nullptr);
   EXPECT_EQ(second->ticket, 2u);
   EXPECT_EQ(tickets.waited, std::set<uint64_t>{2});
@@ -115,9 +115,10 @@ TEST(TierMoves, WriteBacksCompleteOldestFirstAndEachIsCountedOnce) {
   EXPECT_FALSE(cost.copy_bytes_per_second());
 
   tickets.completed = 3;
-  ASSERT_NE(moves.take_write_back(false), nullptr);
-  EXPECT_EQ(moves.take_write_back(false), nullptr);
-  EXPECT_EQ(moves.take_write_back(true), nullptr);  // none in flight: nothing to wait for
+  ASSERT_NE(moves.take_write_back(TierMoves::Take::kIfDone), nullptr);
+  EXPECT_EQ(moves.take_write_back(TierMoves::Take::kIfDone), nullptr);
+  EXPECT_EQ(moves.take_write_back(TierMoves::Take::kWait),
+            nullptr);  // none in flight: nothing to wait for
   EXPECT_EQ(moves.to_host().overlapped, 2);
   EXPECT_EQ(moves.num_write_back_blocks(), 0);
 }
@@ -283,6 +284,124 @@ TEST(TierMoves, WithoutOverlapARestoreJoinsOnlyWhenItsCopyEndsWithinAStep) {
   EXPECT_EQ(moves.to_pool().count, 0);
 }
 
+// A copy out of the pool whose blocks the engine gives back at once: the steps are ordered after
+// it on the backend (not waited for), the step that ordered it is not a step's time alone, and
+// it is counted once, as overlapped, when a later step finds it done.
+TEST(TierMoves, ACopyOrderedOutIsNotWaitedForAndCountsWhenALaterStepFindsItDone) {
+  ScriptedTickets tickets;
+  PreemptionCostModel cost;
+  TierMoves moves(&tickets, &cost, {});
+  moves.begin_step();
+  EXPECT_FALSE(moves.any_ordered());
+  std::unique_ptr<HostKv> a = host_copy(3 * kMiB), b = host_copy(kMiB);
+  ASSERT_TRUE(moves.order_out(5, *a).is_ok());
+  ASSERT_TRUE(moves.order_out(6, *b).is_ok());
+  EXPECT_EQ(a->landing, 5u);  // each copy lands when its ticket completes
+  EXPECT_EQ(b->landing, 6u);
+  EXPECT_EQ(a->landing_on, &tickets);
+  EXPECT_EQ(tickets.orders, (std::vector<uint64_t>{5, 6}));
+  EXPECT_TRUE(tickets.waited.empty());
+  EXPECT_EQ(moves.num_landing(), 2);
+  EXPECT_TRUE(moves.any_ordered());  // this step runs after them
+  EXPECT_EQ(moves.to_host().count + moves.to_host().overlapped, 0);
+
+  // the next step: none done yet, nothing counted; the step is not ordered after a new one
+  moves.begin_step();
+  EXPECT_FALSE(moves.any_ordered());
+  EXPECT_EQ(moves.num_landing(), 2);
+  EXPECT_EQ(moves.to_host().overlapped, 0);
+  // the older done: it alone is counted
+  tickets.completed = 5;
+  moves.begin_step();
+  EXPECT_EQ(moves.num_landing(), 1);
+  EXPECT_EQ(moves.to_host().overlapped, 1);
+  EXPECT_EQ(moves.to_host().overlapped_bytes, 3 * kMiB);
+  // land_all waits for the rest (once, for the newest: a direction completes in order)
+  moves.land_all();
+  EXPECT_EQ(tickets.waited, std::set<uint64_t>{6});
+  EXPECT_EQ(moves.num_landing(), 0);
+  EXPECT_EQ(moves.to_host().overlapped, 2);
+  EXPECT_EQ(moves.to_host().overlapped_bytes, 4 * kMiB);
+  EXPECT_EQ(moves.to_host().count, 0);
+  EXPECT_FALSE(cost.copy_bytes_per_second());  // no copy's own time was seen
+
+  // an ordering the backend refuses comes back, and nothing is held
+  struct Refusing final : ScriptedTickets {
+    Status order_after_transfers(uint64_t) override { return Status::internal("no event"); }
+  };
+  Refusing refusing;
+  TierMoves refused(&refusing, &cost, {});
+  std::unique_ptr<HostKv> c = host_copy(kMiB);
+  EXPECT_FALSE(refused.order_out(1, *c).is_ok());
+  EXPECT_EQ(c->landing, 0u);
+  EXPECT_EQ(refused.num_landing(), 0);
+  EXPECT_FALSE(refused.any_ordered());
+}
+
+// A step that needs room now takes the oldest write-back at once, ordered after its copy: its
+// blocks may be given back before the copy completes, its host copy carries the ticket, and it
+// is counted once, when a later step finds it done. One already done is taken as done.
+TEST(TierMoves, AWriteBackTakenOrderedAfterIsNotWaitedForAndCountsOnce) {
+  ScriptedTickets tickets;
+  PreemptionCostModel cost;
+  TierMoves moves(&tickets, &cost, {});
+  moves.start_write_back(write_back(1, 3, kMiB));
+  moves.start_write_back(write_back(2, 5, 2 * kMiB));
+  tickets.completed = 1;
+  std::unique_ptr<TierMoves::WriteBack> done = moves.take_write_back(TierMoves::Take::kOrderAfter);
+  ASSERT_NE(done, nullptr);
+  EXPECT_EQ(done->ticket, 1u);
+  EXPECT_TRUE(tickets.orders.empty());  // done: nothing to order after
+  EXPECT_EQ(done->kv->landing, 0u);
+  EXPECT_EQ(moves.to_host().overlapped, 1);
+
+  std::unique_ptr<TierMoves::WriteBack> running =
+      moves.take_write_back(TierMoves::Take::kOrderAfter);
+  ASSERT_NE(running, nullptr);
+  EXPECT_EQ(running->ticket, 2u);
+  EXPECT_EQ(tickets.orders, std::vector<uint64_t>{2});
+  EXPECT_TRUE(tickets.waited.empty());
+  EXPECT_EQ(running->kv->landing, 2u);
+  EXPECT_TRUE(moves.write_backs().empty());
+  EXPECT_TRUE(moves.any_ordered());
+  EXPECT_EQ(moves.to_host().overlapped, 1);  // not yet
+  tickets.completed = 2;
+  moves.begin_step();
+  EXPECT_EQ(moves.to_host().overlapped, 2);
+  EXPECT_EQ(moves.to_host().overlapped_bytes, 3 * kMiB);
+  EXPECT_EQ(moves.to_host().count, 0);
+  EXPECT_EQ(moves.num_landing(), 0);
+  EXPECT_EQ(moves.take_write_back(TierMoves::Take::kOrderAfter), nullptr);  // none left
+}
+
+// A host copy a copy out of the pool is still landing in: land() waits for that copy once, and
+// the copy waits for it as it goes (its blocks are given back only after the device wrote them).
+TEST(TierMoves, AHostCopyStillLandingWaitsBeforeItIsReadAndBeforeItGoes) {
+  ScriptedTickets tickets;
+  std::unique_ptr<HostKv> kv = host_copy(kMiB);
+  EXPECT_TRUE(kv->land().is_ok());  // nothing landing: no wait
+  EXPECT_TRUE(tickets.waited.empty());
+  kv->landing_on = &tickets;
+  kv->landing = 4;
+  EXPECT_TRUE(kv->land().is_ok());
+  EXPECT_EQ(tickets.waited, std::set<uint64_t>{4});
+  EXPECT_TRUE(kv->land().is_ok());  // landed: once
+  EXPECT_EQ(tickets.waited.size(), 1u);
+
+  kv->landing = 7;
+  kv.reset();
+  EXPECT_EQ(tickets.waited, (std::set<uint64_t>{4, 7}));
+
+  // an error of the copy comes back from land()
+  auto failed = host_copy(kMiB);
+  failed->landing_on = &tickets;
+  failed->landing = 8;
+  tickets.fail = true;
+  EXPECT_FALSE(failed->land().is_ok());
+  EXPECT_EQ(failed->landing, 0u);  // not waited for again as it goes
+  tickets.fail = false;
+}
+
 TEST(TierMoves, GoingAwayWaitsForEveryCopyInFlight) {
   ScriptedTickets tickets;
   PreemptionCostModel cost;
@@ -290,9 +409,12 @@ TEST(TierMoves, GoingAwayWaitsForEveryCopyInFlight) {
     TierMoves moves(&tickets, &cost, {});
     moves.start_write_back(write_back(3, 1, kMiB));
     moves.start_restore(SeqId{9}, restore(4, kMiB));
+    std::unique_ptr<HostKv> out = host_copy(kMiB);
+    ASSERT_TRUE(moves.order_out(5, *out).is_ok());
+    out->landing = 0;  // (this one's own wait is the HostKv test's)
   }
   // the host copies the device was still reading or writing went only after these
-  EXPECT_EQ(tickets.waited, (std::set<uint64_t>{3, 4}));
+  EXPECT_EQ(tickets.waited, (std::set<uint64_t>{3, 4, 5}));
 }
 
 TEST(TierMovesDeathTest, ACopyErrorOfTheEnginesOwnBlocksIsABrokenBackend) {
@@ -301,7 +423,8 @@ TEST(TierMovesDeathTest, ACopyErrorOfTheEnginesOwnBlocksIsABrokenBackend) {
   TierMoves moves(&tickets, &cost, {});
   moves.start_write_back(write_back(1, 1, kMiB));
   tickets.fail = true;
-  EXPECT_DEATH(moves.take_write_back(false), "scripted test device backend failed a write-back");
+  EXPECT_DEATH(moves.take_write_back(TierMoves::Take::kIfDone),
+               "scripted test device backend failed a write-back");
   tickets.fail = false;
   tickets.completed = 1;
 }

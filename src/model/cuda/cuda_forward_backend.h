@@ -9,16 +9,16 @@
 // and read_blocks/write_blocks convert on the host (pad lanes written as zero).
 //
 // Tier transfers (cuda_tier_transfers.cc): host tier slabs are pinned (host_slab_allocator);
-// start_transfers queues one cudaMemcpy2DAsync per run of consecutive blocks (every layer of the
-// run: num_layers rows, each slab's layer stride apart) on a copy stream of its direction (copies
-// into the pool do not queue behind write-backs out of it: the device has a copy engine each
-// way), after an event of the compute stream (so a block written by a queued forward pass is
-// copied after it), and records an event per ticket that transfers_done polls and
-// order_after_transfers makes the compute stream wait on. Copies into the pool run layer by layer
-// (2-D copies of a chunk of layers per run, an event after each chunk): order_after_transfers
-// hands those events to the runner, whose next eager step waits at each layer for that layer's
-// blocks only, so the step computes while the copy lands (orders_by_layer). A padded pool falls
-// back to the base implementation (through block images).
+// start_transfers queues one cudaMemcpy2DAsync per run of consecutive blocks and chunk of layers
+// (each slab's layer stride apart) on a copy stream of its direction (copies into the pool do not
+// queue behind write-backs out of it: the device has a copy engine each way), after an event of
+// the compute stream (so a block written by a queued forward pass is copied after it), and
+// records an event after each chunk that transfers_done polls and order_after_transfers hands to
+// the runner: its next eager step waits at each layer for that layer's blocks only
+// (orders_by_layer). Into the pool: the step computes while the copy lands. Out of it: the
+// engine gives the blocks back at once, the step that writes them computes while they are read
+// out, and a later copy into the pool waits for the whole copy. A padded pool falls back to the
+// base implementation (through block images).
 #pragma once
 
 #include <cstdint>
@@ -95,10 +95,13 @@ class CudaForwardBackend final : public ForwardBackend {
     uint64_t ticket = 0;
     bool to_host = false;        // which copy stream
     cudaEvent_t done = nullptr;  // recorded on that stream after the ticket's copies
-    // into the pool: group, and [layer within the group] -> the event recorded after that
-    // layer's copies (the chunk's; the last is `done`); empty out of the pool
+    // group, and [layer within the group] -> the event recorded after that layer's copies (the
+    // chunk's; the last is `done`)
     int32_t group = 0;
     std::vector<cudaEvent_t> layer_done;
+    // out of the pool, ordered after (order_after_transfers): its source blocks were given back
+    // before it completed, so copies into the pool started later wait for it
+    bool released = false;
   };
   Result<cudaEvent_t> take_event();
   void give_back_events(const InFlight& f);

@@ -581,7 +581,8 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
   // block-table width rounded up to powers of two, max_kv_len to a power of two (an upper bound
   // is all the attention kernels need). Padding sequences bring token 0 with kv_len 1, a
   // skipped slot (-1) and block 0: their rows are computed and dropped.
-  const bool use_graph = graphs_enabled_ && shape.max_q_len == 1;
+  // a step ordered after copies layer by layer runs eagerly: a graph would wait for them whole
+  const bool use_graph = graphs_enabled_ && shape.max_q_len == 1 && !layer_waits_pending_;
   shape.num_seqs = use_graph ? next_pow2(num_seqs) : num_seqs;
   shape.num_tokens = use_graph ? shape.num_seqs : num_tokens;
   shape.num_rows = use_graph ? next_pow2(std::max(num_rows, 1)) : num_rows;

@@ -120,12 +120,16 @@ class CudaModelRunner {
                          std::span<LogitRowSummary> summaries, const DeviceSampleBatch& samples,
                          std::span<DeviceSample> results);
 
-  // Copies into the pool ordered layer by layer (CudaForwardBackend::order_after_transfers): the
-  // next eager step's layer l of `group` waits for per_slot[its index within the group] before
-  // it touches the pool, so the step overlaps the copy it reads. Anything else that may read the
-  // pool first waits for all of them (flush_layer_waits): a graph replay, a block copy or image.
+  // Copies ordered layer by layer (CudaForwardBackend::order_after_transfers): the next step's
+  // layer l of `group` waits for per_slot[its index within the group] before it touches the
+  // pool, so the step overlaps the copy (into the pool: it reads what lands; out of it: it
+  // writes blocks being read out). A step with waits pending runs eagerly, not as a graph (a
+  // graph waits for nothing inside it). Anything else that may touch the pool first waits for
+  // all of them (flush_layer_waits): a block copy or image. forget_layer_waits drops waits on
+  // events of copies that are done (their events go back to be recorded again).
   void wait_layers_before(int32_t group, std::span<const cudaEvent_t> per_slot);
   Status flush_layer_waits();
+  void forget_layer_waits(std::span<const cudaEvent_t> done);
 
   // Tensor parallelism: this runner is one rank of a split model (loaded with shard_spec's spec
   // and a ShardedWeightSource, or random with its shard); the o and down projections' partial

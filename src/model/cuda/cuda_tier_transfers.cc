@@ -1,6 +1,6 @@
 // CudaForwardBackend's session tier transfers (cuda_forward_backend.h): pinned host slabs, one
-// 2-D DMA per run of consecutive blocks on the copy stream of its direction, an event per ticket
-// (into the pool: per layer chunk); and the CudaModelRunner's layer waits on those events
+// 2-D DMA per run of consecutive blocks and layer chunk on the copy stream of its direction, an
+// event per chunk; and the CudaModelRunner's layer waits on those events
 // (wait_layers_before, flush_layer_waits: a step ordered after a copy, layer by layer).
 #include <cuda_runtime_api.h>
 
@@ -77,6 +77,15 @@ Result<uint64_t> CudaForwardBackend::start_transfers(int32_t group,
   // read a destination block that was freed and handed out again
   KVP_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_mark_, runner_->stream()));
   KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, compute_mark_, 0));
+  if (!to_host) {
+    // a pool block given back while a copy out of it still reads it may be a destination here
+    // (the compute stream's layer waits for such copies are not all on the stream yet)
+    auto released = std::find_if(in_flight_.rbegin(), in_flight_.rend(),
+                                 [](const InFlight& f) { return f.to_host && f.released; });
+    if (released != in_flight_.rend()) {
+      KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, released->done, 0));
+    }
+  }
   const KvLayout& slab = host.layout(group);
   const size_t elem = dtype_size_bytes(device.dtype);
   const size_t run_bytes = static_cast<size_t>(device.block_pitch()) * elem;  // K + V, one layer
@@ -102,16 +111,14 @@ Result<uint64_t> CudaForwardBackend::start_transfers(int32_t group,
         {device_base + pool_block * run_bytes, host_base + host_block * run_bytes, n * run_bytes});
     i += n;
   }
-  // Out of the pool: one 2-D copy a run, every layer. Into it: layer chunks, an event after each,
-  // so a step ordered after the ticket waits at each layer for that layer's blocks only; chunks
-  // of several layers where the runs are many (at most ~kMaxCopies calls a ticket).
+  // Layer chunks, an event after each, so a step ordered after the ticket waits at each layer
+  // only for that layer's blocks (into the pool: to land; out of it: to be read out before the
+  // step writes blocks given back early); chunks of several layers where the runs are many (at
+  // most ~kMaxCopies calls a ticket).
   constexpr size_t kMaxCopies = 2048;
   const int32_t num_layers = device.num_layers;
-  const int32_t chunk = to_host
-                            ? num_layers
-                            : static_cast<int32_t>(std::clamp<size_t>(
-                                  (runs.size() * size_t(num_layers) + kMaxCopies - 1) / kMaxCopies,
-                                  1, size_t(num_layers)));
+  const auto chunk = static_cast<int32_t>(std::clamp<size_t>(
+      (runs.size() * size_t(num_layers) + kMaxCopies - 1) / kMaxCopies, 1, size_t(num_layers)));
   InFlight flight;
   flight.ticket = ++last_ticket_;
   flight.to_host = to_host;
@@ -144,7 +151,7 @@ Result<uint64_t> CudaForwardBackend::start_transfers(int32_t group,
       return give_back_on_error(recorded);
     }
     flight.done = *event;
-    if (!to_host) flight.layer_done.insert(flight.layer_done.end(), layers, *event);
+    flight.layer_done.insert(flight.layer_done.end(), layers, *event);
   }
   in_flight_.push_back(flight);
   return flight.ticket;
@@ -180,12 +187,15 @@ void CudaForwardBackend::give_back_events(const InFlight& f) {
 void CudaForwardBackend::retire_through(std::deque<InFlight>::iterator it) {
   const bool to_host = it->to_host;
   const uint64_t ticket = it->ticket;
-  if (!to_host) {
-    // a step's pending layer waits may name these events: they go on the stream now (these
-    // copies are done: they hold nothing up) before the events are recorded for other copies
-    const Status flushed = runner_->flush_layer_waits();
-    KVP_CHECK(flushed.is_ok(), "cuda: {}", flushed.to_string());
+  // these copies are done: a step's pending layer waits on their events hold nothing up, and
+  // must not name them once they are recorded for other copies
+  std::vector<cudaEvent_t> done;
+  for (const InFlight& f : in_flight_) {
+    if (f.to_host == to_host && f.ticket <= ticket) {
+      done.insert(done.end(), f.layer_done.begin(), f.layer_done.end());
+    }
   }
+  runner_->forget_layer_waits(done);
   std::erase_if(in_flight_, [&](const InFlight& f) {
     if (f.to_host != to_host || f.ticket > ticket) return false;
     give_back_events(f);
@@ -219,13 +229,19 @@ Status CudaForwardBackend::order_after_transfers(uint64_t ticket) {
   auto it = in_flight(ticket);
   if (it == in_flight_.end()) return Status::ok();
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
-  if (!it->layer_done.empty()) {  // the next step's layers wait for their own blocks
-    runner_->wait_layers_before(it->group, it->layer_done);
+  if (it->to_host) {
+    // out of the pool, the blocks given back before the copy completes: each layer of the next
+    // step waits until that layer's blocks are read out (of every group's copy up to the
+    // ticket), and copies into the pool wait for the whole copy (start_transfers)
+    for (InFlight& f : in_flight_) {
+      if (!f.to_host || f.ticket > ticket) continue;
+      runner_->wait_layers_before(f.group, f.layer_done);
+      f.released = true;
+    }
     return Status::ok();
   }
-  // the wait is on the event's record as of now: recording it again for a later ticket (it goes
-  // back to spare_events_ once retired) does not change what the stream waits for
-  KVP_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(runner_->stream(), it->done, 0));
+  // into the pool: the next step's layers wait for their own blocks
+  runner_->wait_layers_before(it->group, it->layer_done);
   return Status::ok();
 }
 
@@ -235,6 +251,17 @@ void CudaModelRunner::wait_layers_before(int32_t group, std::span<const cudaEven
     if (layer_group_[l] == group) layer_waits_[l].push_back(per_slot[size_t(layer_slot_[l])]);
   }
   layer_waits_pending_ = true;
+}
+
+void CudaModelRunner::forget_layer_waits(std::span<const cudaEvent_t> done) {
+  if (!layer_waits_pending_ || done.empty()) return;
+  bool any = false;
+  for (std::vector<cudaEvent_t>& waits : layer_waits_) {
+    std::erase_if(
+        waits, [&](cudaEvent_t e) { return std::find(done.begin(), done.end(), e) != done.end(); });
+    any = any || !waits.empty();
+  }
+  layer_waits_pending_ = any;
 }
 
 Status CudaModelRunner::flush_layer_waits() {

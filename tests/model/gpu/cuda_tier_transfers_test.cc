@@ -4,7 +4,9 @@
 // compute stream's queued work (a fill still running when the transfer starts is copied whole);
 // tickets complete in order; work queued on the compute stream after order_after_transfers sees
 // the copy's bytes; an engine's restore whose step runs under its copy, layer by layer, computes
-// what a restore that waits for its copy computes. Skips without a CUDA device.
+// what a restore that waits for its copy computes; a copy out ordered after keeps its bytes from
+// the writes queued behind it, and an engine giving a session's blocks back as its copy out
+// starts computes what one that waits computes. Skips without a CUDA device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -168,6 +170,77 @@ TEST(CudaTierTransfers, ComputeWorkOrderedAfterATransferSeesItsBytes) {
   EXPECT_TRUE(gpu->order_after_transfers(*ticket).is_ok());
 }
 
+// Out of the pool with its blocks given back at once: ~750 MB (tens of ms on the copy engine)
+// copied out and ordered after (order_after_transfers), then, queued right behind it, either a
+// block copy on the compute stream over every source block, or a copy into the pool of other
+// bytes into those blocks. Both wait for the copy out: the host copy holds what a copy waited for
+// before anything touched the blocks holds, and the pool ends with the new bytes.
+TEST(CudaTierTransfers, ACopyOutOrderedAfterKeepsItsBytesFromWritesQueuedBehindIt) {
+  SKIP_WITHOUT_GPU();
+  constexpr int32_t kMoved = 2048;
+  TestPool made;
+  make_pool(kMoved + 1, &made);
+  if (HasFatalFailure()) return;
+  CudaForwardBackend* gpu = made.gpu;
+  const auto slab = [&] {
+    auto made_slab =
+        HostKvStorage::create(*made.cache, std::vector<int32_t>{kMoved},
+                              HostKvStorage::Init::kZeroed, gpu->host_slab_allocator());
+    KVP_CHECK(made_slab.is_ok(), "{}", made_slab.status().to_string());
+    return std::move(made_slab).value();
+  };
+  HostKvStorage reference = slab(), copied = slab(), other = slab(), back = slab();
+  std::memset(other.slab(0).data(), 0x5a, other.slab(0).size());
+  std::vector<BlockTransfer> out, in;
+  for (int32_t b = 0; b < kMoved; ++b) {
+    out.push_back({Pool::Device, BlockId{b}, Pool::Host, BlockId{b}, 0});
+    in.push_back({Pool::Host, BlockId{b}, Pool::Device, BlockId{b}, 0});
+  }
+  const size_t bytes = copied.slab(0).size();
+  for (const bool copy_in : {false, true}) {
+    SCOPED_TRACE(copy_in ? "a copy into the pool behind it" : "a block copy behind it");
+    ASSERT_TRUE(gpu->fill_kv_random(copy_in ? 5 : 4).is_ok());
+    auto r = gpu->start_transfers(0, out, reference);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_TRUE(gpu->wait_transfers(*r).is_ok());
+    std::memset(copied.slab(0).data(), 0, bytes);
+
+    auto t = gpu->start_transfers(0, out, copied);
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    ASSERT_TRUE(gpu->order_after_transfers(*t).is_ok());
+    if (!copy_in) {
+      std::vector<BlockCopy> over;
+      for (int32_t b = 0; b < kMoved; ++b) over.push_back({BlockId{kMoved}, BlockId{b}, 0});
+      ASSERT_TRUE(gpu->copy_blocks(0, over).is_ok());
+    } else {
+      auto i = gpu->start_transfers(0, in, other);
+      ASSERT_TRUE(i.is_ok()) << i.status().to_string();
+      ASSERT_TRUE(gpu->wait_transfers(*i).is_ok());
+    }
+    ASSERT_TRUE(gpu->wait_transfers(*t).is_ok());
+    size_t differ = 0;
+    for (size_t i = 0; i < bytes; ++i) differ += copied.slab(0)[i] != reference.slab(0)[i];
+    EXPECT_EQ(differ, 0u) << "of " << bytes << " bytes copied out";
+
+    // what the pool holds now: the block copied over every block, or the other bytes
+    auto b = gpu->start_transfers(0, out, back);
+    ASSERT_TRUE(b.is_ok());
+    ASSERT_TRUE(gpu->wait_transfers(*b).is_ok());
+    if (copy_in) {
+      EXPECT_EQ(0, std::memcmp(back.slab(0).data(), other.slab(0).data(), bytes));
+    } else {
+      const std::vector<std::byte> pool = read_all(*gpu, kMoved + 1);
+      const size_t block_bytes = gpu->kv_layout(0).block_size_bytes();
+      size_t stale = 0;
+      for (int32_t blk = 0; blk < kMoved; blk += 97) {
+        stale += std::memcmp(pool.data() + size_t(blk) * block_bytes,
+                             pool.data() + size_t(kMoved) * block_bytes, block_bytes) != 0;
+      }
+      EXPECT_EQ(stale, 0u);
+    }
+  }
+}
+
 // An agent's 7K-token session (~160 MB of KV in the SmolLM2-135M shape: milliseconds on the
 // copy engine) pushed to the host tier by another request, then its next turn alone: with
 // restore_overlap its step is ordered after the copy layer by layer and runs while the
@@ -188,7 +261,7 @@ TEST(CudaTierTransfers, ARestoreOverlappingItsStepLayerByLayerComputesWhatWaitin
   const std::vector<int32_t> history = random_prompt(kHistory);
   const std::vector<int32_t> other = random_prompt(kHistory);
   const std::vector<int32_t> next_turn = random_prompt(3);
-  const auto run = [&](bool overlap, EngineStats* stats) {
+  const auto run = [&](bool overlap, EngineStats* stats, bool copy_out_overlap = false) {
     auto backend = make_random_cuda_backend(*spec, 1);
     KVP_CHECK(backend.is_ok(), "{}", backend.status().to_string());
     EngineConfig config;
@@ -197,6 +270,9 @@ TEST(CudaTierTransfers, ARestoreOverlappingItsStepLayerByLayerComputesWhatWaitin
     config.kv_dtype = DType::BF16;
     config.host_tier_bytes = uint64_t{2} << 30;
     config.restore_overlap = overlap ? RestoreOverlap::kAlone : RestoreOverlap::kOff;
+    config.copy_out_overlap = copy_out_overlap;
+    // the session leaves when the other request needs its room, not ahead of that (a write-back)
+    if (copy_out_overlap) config.tier_watermark = 0;
     auto engine = Engine::create(backend->get(), config);
     KVP_CHECK(engine.is_ok(), "{}", engine.status().to_string());
     const auto serve = [&](std::vector<int32_t> prompt, bool session, int32_t max_tokens) {
@@ -232,6 +308,17 @@ TEST(CudaTierTransfers, ARestoreOverlappingItsStepLayerByLayerComputesWhatWaitin
   EXPECT_EQ(waited.num_restores_joined_steps, 0);
   EXPECT_EQ(with_overlap.size(), 8u);
   EXPECT_EQ(with_overlap, with_wait);
+
+  // the session pushed out for the other request's room with its blocks given back at once: the
+  // other request's prefill writes them as each layer is read out (a layer that did not wait
+  // would leave the other request's KV in the host copy, and the restore would compute from it)
+  EngineStats given_back;
+  const std::vector<int32_t> with_copy_out_overlap = run(true, &given_back, true);
+  ASSERT_EQ(given_back.num_session_restores, 1);
+  EXPECT_EQ(given_back.num_session_moves_to_host, 1);
+  EXPECT_EQ(given_back.num_copies_out_ordered, 1);
+  EXPECT_EQ(waited.num_copies_out_ordered, 0);
+  EXPECT_EQ(with_copy_out_overlap, with_wait);
 }
 
 }  // namespace
