@@ -108,6 +108,10 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
                 "a session or sequence moved to the host tier for room gives its blocks back "
                 "as soon as its copy is queued, the next step writing them as each layer is read "
                 "out (CUDA; default) (--copy-out-waits: the step starts after the whole copy)");
+  cmd->add_flag("--keep-restored-copies,!--drop-restored-copies", o->keep_restored_copies,
+                "a session restored from the host tier keeps its copy there while the tier has "
+                "room, so its next move down copies only the blocks added since (default; "
+                "models without sliding-window layers)");
   cmd->add_option("--restore-overlap", o->restore_overlap,
                   "which sessions coming back from a tier run in a step at once, each layer "
                   "waiting for its own blocks so the step computes while the copy lands (CUDA): "
@@ -294,6 +298,7 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
   config.tier_watermark = o.tier_watermark;
   config.restore_joins_step = o.restore_joins_step;
   config.copy_out_overlap = o.copy_out_overlap;
+  config.keep_restored_copies = o.keep_restored_copies;
   config.restore_overlap = o.restore_overlap == "always"       ? RestoreOverlap::kAlways
                            : o.restore_overlap == "copy-bound" ? RestoreOverlap::kCopyBound
                            : o.restore_overlap == "off"        ? RestoreOverlap::kOff

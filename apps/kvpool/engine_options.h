@@ -47,12 +47,13 @@ struct EngineOptions {
   bool restore_joins_step = false;  // EngineConfig::restore_joins_step
   // EngineConfig::restore_overlap: off, alone, copy-bound, always
   std::string restore_overlap = "copy-bound";
-  bool copy_out_overlap = true;     // EngineConfig::copy_out_overlap
-  std::string preemption = "auto";  // EngineConfig::preemption: auto, swap, recompute
-  std::string disk_dir;             // folder for idle sessions' cache files (empty: none)
-  std::string disk_tier = "0";      // bytes of cache files (> 0 with disk_dir; default 16GiB)
-  int32_t threads = 0;              // CPU threads (0: all cores)
-  int32_t tensor_parallel = 1;      // GPUs one model is split over (cpu: threads emulating them)
+  bool copy_out_overlap = true;      // EngineConfig::copy_out_overlap
+  bool keep_restored_copies = true;  // EngineConfig::keep_restored_copies
+  std::string preemption = "auto";   // EngineConfig::preemption: auto, swap, recompute
+  std::string disk_dir;              // folder for idle sessions' cache files (empty: none)
+  std::string disk_tier = "0";       // bytes of cache files (> 0 with disk_dir; default 16GiB)
+  int32_t threads = 0;               // CPU threads (0: all cores)
+  int32_t tensor_parallel = 1;       // GPUs one model is split over (cpu: threads emulating them)
 };
 
 // A CLI11 validator for floating-point options: a finite number in [min, max] (CLI11's Range

@@ -463,7 +463,10 @@ void Engine::finish(Sequence& s, FinishReason reason, std::vector<EngineEvent>* 
       stats_.host_tier_bytes_used -= swapped->size_bytes;
     }
     if (s.resident) {
-      drop_kv(session);  // a host or disk copy the sequence did not restore (it recomputed)
+      // a host or disk copy the sequence did not restore (it recomputed); a kept copy stays
+      std::unique_ptr<HostKv> kept = std::move(session.kept_copy);
+      drop_kv(session);
+      session.kept_copy = std::move(kept);
       session.resident = s.id;
       session.num_computed = s.num_computed;
       session.window_valid_from = s.window_valid_from;

@@ -110,6 +110,11 @@ struct EngineConfig {
   // writes them as each layer is read out, instead of starting after the whole copy. false:
   // the copy is waited for.
   bool copy_out_overlap = true;
+  // A session restored from the host tier keeps its host copy there (charged to the tier, the
+  // first thing dropped when it needs room) while its KV is in the pool, so its next move to the
+  // host tier copies only the blocks added since (an agent's turn, not its whole history). For
+  // models of one cache group (no sliding-window layers).
+  bool keep_restored_copies = true;
   // With a host tier, a running sequence preempted for room is swapped there (copied out now,
   // back in at readmission) or recomputed. Without a host tier: always recomputed.
   Preemption preemption = Preemption::kAuto;
@@ -337,13 +342,24 @@ class Engine {
   // backend orders steps after copies layer by layer and config_.copy_out_overlap: not waited
   // for, the steps from now on ordered after it (the next one writes the blocks as they are read
   // out) and the copy landing later (HostKv::land); else as copy_out.
-  std::unique_ptr<HostKv> copy_out_to_host(SeqId seq_id, int32_t num_tokens);
+  std::unique_ptr<HostKv> copy_out_to_host(SeqId seq_id, int32_t num_tokens,
+                                           std::unique_ptr<HostKv> base = nullptr);
   // A copy of the sequence for a cache file: into the disk staging tier if it has the room,
   // else into pageable storage of its own. null when neither can be had.
   std::unique_ptr<HostKv> copy_out_for_file(SeqId seq_id, int32_t num_tokens);
   // As copy_out, not waited for: *ticket completes the copy (ForwardBackend::transfers_done).
+  // base: the session's kept copy (take_kept_copy), in `tier`, of a prefix of the sequence's
+  // tokens: it is extended (its blocks kept, the last one refilled where it was partial, new
+  // blocks for the rest) and only the blocks after it are copied.
   std::unique_ptr<HostKv> start_copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
-                                         uint64_t* ticket);
+                                         uint64_t* ticket, std::unique_ptr<HostKv> base = nullptr);
+  // The session's kept copy, no longer charged to the tier, when it can extend a copy of the
+  // sequence seq_id (one cache group, no blocks dropped); else it is dropped and null returned.
+  std::unique_ptr<HostKv> take_kept_copy(SessionState& session, SeqId seq_id);
+  std::unique_ptr<HostKv> extend_copy(SeqId seq_id, int32_t num_tokens, std::unique_ptr<HostKv> kv,
+                                      uint64_t* ticket);
+  void drop_kept_copy(SessionState& session);
+  bool keeps_copies() const;
   // Write-backs (EngineConfig::tier_watermark): starts copies of idle sessions to the host tier
   // while the pool's free blocks are below the watermark.
   void start_write_backs();

@@ -71,6 +71,12 @@ void Engine::check_integrity() const {
     KVP_CHECK(session->num_computed <= static_cast<int32_t>(session->tokens.size()),
               "session '{}': KV of {} tokens, history of {}", name, session->num_computed,
               session->tokens.size());
+    if (session->kept_copy) {
+      KVP_CHECK(session->kept_copy->num_tokens <= static_cast<int32_t>(session->tokens.size()),
+                "session '{}': kept copy of {} tokens, history of {}", name,
+                session->kept_copy->num_tokens, session->tokens.size());
+      host_bytes += session->kept_copy->size_bytes;
+    }
     if (session->host) {
       KVP_CHECK(session->host->num_tokens == session->num_computed,
                 "session '{}': host copy of {} tokens, {} computed", name,

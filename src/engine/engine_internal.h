@@ -83,7 +83,13 @@ struct Engine::SessionState {
   std::optional<SeqId> resident;  // kDevice: the manager sequence holding the KV
   int32_t window_valid_from = 0;  // of resident's table (see Sequence::window_valid_from)
   std::unique_ptr<HostKv> host;   // kHost
-  std::filesystem::path file;     // kDisk
+  // Beside the pool's blocks (resident, or the busy sequence's): a copy in the host tier of the
+  // KV of tokens[0, kept_copy->num_tokens), kept from its last restore from the host tier
+  // (EngineConfig::keep_restored_copies), so its next move to the host tier copies only the
+  // blocks after it. Charged to the tier; dropped first when the tier needs room, when the
+  // history is cut below it, or with the session.
+  std::unique_ptr<HostKv> kept_copy;
+  std::filesystem::path file;  // kDisk
   // while its spill file is being written: the copy it is written from (restores use it)
   std::unique_ptr<PendingWrite> writing;
   std::unique_ptr<Prefetch> prefetch;  // its file read since a request for it arrived

@@ -43,17 +43,21 @@ std::unique_ptr<HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostT
   uint64_t ticket = 0;
   std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, tier, &ticket);
   if (kv == nullptr) return nullptr;
-  if (!moves_.wait(ticket, kv->size_bytes, start, /*into_pool=*/false).is_ok()) return nullptr;
+  if (!moves_.wait(ticket, kv->copied_bytes, start, /*into_pool=*/false).is_ok()) return nullptr;
   return kv;
 }
 
-std::unique_ptr<HostKv> Engine::copy_out_to_host(SeqId seq_id, int32_t num_tokens) {
-  if (take_now() != TierMoves::Take::kOrderAfter) {
-    return copy_out(seq_id, num_tokens, host_tier_.get());
-  }
+std::unique_ptr<HostKv> Engine::copy_out_to_host(SeqId seq_id, int32_t num_tokens,
+                                                 std::unique_ptr<HostKv> base) {
+  const auto start = std::chrono::steady_clock::now();
   uint64_t ticket = 0;
-  std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, host_tier_.get(), &ticket);
+  std::unique_ptr<HostKv> kv =
+      start_copy_out(seq_id, num_tokens, host_tier_.get(), &ticket, std::move(base));
   if (kv == nullptr) return nullptr;
+  if (take_now() != TierMoves::Take::kOrderAfter) {
+    if (!moves_.wait(ticket, kv->copied_bytes, start, /*into_pool=*/false).is_ok()) return nullptr;
+    return kv;
+  }
   if (!moves_.order_out(ticket, *kv).is_ok()) {
     (void)backend_->wait_transfers(ticket);  // before its blocks go
     return nullptr;
@@ -69,14 +73,38 @@ std::unique_ptr<HostKv> Engine::copy_out_for_file(SeqId seq_id, int32_t num_toke
   return copy_out(seq_id, num_tokens, nullptr);
 }
 
+bool Engine::keeps_copies() const {
+  return config_.keep_restored_copies && host_tier_ != nullptr && cache_->num_groups() == 1;
+}
+
+void Engine::drop_kept_copy(SessionState& session) {
+  if (!session.kept_copy) return;
+  stats_.host_tier_bytes_used -= session.kept_copy->size_bytes;
+  session.kept_copy.reset();
+}
+
+std::unique_ptr<HostKv> Engine::take_kept_copy(SessionState& session, SeqId seq_id) {
+  if (!session.kept_copy) return nullptr;
+  std::unique_ptr<HostKv> kept = std::move(session.kept_copy);
+  stats_.host_tier_bytes_used -= kept->size_bytes;
+  const BlockTable& table = cache_->table(seq_id, 0);
+  const bool extends = cache_->num_groups() == 1 && table.num_dropped_blocks() == 0 &&
+                       kept->tier == host_tier_.get() && kept->tables.size() == 1 &&
+                       kept->num_tokens <= cache_->num_tokens(seq_id) &&
+                       std::find(kept->tables[0].begin(), kept->tables[0].end(),
+                                 HostKv::kNoBlock) == kept->tables[0].end();
+  return extends ? std::move(kept) : nullptr;
+}
+
 std::unique_ptr<HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
-                                               uint64_t* ticket) {
+                                               uint64_t* ticket, std::unique_ptr<HostKv> base) {
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> num_blocks(num_groups);  // [num_groups] live blocks
   for (int32_t g = 0; g < num_groups; ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
     num_blocks[g] = table.num_blocks() - table.num_dropped_blocks();
   }
+  if (base != nullptr) return extend_copy(seq_id, num_tokens, std::move(base), ticket);
   std::unique_ptr<HostKv> kv;
   if (tier != nullptr) {
     auto blocks = tier->allocate(num_blocks);
@@ -110,7 +138,39 @@ std::unique_ptr<HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num_tokens,
     kv->tables.push_back(std::move(host_table));
     kv->size_bytes += uint64_t(num_blocks[g]) * cache_spec_.block_bytes(g);
   }
+  kv->copied_bytes = kv->size_bytes;
   moves_.queue(kv->size_bytes, /*into_pool=*/false);
+  return kv;
+}
+
+std::unique_ptr<HostKv> Engine::extend_copy(SeqId seq_id, int32_t num_tokens,
+                                            std::unique_ptr<HostKv> kv, uint64_t* ticket) {
+  // one group, no blocks dropped (take_kept_copy): kv's blocks hold the sequence's first ones
+  const BlockTable& table = cache_->table(seq_id, 0);
+  const auto num_kept = static_cast<int32_t>(kv->tables[0].size());
+  const int32_t first = kv->num_tokens / config_.block_size;  // a partial last block: again
+  KVP_CHECK(num_kept <= table.num_blocks() && first <= num_kept,
+            "a kept copy of {} blocks ({} tokens) for a sequence of {}", num_kept, kv->num_tokens,
+            table.num_blocks());
+  const std::vector<int32_t> num_new = {table.num_blocks() - num_kept};
+  auto blocks = kv->tier->allocate(num_new);
+  if (!blocks) return nullptr;
+  kv->tier_blocks[0].insert(kv->tier_blocks[0].end(), (*blocks)[0].begin(), (*blocks)[0].end());
+  kv->tables[0].insert(kv->tables[0].end(), (*blocks)[0].begin(), (*blocks)[0].end());
+  std::vector<BlockTransfer> ops;
+  for (int32_t i = first; i < table.num_blocks(); ++i) {
+    ops.push_back({Pool::Device, table.blocks()[i], Pool::Host, kv->tables[0][i], 0});
+  }
+  *ticket = 0;
+  if (!ops.empty()) {
+    auto started = backend_->start_transfers(0, ops, kv->storage());
+    if (!started.is_ok()) return nullptr;
+    *ticket = *started;
+  }
+  kv->num_tokens = num_tokens;
+  kv->size_bytes = uint64_t(table.num_blocks()) * cache_spec_.block_bytes(0);
+  kv->copied_bytes = uint64_t(ops.size()) * cache_spec_.block_bytes(0);
+  moves_.queue(kv->copied_bytes, /*into_pool=*/false);
   return kv;
 }
 
@@ -133,10 +193,12 @@ void Engine::start_write_backs() {
     if (!pick) return;
     SessionState* lru = idle[*pick];
     const SeqId seq_id = *lru->resident;
+    std::unique_ptr<HostKv> base = take_kept_copy(*lru, seq_id);  // uncharged now
     if (!make_host_room(live_bytes(seq_id), lru)) return;
     auto wb = std::make_unique<TierMoves::WriteBack>();
     wb->start = std::chrono::steady_clock::now();
-    wb->kv = start_copy_out(seq_id, lru->num_computed, host_tier_.get(), &wb->ticket);
+    wb->kv =
+        start_copy_out(seq_id, lru->num_computed, host_tier_.get(), &wb->ticket, std::move(base));
     if (wb->kv == nullptr) return;  // the synchronous path will try again when room is needed
     wb->kv->window_valid_from = lru->window_valid_from;
     wb->session = lru->name;
@@ -335,7 +397,17 @@ bool Engine::settle_restore(SeqId seq_id, bool wait) {
   if (!moves_.is_restoring(seq_id)) return true;
   std::optional<TierMoves::Restore> done = moves_.settle(seq_id, wait);
   if (!done) return false;
-  if (done->charged) stats_.host_tier_bytes_used -= done->kv->size_bytes;
+  SessionState* session = nullptr;
+  if (done->session_copy) {
+    const auto& name = requests_.at(seq(seq_id).request_id)->request.session;
+    auto it = name ? sessions_.find(*name) : sessions_.end();
+    if (it != sessions_.end() && it->second->busy_seq == seq_id) session = it->second.get();
+  }
+  if (session != nullptr && !session->kept_copy) {
+    session->kept_copy = std::move(done->kv);  // still charged: the session's now
+  } else if (done->charged) {
+    stats_.host_tier_bytes_used -= done->kv->size_bytes;
+  }
   note_kv_copy_done(seq_id);
   // its blocks hold their KV now: other sequences may share them through the prefix cache
   register_full_blocks(seq(seq_id));
@@ -415,13 +487,17 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool
   stats_.num_prefix_hit_tokens += num_shared;
   if (keep) {
     pending.charged = kv == session.host.get();  // its bytes stay charged until the copy is done
+    pending.session_copy = pending.charged && keeps_copies();  // then kept (settle_restore)
     pending.kv = pending.charged ? std::move(session.host) : std::move(from_file);
     drop_kv(session);  // the pool holds it now (once the copy completes)
     keep_restoring(s, std::move(pending));
     return Restore::kDone;
   }
   register_full_blocks(s);  // now, so sessions restored in this step share what it brought
-  drop_kv(session);         // the pool holds it now
+  std::unique_ptr<HostKv> kept =
+      kv == session.host.get() && keeps_copies() ? std::move(session.host) : nullptr;
+  drop_kv(session);                     // the pool holds it now
+  session.kept_copy = std::move(kept);  // still charged
   return Restore::kDone;
 }
 
@@ -434,8 +510,9 @@ void Engine::move_down(SessionState& session) {
       num_tokens, host_tier_ != nullptr, !config_.disk_dir.empty(), file_size_bytes(num_tokens),
       config_.disk_tier_bytes);
   std::unique_ptr<HostKv> kv;
+  std::unique_ptr<HostKv> base = take_kept_copy(session, seq_id);  // uncharged now
   if (tiers.host && make_host_room(live_bytes(seq_id), &session)) {
-    kv = copy_out_to_host(seq_id, num_tokens);
+    kv = copy_out_to_host(seq_id, num_tokens, std::move(base));
     if (kv) {
       kv->window_valid_from = session.window_valid_from;
       cache_->free_sequence(seq_id);
@@ -500,7 +577,16 @@ void Engine::move_to_disk(SessionState& session, std::unique_ptr<HostKv> kv) {
 bool Engine::make_host_room(uint64_t size_bytes, const SessionState* keep) {
   if (size_bytes > config_.host_tier_bytes) return false;
   while (stats_.host_tier_bytes_used + size_bytes > config_.host_tier_bytes) {
+    // kept copies first (their sessions' KV is in the pool: only a later copy's saving is lost)
     SessionState* lru = nullptr;
+    for (auto& [name, x] : sessions_) {
+      if (!x->kept_copy || x.get() == keep) continue;
+      if (lru == nullptr || x->last_used < lru->last_used) lru = x.get();
+    }
+    if (lru != nullptr) {
+      drop_kept_copy(*lru);
+      continue;
+    }
     for (auto& [name, x] : sessions_) {
       if (x->busy || !x->host || x.get() == keep) continue;
       if (lru == nullptr || x->last_used < lru->last_used) lru = x.get();
@@ -530,6 +616,7 @@ bool Engine::make_disk_room(uint64_t size_bytes, const SessionState* keep) {
 }
 
 void Engine::drop_kv(SessionState& session) {
+  drop_kept_copy(session);
   if (session.resident) {
     cache_->free_sequence(*session.resident);
     session.resident.reset();
@@ -559,6 +646,7 @@ void Engine::truncate_session(SessionState& session, int32_t num_tokens) {
       !session.busy && num_tokens >= 0 && num_tokens <= static_cast<int32_t>(session.tokens.size()),
       "truncate_session '{}' to {} tokens", session.name, num_tokens);
   session.tokens.resize(num_tokens);
+  if (session.kept_copy && session.kept_copy->num_tokens > num_tokens) drop_kept_copy(session);
   if (session.num_computed <= num_tokens) return;
   bool truncated = false;
   if (session.resident) {

@@ -86,6 +86,9 @@ struct HostKv {
   int32_t num_tokens = 0;
   int32_t window_valid_from = 0;  // see Sequence::window_valid_from
   uint64_t size_bytes = 0;        // of its blocks
+  // the bytes the copy out of the pool that filled it moved (less than size_bytes where it
+  // extended a session's kept copy: Engine::start_copy_out)
+  uint64_t copied_bytes = 0;
   // A copy out of the pool still writing these blocks (Engine::copy_out_to_host: its pool
   // blocks were given back at once, the backend ordering steps after it): ticket on landing_on
   // (outlives this), 0 once landed.

@@ -63,7 +63,7 @@ Status TierMoves::order_out(uint64_t ticket, HostKv& kv) {
   KVP_RETURN_IF_ERROR(transfers_->order_after_transfers(ticket));
   kv.landing_on = transfers_;
   kv.landing = ticket;
-  landing_.push_back({ticket, kv.size_bytes});
+  landing_.push_back({ticket, kv.copied_bytes});
   step_ordered_out_ = true;
   ++num_ordered_out_;
   return Status::ok();
@@ -102,12 +102,12 @@ std::unique_ptr<TierMoves::WriteBack> TierMoves::take_write_back(Take how) {
   WriteBack& wb = *write_backs_.front();
   if (how == Take::kWait) {
     check(transfers_->wait_transfers(wb.ticket), "a write-back");
-    to_host_.count_timed(wb.kv->size_bytes, wb.start);
+    to_host_.count_timed(wb.kv->copied_bytes, wb.start);
   } else {
     Result<bool> done = transfers_->transfers_done(wb.ticket);
     check(done.status(), "a write-back");
     if (*done) {
-      to_host_.count_overlapped(wb.kv->size_bytes);
+      to_host_.count_overlapped(wb.kv->copied_bytes);
     } else if (how == Take::kOrderAfter) {
       check(order_out(wb.ticket, *wb.kv), "to order a step after a write-back");
     } else {

@@ -86,6 +86,7 @@ class TierMoves {
     std::optional<Clock::time_point> expected_end;
     std::unique_ptr<HostKv> kv;    // the source, kept until the copy completes
     bool charged = false;          // the engine counts kv's bytes in its host tier until then
+    bool session_copy = false;     // kv is the session's host copy (it may keep it: kept_copy)
     bool ran_under_steps = false;  // found not done once: steps ran while it copied
     bool ordered = false;          // its sequence runs: the backend orders steps after the copy
   };

@@ -124,7 +124,10 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
   const EngineSessionInfo resumed = session_info(engine, "agent");
   EXPECT_EQ(resumed.tier, SessionTier::kDevice);
   EXPECT_EQ(resumed.num_restores, 1);
-  EXPECT_EQ(after.host_tier_bytes_used, 0u);
+  // restored from the host tier, the session keeps its copy there, charged to the tier
+  // (EngineConfig::keep_restored_copies; models of one cache group: not gemma3's two)
+  const bool keeps = tier == Tier::kHost && std::string(model) == "llama";
+  EXPECT_EQ(after.host_tier_bytes_used, keeps ? spilled.host_bytes : 0u);
   EXPECT_EQ(after.disk_tier_bytes_used, 0u);
   EXPECT_EQ(dir.num_files(), 0);  // the spill file went with the restore
   engine.check_integrity();
@@ -240,6 +243,85 @@ TEST(EngineWriteBacks, IdleSessionsLeaveAheadOfNeedAndARequestMidCopyKeepsThePoo
   EXPECT_EQ(usage3.prefilled_tokens, static_cast<int32_t>(turn3.size()) + 1);
   EXPECT_EQ(engine.stats().num_session_restores, 1);
   EXPECT_EQ(engine.stats().to_pool.count, 1);
+}
+
+// An agent's session restored from the host tier keeps its copy there (charged to the tier) while
+// it runs, and its next move down for room copies only the blocks its turn added; every turn's
+// output is that of one request holding the whole conversation, as it is without kept copies.
+// A turn whose prompt rewrites part of the history (prompt_includes_history) drops the kept copy
+// it would contradict: the next move copies the whole history again, and the turn after it
+// still matches (a stale kept copy would bring back KV of the old tokens).
+TEST(EngineTiers, ARestoredSessionKeepsItsHostCopySoItsNextMoveCopiesOnlyItsNewBlocks) {
+  auto runner = load("llama");
+  struct Run {
+    std::vector<uint64_t> copied;  // to_host bytes of each move down
+    std::vector<std::vector<int32_t>> outputs;
+    std::vector<uint64_t> kept_after_turn;  // host bytes charged while the session is resident
+  };
+  const auto run = [&](bool keep) {
+    EngineConfig config = small_config(128);
+    config.host_tier_bytes = 64 << 20;
+    config.tier_watermark = 0;  // moves only when the room is needed
+    config.keep_restored_copies = keep;
+    CpuForwardBackend backend(runner);
+    Engine engine(&backend, config);
+    Run result;
+    std::vector<int32_t> whole;
+    const auto turn = [&](std::vector<int32_t> tokens, bool includes_history) {
+      Request r = greedy_request(tokens, 6);
+      r.session = "agent";
+      r.prompt_includes_history = includes_history;
+      auto id = engine.submit(r);
+      KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+      if (includes_history) whole.clear();
+      whole.insert(whole.end(), tokens.begin(), tokens.end());
+      const std::vector<int32_t> expected = reference_output(runner, whole, 6);
+      auto out = run_all(engine);
+      EXPECT_EQ(out[id->value].tokens, expected)
+          << "keep " << keep << ", turn ending at " << whole.size();
+      whole.insert(whole.end(), out[id->value].tokens.begin(), out[id->value].tokens.end());
+      result.outputs.push_back(out[id->value].tokens);
+      engine.check_integrity();
+      result.kept_after_turn.push_back(engine.stats().host_tier_bytes_used);
+      const uint64_t before = engine.stats().to_host.bytes;
+      apply_pressure(engine);  // the idle session leaves the pool
+      engine.check_integrity();
+      EXPECT_EQ(session_info(engine, "agent").tier, SessionTier::kHost);
+      result.copied.push_back(engine.stats().to_host.bytes - before);
+    };
+    turn(golden_ids("llama", "prompt_1"), false);
+    turn({7, 19, 23, 41, 5, 9, 11, 13, 17, 29, 31, 37, 43, 47, 53, 59, 61}, false);
+    turn({71, 73, 79}, false);
+    // the history rewritten from its 5th token on: the kept copy covers more than that
+    std::vector<int32_t> rewritten(whole.begin(), whole.begin() + 5);
+    for (int i = 0; i < 20; ++i) rewritten.push_back(100 + i);
+    turn(rewritten, true);
+    turn({83, 89}, false);
+    engine.settle_tier_moves();
+    engine.check_integrity();
+    return result;
+  };
+  const Run kept = run(true), dropped = run(false);
+  EXPECT_EQ(kept.outputs, dropped.outputs);
+  ASSERT_EQ(kept.copied.size(), 5u);
+  // the first move copies the whole history either way; later ones only what a turn added
+  EXPECT_EQ(kept.copied[0], dropped.copied[0]);
+  for (size_t t : {1, 2, 4}) {
+    EXPECT_GT(kept.copied[t], 0u) << t;
+    EXPECT_LT(kept.copied[t], dropped.copied[t]) << "move " << t;
+  }
+  // a turn of 9 tokens on a history of 40-odd: its 3 blocks (of 4 tokens) of 11
+  EXPECT_LT(kept.copied[2] * 3, dropped.copied[2]);
+  EXPECT_LT(kept.copied[4] * 3, dropped.copied[4]);
+  // after the rewrite the whole (shorter) history is copied: the kept copy was dropped
+  EXPECT_EQ(kept.copied[3], dropped.copied[3]);
+  // while the session runs, its kept copy is charged to the host tier; without, nothing is
+  for (size_t t = 1; t < 5; ++t) {
+    EXPECT_EQ(dropped.kept_after_turn[t], 0u) << t;
+    if (t != 3) {
+      EXPECT_GT(kept.kept_after_turn[t], 0u) << t;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(ModelsAndTiers, EngineTierTest,

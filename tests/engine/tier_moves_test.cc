@@ -48,6 +48,7 @@ class ScriptedTickets : public TransferTickets {
 std::unique_ptr<HostKv> host_copy(uint64_t bytes, int32_t num_tokens = 16) {
   auto kv = std::make_unique<HostKv>(nullptr, std::vector<std::vector<BlockId>>{});
   kv->size_bytes = bytes;
+  kv->copied_bytes = bytes;
   kv->num_tokens = num_tokens;
   return kv;
 }
