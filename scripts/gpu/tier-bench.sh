@@ -63,6 +63,9 @@ agents() {
       host) extra="--host-tier-bytes $host" ;;
       # copies out of the pool for room waited for before the step (the path before 2026-11-28)
       host-waits) extra="--host-tier-bytes $host --copy-out-waits" ;;
+      # and each move down copies the whole history (the path before 2026-11-28)
+      host-nokeep) extra="--host-tier-bytes $host --drop-restored-copies" ;;
+      host-before) extra="--host-tier-bytes $host --copy-out-waits --drop-restored-copies" ;;
       disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
     esac
     echo "== 8B agents $name ($agents x $turns, $turn-token turns, $blocks blocks), tier: $tier"

@@ -272,8 +272,8 @@ TEST(EngineLateCopies, ALoneRestoreJoinsItsStepWhereTheBackendOrdersByLayer) {
   }
 }
 
-// Sessions moved down a tier and sequences swapped out for room, on a backend that orders steps
-// after copies layer by layer: the engine gives their blocks back as soon as their copies are
+// Sessions moved down a tier for room, on a backend that orders steps after copies layer by
+// layer: the engine gives their blocks back as soon as their copies are
 // queued, ordering the next steps after them, and the copies complete only when that device
 // work runs (a step that wrote a block before its copy read it out would leave another
 // sequence's KV in the host copy, and a wrong restore). The outputs are the CPU backend's, and
@@ -302,53 +302,39 @@ TEST(EngineLateCopies, CopiesOutWhoseBlocksAreGivenBackAtOnceKeepTheOutputs) {
         EXPECT_EQ(late.num_orders_out, 0);
       }
     }
-
-    // running sequences swapped out for room: back with the golden tokens
-    LateCopiesBackend late(runner);
-    late.by_layer = true;
-    EngineConfig swap = small_config(24);
-    swap.host_tier_bytes = 64 << 20;
-    swap.preemption = Preemption::kSwap;
-    Engine engine(&late, swap);
-    std::map<int64_t, int> golden_of;
-    for (int p = 0; p < 4; ++p) {
-      auto id = engine.submit(greedy_request(golden_ids(model, "prompt_" + std::to_string(p)), 32));
-      ASSERT_TRUE(id.is_ok());
-      golden_of[id->value] = p;
-    }
-    auto out = run_all(engine);
-    engine.check_integrity();
-    EXPECT_GT(engine.stats().num_preemption_swaps, 0);
-    EXPECT_GT(late.num_orders_out, 0);
-    for (const auto& [id, p] : golden_of) {
-      EXPECT_EQ(out[id].tokens, golden_ids(model, "greedy_" + std::to_string(p))) << model << p;
-    }
-    EXPECT_EQ(engine.stats().host_tier_bytes_used, 0u);
   }
 }
 
+// Running sequences swapped out for room come back with the golden tokens; on a backend that
+// orders steps layer by layer their blocks are given back as soon as the copy out is queued.
 TEST(EngineLateCopies, SwappedSequencesRunAfterTheirCopiesWithTheGoldenOutput) {
   for (const char* model : {"llama", "gemma3"}) {
-    SCOPED_TRACE(model);
-    auto runner = load(model);
-    LateCopiesBackend late(runner);
-    EngineConfig config = small_config(24);
-    config.host_tier_bytes = 64 << 20;
-    config.preemption = Preemption::kSwap;
-    Engine engine(&late, config);
-    std::map<int64_t, int> golden_of;
-    for (int p = 0; p < 4; ++p) {
-      auto id = engine.submit(greedy_request(golden_ids(model, "prompt_" + std::to_string(p)), 32));
-      ASSERT_TRUE(id.is_ok());
-      golden_of[id->value] = p;
+    for (const bool by_layer : {false, true}) {
+      SCOPED_TRACE(std::string(model) + (by_layer ? ", by layer" : ", whole"));
+      auto runner = load(model);
+      LateCopiesBackend late(runner);
+      late.by_layer = by_layer;
+      EngineConfig config = small_config(24);
+      config.host_tier_bytes = 64 << 20;
+      config.preemption = Preemption::kSwap;
+      Engine engine(&late, config);
+      std::map<int64_t, int> golden_of;
+      for (int p = 0; p < 4; ++p) {
+        auto id =
+            engine.submit(greedy_request(golden_ids(model, "prompt_" + std::to_string(p)), 32));
+        ASSERT_TRUE(id.is_ok());
+        golden_of[id->value] = p;
+      }
+      auto out = run_all(engine);
+      engine.check_integrity();
+      EXPECT_GT(engine.stats().num_preemption_swaps, 0);
+      EXPECT_GT(late.num_late_to_pool, 0);
+      EXPECT_EQ(late.num_orders_out > 0, by_layer);
+      for (const auto& [id, p] : golden_of) {
+        EXPECT_EQ(out[id].tokens, golden_ids(model, "greedy_" + std::to_string(p))) << p;
+      }
+      EXPECT_EQ(engine.stats().host_tier_bytes_used, 0u);
     }
-    auto out = run_all(engine);
-    EXPECT_GT(engine.stats().num_preemption_swaps, 0);
-    EXPECT_GT(late.num_late_to_pool, 0);
-    for (const auto& [id, p] : golden_of) {
-      EXPECT_EQ(out[id].tokens, golden_ids(model, "greedy_" + std::to_string(p))) << p;
-    }
-    EXPECT_EQ(engine.stats().host_tier_bytes_used, 0u);
   }
 }
 
