@@ -229,19 +229,18 @@ Status CudaForwardBackend::order_after_transfers(uint64_t ticket) {
   auto it = in_flight(ticket);
   if (it == in_flight_.end()) return Status::ok();
   KVP_CUDA_RETURN_IF_ERROR(cudaSetDevice(runner_->device()));
-  if (it->to_host) {
-    // out of the pool, the blocks given back before the copy completes: each layer of the next
-    // step waits until that layer's blocks are read out (of every group's copy up to the
-    // ticket), and copies into the pool wait for the whole copy (start_transfers)
-    for (InFlight& f : in_flight_) {
-      if (!f.to_host || f.ticket > ticket) continue;
-      runner_->wait_layers_before(f.group, f.layer_done);
-      f.released = true;
-    }
-    return Status::ok();
+  // Each layer of the next step waits for that layer's blocks in every copy of the direction up
+  // to the ticket: a sequence's copy is one ticket per cache group, and a layer of one group
+  // waits only on its own group's events. (Earlier copies of the stream end before this one's,
+  // so waiting on them too costs nothing.) Into the pool: the step reads what lands. Out of it:
+  // the blocks were given back before the copy completes, the step writes them once read out,
+  // and copies into the pool wait for the whole copy (start_transfers).
+  const bool to_host = it->to_host;
+  for (InFlight& f : in_flight_) {
+    if (f.to_host != to_host || f.ticket > ticket) continue;
+    runner_->wait_layers_before(f.group, f.layer_done);
+    f.released = f.released || to_host;
   }
-  // into the pool: the next step's layers wait for their own blocks
-  runner_->wait_layers_before(it->group, it->layer_done);
   return Status::ok();
 }
 
