@@ -337,7 +337,9 @@ class Engine {
   // The session's KV copied out of the pool's blocks of sequence seq_id (which stays) into
   // blocks of `tier` (null: a storage of the copy's own) by the backend's transfers, waited
   // for. nullptr if the memory cannot be had or the backend cannot copy the blocks.
-  std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier);
+  // base: as start_copy_out's.
+  std::unique_ptr<HostKv> copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
+                                   std::unique_ptr<HostKv> base = nullptr);
   // A copy into the host tier of a sequence whose blocks the caller frees at once. Where the
   // backend orders steps after copies layer by layer and config_.copy_out_overlap: not waited
   // for, the steps from now on ordered after it (the next one writes the blocks as they are read

@@ -38,10 +38,11 @@ uint64_t Engine::live_bytes(SeqId seq_id) const {
   return bytes;
 }
 
-std::unique_ptr<HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier) {
+std::unique_ptr<HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
+                                         std::unique_ptr<HostKv> base) {
   const auto start = std::chrono::steady_clock::now();
   uint64_t ticket = 0;
-  std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, tier, &ticket);
+  std::unique_ptr<HostKv> kv = start_copy_out(seq_id, num_tokens, tier, &ticket, std::move(base));
   if (kv == nullptr) return nullptr;
   if (!moves_.wait(ticket, kv->copied_bytes, start, /*into_pool=*/false).is_ok()) return nullptr;
   return kv;
@@ -49,15 +50,13 @@ std::unique_ptr<HostKv> Engine::copy_out(SeqId seq_id, int32_t num_tokens, HostT
 
 std::unique_ptr<HostKv> Engine::copy_out_to_host(SeqId seq_id, int32_t num_tokens,
                                                  std::unique_ptr<HostKv> base) {
-  const auto start = std::chrono::steady_clock::now();
+  if (take_now() != TierMoves::Take::kOrderAfter) {
+    return copy_out(seq_id, num_tokens, host_tier_.get(), std::move(base));
+  }
   uint64_t ticket = 0;
   std::unique_ptr<HostKv> kv =
       start_copy_out(seq_id, num_tokens, host_tier_.get(), &ticket, std::move(base));
   if (kv == nullptr) return nullptr;
-  if (take_now() != TierMoves::Take::kOrderAfter) {
-    if (!moves_.wait(ticket, kv->copied_bytes, start, /*into_pool=*/false).is_ok()) return nullptr;
-    return kv;
-  }
   if (!moves_.order_out(ticket, *kv).is_ok()) {
     (void)backend_->wait_transfers(ticket);  // before its blocks go
     return nullptr;
@@ -98,13 +97,13 @@ std::unique_ptr<HostKv> Engine::take_kept_copy(SessionState& session, SeqId seq_
 
 std::unique_ptr<HostKv> Engine::start_copy_out(SeqId seq_id, int32_t num_tokens, HostTier* tier,
                                                uint64_t* ticket, std::unique_ptr<HostKv> base) {
+  if (base != nullptr) return extend_copy(seq_id, num_tokens, std::move(base), ticket);
   const int32_t num_groups = cache_->num_groups();
   std::vector<int32_t> num_blocks(num_groups);  // [num_groups] live blocks
   for (int32_t g = 0; g < num_groups; ++g) {
     const BlockTable& table = cache_->table(seq_id, g);
     num_blocks[g] = table.num_blocks() - table.num_dropped_blocks();
   }
-  if (base != nullptr) return extend_copy(seq_id, num_tokens, std::move(base), ticket);
   std::unique_ptr<HostKv> kv;
   if (tier != nullptr) {
     auto blocks = tier->allocate(num_blocks);

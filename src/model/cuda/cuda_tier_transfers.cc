@@ -174,11 +174,7 @@ Result<cudaEvent_t> CudaForwardBackend::take_event() {
 }
 
 void CudaForwardBackend::give_back_events(const InFlight& f) {
-  if (f.layer_done.empty()) {
-    if (f.done != nullptr) spare_events_.push_back(f.done);
-    return;
-  }
-  // chunks share an event: each once
+  // layers of a chunk share its event: each once (`done` is the last chunk's)
   for (size_t i = 0; i < f.layer_done.size(); ++i) {
     if (i == 0 || f.layer_done[i] != f.layer_done[i - 1]) spare_events_.push_back(f.layer_done[i]);
   }
