@@ -55,6 +55,14 @@ void make_pool(int32_t num_blocks, TestPool* pool) {
                     .value();
 }
 
+// n blocks of host slab in the pool's layout from the backend's (pinned) slab allocator, zeroed.
+HostKvStorage pinned_slab(const TestPool& pool, int32_t n) {
+  auto made = HostKvStorage::create(*pool.cache, std::vector<int32_t>{n},
+                                    HostKvStorage::Init::kZeroed, pool.gpu->host_slab_allocator());
+  KVP_CHECK(made.is_ok(), "{}", made.status().to_string());
+  return std::move(made).value();
+}
+
 TEST(CudaTierTransfers, BlocksMoveThroughPinnedSlabsInOrderAfterQueuedWork) {
   SKIP_WITHOUT_GPU();
   constexpr int32_t kBlocks = 32;
@@ -141,12 +149,7 @@ TEST(CudaTierTransfers, ComputeWorkOrderedAfterATransferSeesItsBytes) {
   make_pool(kMoved + 1, &made);
   if (HasFatalFailure()) return;
   CudaForwardBackend* gpu = made.gpu;
-  const CacheSpec& cache = *made.cache;
-  auto slab =
-      HostKvStorage::create(cache, std::vector<int32_t>{kMoved},
-                            HostKvStorage::Init::kUninitialized, gpu->host_slab_allocator());
-  ASSERT_TRUE(slab.is_ok()) << slab.status().to_string();
-  HostKvStorage host = std::move(slab).value();
+  HostKvStorage host = pinned_slab(made, kMoved);
   std::memset(host.slab(0).data(), 0x5a, host.slab(0).size());
   ASSERT_TRUE(gpu->fill_kv_random(3).is_ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -182,14 +185,8 @@ TEST(CudaTierTransfers, ACopyOutOrderedAfterKeepsItsBytesFromWritesQueuedBehindI
   make_pool(kMoved + 1, &made);
   if (HasFatalFailure()) return;
   CudaForwardBackend* gpu = made.gpu;
-  const auto slab = [&] {
-    auto made_slab =
-        HostKvStorage::create(*made.cache, std::vector<int32_t>{kMoved},
-                              HostKvStorage::Init::kZeroed, gpu->host_slab_allocator());
-    KVP_CHECK(made_slab.is_ok(), "{}", made_slab.status().to_string());
-    return std::move(made_slab).value();
-  };
-  HostKvStorage reference = slab(), copied = slab(), other = slab(), back = slab();
+  HostKvStorage reference = pinned_slab(made, kMoved), copied = pinned_slab(made, kMoved),
+                other = pinned_slab(made, kMoved), back = pinned_slab(made, kMoved);
   std::memset(other.slab(0).data(), 0x5a, other.slab(0).size());
   std::vector<BlockTransfer> out, in;
   for (int32_t b = 0; b < kMoved; ++b) {
