@@ -188,6 +188,7 @@ struct EngineSessionInfo {
   int64_t num_restores = 0;  // host or disk -> pool
   uint64_t host_bytes = 0;   // held in the host tier
   uint64_t disk_bytes = 0;   // of its cache file
+  bool read_ahead = false;   // its cache file read, or being read, for a request waiting on it
 };
 
 class Engine {

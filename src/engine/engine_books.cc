@@ -9,6 +9,8 @@
 //                                       ├─▶ release_waiting ──▶ move_down / swap_out / free
 //                                       └─▶ preempt (engine_preemption.cc), finish (aborted)
 #include <algorithm>
+#include <chrono>
+#include <future>
 #include <optional>
 #include <vector>
 
@@ -44,6 +46,14 @@ bool Engine::StepBooks::order_restore(SeqId id, bool holds_up_others) {
 }
 
 int32_t Engine::StepBooks::num_restoring_unplanned() const { return e_.moves_.num_unordered(); }
+
+bool Engine::StepBooks::kv_at_hand(SeqId id) const {
+  const Sequence& s = *e_.sequences_.at(id);
+  const std::optional<std::string>& name = e_.requests_.at(s.request_id)->request.session;
+  if (s.resident || !name) return true;
+  const Prefetch* read = e_.sessions_.at(*name)->prefetch.get();
+  return read == nullptr || read->kv.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
 
 bool Engine::StepBooks::admit(SeqId id) {
   Sequence& s = e_.seq(id);

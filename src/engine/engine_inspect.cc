@@ -46,6 +46,7 @@ std::vector<EngineSessionInfo> Engine::sessions() const {
     info.num_restores = session->num_restores;
     info.host_bytes = session->host ? session->host->size_bytes : 0;
     info.disk_bytes = session->disk_bytes;
+    info.read_ahead = session->prefetch != nullptr;
     out.push_back(info);
   }
   return out;

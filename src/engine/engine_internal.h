@@ -130,6 +130,7 @@ class Engine::StepBooks final : public StepBookkeeping {
   bool is_restoring(SeqId id) const override;
   bool order_restore(SeqId id, bool holds_up_others) override;
   int32_t num_restoring_unplanned() const override;
+  bool kv_at_hand(SeqId id) const override;
   bool admit(SeqId id) override;
   void recompute(SeqId id) override;
   bool evict_idle_session() override;

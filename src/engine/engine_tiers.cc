@@ -713,6 +713,9 @@ void Engine::settle_file_writes() {
       std::unique_ptr<PendingWrite> done = std::move(session->writing);
       if (status.is_ok()) {
         stats_.file_writes.count_timed(session->disk_bytes, done->start);
+        // a request waits for it (its session was moved down while it waited): read it back
+        // from now on, not when it is admitted
+        if (session->busy) start_prefetch(*session);
         break;
       }
       // the file could not be written: the KV goes, as when a read fails (unless a request is

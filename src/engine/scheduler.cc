@@ -70,12 +70,19 @@ StepPlan Scheduler::plan_step(StepBookkeeping& books) {
     ++i;
   }
 
-  // 2. waiting sequences, in order, while they fit (restores not planned hold their places)
+  // 2. waiting sequences, in order, while they fit (restores not planned hold their places);
+  // waiting_[0, next) are passed over in this step, their KV still being read from disk
   const auto num_seqs = [&] {
     return static_cast<int32_t>(plan.seqs.size()) + books.num_restoring_unplanned();
   };
-  while (budget > 0 && !waiting_.empty() && num_seqs() < config_.max_num_seqs) {
-    const SeqId id = waiting_.front();
+  size_t next = 0;
+  const auto leave_queue = [&] { waiting_.erase(waiting_.begin() + static_cast<ptrdiff_t>(next)); };
+  while (budget > 0 && next < waiting_.size() && num_seqs() < config_.max_num_seqs) {
+    const SeqId id = waiting_[next];
+    if (!books.kv_at_hand(id) && (!plan.seqs.empty() || !running_.empty())) {
+      ++next;  // its admission would hold the step up until the read ends
+      continue;
+    }
     bool admitted = books.admit(id);
     while (!admitted && free_some_blocks(books, id, plan)) admitted = books.admit(id);
     if (!admitted) {
@@ -90,7 +97,7 @@ StepPlan Scheduler::plan_step(StepBookkeeping& books) {
     // (step 1 of a later step)
     if (books.is_restoring(id) &&
         !(books.can_append(id, q) && books.order_restore(id, holds_up_others(id)))) {
-      waiting_.pop_front();
+      leave_queue();
       running_.push_back(id);
       plan.admitted.push_back(id);
       continue;
@@ -100,7 +107,7 @@ StepPlan Scheduler::plan_step(StepBookkeeping& books) {
     if (!fits) {
       if (plan.seqs.empty() && running_.empty()) {
         // nothing else holds blocks: this chunk can never fit the pool
-        waiting_.pop_front();
+        leave_queue();
         plan.aborted.push_back(id);
         books.abort(id);
         continue;
@@ -108,7 +115,7 @@ StepPlan Scheduler::plan_step(StepBookkeeping& books) {
       break;
     }
     take(id, q, pending);
-    waiting_.pop_front();
+    leave_queue();
     running_.push_back(id);
     plan.admitted.push_back(id);
   }

@@ -104,6 +104,10 @@ class StepBookkeeping {
   // Restores in flight that this step does not run: they hold their places under the cap.
   virtual int32_t num_restoring_unplanned() const = 0;
 
+  // Whether a waiting sequence's KV, where it has some in a tier, can be copied into the pool
+  // now: false while its session's cache file is still being read (admitting it would wait for
+  // the read). does not modify anything
+  virtual bool kv_at_hand(SeqId id) const = 0;
   // Gives a waiting sequence blocks of the KV it has somewhere: a session's (back from host or
   // disk), a swapped copy, the prefix cache's. false: that KV does not fit the pool now.
   virtual bool admit(SeqId id) = 0;
@@ -142,12 +146,14 @@ class Scheduler {
   //      budget) tokens (a sequence whose KV is still being copied in and cannot join this
   //      step is passed over and keeps its place); when the pool is short, room comes from
   //      make_room's order
-  //   2. waiting sequences, in order, no skipping ahead, while budget, max_num_seqs (this
-  //      step's sequences and restores waiting to join one) and the pool allow; room from
-  //      evict_idle_session, then the newest other waiting sequence that holds blocks, never
-  //      from a running one. Stops at the first that does not fit; with nothing else holding
-  //      blocks, a sequence whose tier KV cannot come back is recomputed, one whose chunk
-  //      cannot fit even so is aborted.
+  //   2. waiting sequences, in order, while budget, max_num_seqs (this step's sequences and
+  //      restores waiting to join one) and the pool allow; room from evict_idle_session, then
+  //      the newest other waiting sequence that holds blocks, never from a running one. Stops
+  //      at the first that does not fit; with nothing else holding blocks, a sequence whose
+  //      tier KV cannot come back is recomputed, one whose chunk cannot fit even so is aborted.
+  //      The one exception to the order: a sequence whose KV is still being read from disk
+  //      (!kv_at_hand) is passed over, keeping its place, while any other sequence runs or is
+  //      planned (the step would wait for the read); with none, it is admitted and waited for.
   // Mutates the queues and, through books, the pool.
   StepPlan plan_step(StepBookkeeping& books);
 

@@ -46,25 +46,35 @@ struct Outcome {
   FinishReason reason = FinishReason::kStop;
 };
 
-// Steps the engine until every request has finished; collects sample 0 of each.
-inline std::map<int64_t, Outcome> run_all(Engine& engine, bool check_each_step = true) {
-  std::map<int64_t, Outcome> out;
+// Adds a step's events to `out`: sample 0's tokens, and each request's end.
+inline void collect(std::vector<EngineEvent> events, std::map<int64_t, Outcome>* out) {
+  for (EngineEvent& e : events) {
+    if (e.sample_index != 0) continue;
+    Outcome& o = (*out)[e.request_id.value];
+    if (e.kind == EngineEvent::Kind::kToken) {
+      o.tokens.push_back(e.token_id);
+    } else {
+      o.usage = e.usage;
+      o.times = e.times;
+      o.reason = e.finish_reason;
+    }
+  }
+}
+
+// Steps the engine until every request has finished; collects sample 0 of each (into `out`,
+// after what it holds).
+inline void run_all(Engine& engine, std::map<int64_t, Outcome>* out, bool check_each_step = true) {
   int guard = 0;
   while (engine.has_unfinished()) {
-    for (EngineEvent& e : engine.step()) {
-      if (e.sample_index != 0) continue;
-      Outcome& o = out[e.request_id.value];
-      if (e.kind == EngineEvent::Kind::kToken) {
-        o.tokens.push_back(e.token_id);
-      } else {
-        o.usage = e.usage;
-        o.times = e.times;
-        o.reason = e.finish_reason;
-      }
-    }
+    collect(engine.step(), out);
     if (check_each_step) engine.check_integrity();
     KVP_CHECK(++guard < 100000, "engine made no progress");
   }
+}
+
+inline std::map<int64_t, Outcome> run_all(Engine& engine, bool check_each_step = true) {
+  std::map<int64_t, Outcome> out;
+  run_all(engine, &out, check_each_step);
   return out;
 }
 

@@ -181,6 +181,61 @@ TEST(EngineTiers, ARestoreThatFindsNoRoomReadsItsFileOnce) {
   engine.check_integrity();
 }
 
+// A request's session that a step moves to disk while the request waits (its blocks given to
+// a sequence ahead of it) is read back as soon as its file is written, not when the request is
+// admitted: the read runs while others decode, and the restore finds it done.
+TEST(EngineTiers, ASessionMovedToDiskWhileItsRequestWaitsIsReadBackAheadOfItsAdmission) {
+  auto runner = load("llama");
+  TempDir dir("read-ahead");
+  EngineConfig config = small_config(128);  // 512 tokens of 4
+  config.disk_dir = dir.path().string();
+  config.disk_tier_bytes = 64 << 20;
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, config);
+  const auto turn1 = golden_ids("llama", "prompt_1");
+  Request r1 = greedy_request(turn1, 8);
+  r1.session = "agent";
+  auto id1 = engine.submit(r1);
+  ASSERT_TRUE(id1.is_ok());
+  auto out1 = run_all(engine);
+  const int32_t session_tokens = session_info(engine, "agent").num_kv_tokens;
+  ASSERT_GE(session_tokens, 8);
+
+  // F (200 + 20 tokens) decodes; W behind it (one block more than the pool has free, then 2
+  // tokens) and the agent's turn, holding its blocks, wait. W's last chunk needs the agent's
+  // blocks: the agent's request gives them back (its session to disk) and waits until F ends.
+  auto f = engine.submit(greedy_request(std::vector<int32_t>(200, 9), 20));
+  ASSERT_TRUE(f.is_ok());
+  std::map<int64_t, Outcome> outputs;
+  for (int i = 0; i < 5; ++i) collect(engine.step(), &outputs);  // F's prompt in 64-token chunks
+  const int32_t num_free = engine.stats().num_blocks_total - engine.stats().num_blocks_used;
+  auto w = engine.submit(greedy_request(std::vector<int32_t>(4 * num_free + 3, 12), 2));
+  Request r2 = greedy_request({5, 6, 7}, 6);
+  r2.session = "agent";
+  auto id2 = engine.submit(r2);
+  ASSERT_TRUE(w.is_ok() && id2.is_ok());
+  const EngineStats before = engine.stats();
+  for (int i = 0; i < 40 && session_info(engine, "agent").tier != SessionTier::kDisk; ++i) {
+    collect(engine.step(), &outputs);
+  }
+  ASSERT_EQ(session_info(engine, "agent").tier, SessionTier::kDisk);
+  ASSERT_TRUE(session_info(engine, "agent").busy);
+  engine.settle_tier_moves();  // its file written
+  EXPECT_TRUE(session_info(engine, "agent").read_ahead);
+  run_all(engine, &outputs);
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(after.num_session_restores - before.num_session_restores, 1);
+  EXPECT_EQ(after.file_reads.count - before.file_reads.count, 1);
+  EXPECT_EQ(outputs[id2->value].usage.cached_tokens, session_tokens);  // restored, not recomputed
+  std::vector<int32_t> whole = turn1;
+  whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
+  whole.insert(whole.end(), {5, 6, 7});
+  EXPECT_EQ(outputs[id2->value].tokens, reference_output(runner, whole, 6));
+  EXPECT_EQ(outputs[w->value].tokens.size(), 2u);
+  EXPECT_EQ(outputs[f->value].tokens.size(), 20u);
+  engine.check_integrity();
+}
+
 // Write-backs ahead of need (EngineConfig::tier_watermark): the step that leaves a session idle
 // below the watermark starts its copy to the host tier; a request arriving while the copy is in
 // flight keeps the pool's blocks (the copy is dropped, nothing restored); a later step finds the

@@ -1,10 +1,10 @@
 // The Scheduler's plans alone (engine/scheduler.h), on scripted workloads over a block-counting
 // fake of the engine's bookkeeping: no model, no backend, no KV. Each expected plan is derived in
 // the test's comment from the rules: running sequences first, oldest first, within the token
-// budget; admission in arrival order with no skipping ahead, under the budget and the sequence
-// cap; room from idle sessions, then waiting sequences' blocks, then the newest running
-// sequence; and the static rules for swap or recompute, swap-in room, the idle session to go
-// and where it goes.
+// budget; admission in arrival order with no skipping ahead (but for a sequence whose KV is
+// still being read from disk, while others run), under the budget and the sequence cap; room
+// from idle sessions, then waiting sequences' blocks, then the newest running sequence; and the
+// static rules for swap or recompute, swap-in room, the idle session to go and where it goes.
 #include "engine/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -16,6 +16,7 @@
 #include <optional>
 #include <ostream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,7 @@ class FakeBooks final : public StepBookkeeping {
     int32_t restore_tokens = 0;  // > 0: admission restores this many tokens' KV
     bool restoring = false;      // that copy is in flight
     bool ordered = false;        // a step runs it after its copy (join_restores_alone)
+    bool reading = false;        // its KV is still being read from disk (before admission)
   };
 
   explicit FakeBooks(int32_t num_blocks) : num_blocks_(num_blocks), num_free_(num_blocks) {}
@@ -73,6 +75,14 @@ class FakeBooks final : public StepBookkeeping {
     seqs_[id].restore_tokens = num_restored;
   }
   void finish_restore(SeqId id) { seqs_.at(id).restoring = false; }
+  // A restored sequence whose KV is still being read from disk until finish_read; admitting it
+  // before then waits for the read (counted by num_reads_waited).
+  void add_reading_seq(SeqId id, int32_t num_tokens, int32_t num_restored) {
+    add_restored_seq(id, num_tokens, num_restored);
+    seqs_.at(id).reading = true;
+  }
+  void finish_read(SeqId id) { seqs_.at(id).reading = false; }
+  int32_t num_reads_waited() const { return num_reads_waited_; }
   // From now on a restore joins a step when the scheduler says it holds up nobody (the engine
   // over a backend that overlaps copies layer by layer); before, restores never join early.
   void join_restores_alone() { join_alone_ = true; }
@@ -148,9 +158,14 @@ class FakeBooks final : public StepBookkeeping {
     for (const auto& [id, s] : seqs_) n += s.restoring && !s.ordered ? 1 : 0;
     return n;
   }
+  bool kv_at_hand(SeqId id) const override { return !seqs_.at(id).reading; }
   bool admit(SeqId id) override {
     Seq& s = seqs_.at(id);
     if (s.resident) return true;
+    if (s.reading) {  // the engine waits for the read here
+      s.reading = false;
+      ++num_reads_waited_;
+    }
     if (s.restore_tokens > 0) {
       if (blocks_of(s.restore_tokens) > num_free_) return false;
       take(blocks_of(s.restore_tokens));
@@ -212,6 +227,7 @@ class FakeBooks final : public StepBookkeeping {
   std::vector<std::string> moves_;
   bool join_alone_ = false;
   std::vector<std::pair<SeqId, bool>> order_asks_;
+  int32_t num_reads_waited_ = 0;
 };
 
 const SeqId kA{1}, kB{2}, kC{3}, kD{4};
@@ -486,6 +502,49 @@ TEST(Scheduler, ARestoreJoinsAStepAtOnceOnlyWhereItHoldsUpNoSequenceThatWaitsFor
   books.check_integrity();
 }
 
+TEST(Scheduler, ASequenceWhoseKvIsStillReadFromDiskIsPassedOverWhileOthersRun) {
+  // A runs; R's session file (8 of 9 tokens) is still being read. Admitting R would make the
+  // step wait for the read, so C, behind it, is admitted and R keeps its place in front.
+  Scheduler scheduler(config(512));
+  FakeBooks books(64);
+  const SeqId kR = kB;
+  books.add_seq(kA, 4);
+  scheduler.add(kA);
+  step(scheduler, books);
+  books.add_reading_seq(kR, 9, 8);
+  books.add_seq(kC, 4);
+  scheduler.add(kR);
+  scheduler.add(kC);
+  StepPlan plan = step(scheduler, books);
+  EXPECT_EQ(plan.seqs, (std::vector<ScheduledSeq>{{kA, 1, true}, {kC, 4, true}}));
+  EXPECT_EQ(plan.admitted, (std::vector<SeqId>{kC}));
+  EXPECT_EQ(waiting(scheduler), (std::vector<SeqId>{kR}));
+  // still reading: passed over again; once read, admitted (its copy then in flight)
+  plan = step(scheduler, books);
+  EXPECT_EQ(plan.seqs, (std::vector<ScheduledSeq>{{kA, 1, true}, {kC, 1, true}}));
+  EXPECT_EQ(waiting(scheduler), (std::vector<SeqId>{kR}));
+  books.finish_read(kR);
+  plan = step(scheduler, books);
+  EXPECT_EQ(plan.admitted, (std::vector<SeqId>{kR}));
+  EXPECT_TRUE(waiting(scheduler).empty());
+  EXPECT_EQ(books.num_reads_waited(), 0);
+}
+
+TEST(Scheduler, ASequenceWhoseKvIsStillReadIsWaitedForWhenNothingElseRuns) {
+  // Nothing runs: passing R over would leave the step empty, so R is admitted (the engine
+  // waits for its read) ahead of C, in order.
+  Scheduler scheduler(config(512));
+  FakeBooks books(64);
+  const SeqId kR = kA;
+  books.add_reading_seq(kR, 9, 8);
+  books.add_seq(kC, 4);
+  scheduler.add(kR);
+  scheduler.add(kC);
+  const StepPlan plan = step(scheduler, books);
+  EXPECT_EQ(plan.admitted, (std::vector<SeqId>{kR, kC}));
+  EXPECT_EQ(books.num_reads_waited(), 1);
+}
+
 TEST(Scheduler, ATierCopyThatCanNeverFitIsDroppedAndRecomputed) {
   // 2 blocks: R's session KV (12 tokens, 3 blocks) cannot come back even with nothing else in
   // the pool: it is dropped and R is admitted to recompute, its first chunk within the pool
@@ -531,11 +590,14 @@ TEST(Scheduler, RandomWorkloadsKeepTheBudgetTheCapTheOrderAndEveryBlock) {
   int64_t next_id = 1;
   int32_t num_arrivals = 0, num_finished = 0, num_aborted = 0;
   int32_t num_preempted = 0, num_released = 0, num_evictions = 0, num_restores_held = 0;
+  int32_t num_passed_over = 0;
   for (int32_t step_index = 0; step_index < 5000 && (num_arrivals < 200 || !outputs_left.empty());
        ++step_index) {
     if (num_arrivals < 200 && uniform(0, 2) == 0) {
       const SeqId id{next_id++};
-      if (uniform(0, 3) == 0) {
+      if (uniform(0, 7) == 0) {
+        books.add_reading_seq(id, uniform(9, 40), 8);
+      } else if (uniform(0, 3) == 0) {
         books.add_restored_seq(id, uniform(9, 40), 8);
       } else {
         books.add_seq(id, uniform(1, 40));
@@ -547,6 +609,11 @@ TEST(Scheduler, RandomWorkloadsKeepTheBudgetTheCapTheOrderAndEveryBlock) {
     if (uniform(0, 9) == 0 && books.num_free_blocks() >= 2) books.add_idle_session(2);
     for (const auto& [id, left] : outputs_left) {
       if (books.seq(id).restoring && uniform(0, 1) == 0) books.finish_restore(id);
+      if (books.seq(id).reading && uniform(0, 3) == 0) books.finish_read(id);
+    }
+    std::set<SeqId> reading_before;
+    for (SeqId id : scheduler.waiting()) {
+      if (!books.kv_at_hand(id)) reading_before.insert(id);
     }
     const std::vector<SeqId> running_before = scheduler.running();
     const std::deque<SeqId> waiting_before = scheduler.waiting();
@@ -576,10 +643,24 @@ TEST(Scheduler, RandomWorkloadsKeepTheBudgetTheCapTheOrderAndEveryBlock) {
     // after step 1 the preempted wait in front, the last preempted first
     std::deque<SeqId> after_running = waiting_before;
     for (SeqId id : plan.preempted) after_running.push_front(id);
-    const size_t num_taken = plan.aborted.size() + plan.admitted.size();
-    ASSERT_LE(num_taken, after_running.size());
-    ASSERT_EQ(scheduler.waiting(),
-              std::deque<SeqId>(after_running.begin() + num_taken, after_running.end()));
+    // the queue keeps its order less what left it; only sequences still being read are
+    // passed over (left ahead of one that left), and only while others run
+    std::set<SeqId> taken(plan.admitted.begin(), plan.admitted.end());
+    taken.insert(plan.aborted.begin(), plan.aborted.end());
+    std::deque<SeqId> left, passed_over;
+    bool after_last_taken = false;
+    for (auto it = after_running.rbegin(); it != after_running.rend(); ++it) {
+      after_last_taken = after_last_taken || taken.count(*it) > 0;
+      if (taken.count(*it) > 0) continue;
+      left.push_front(*it);
+      if (after_last_taken) passed_over.push_front(*it);
+    }
+    ASSERT_EQ(scheduler.waiting(), left);
+    for (SeqId id : passed_over) {
+      ASSERT_EQ(reading_before.count(id), 1u) << "seq " << id.value << " was skipped";
+      ASSERT_FALSE(plan.seqs.empty() && scheduler.running().empty());
+    }
+    num_passed_over += static_cast<int32_t>(passed_over.size());
     for (SeqId id : plan.aborted) outputs_left.erase(id);
     num_aborted += static_cast<int32_t>(plan.aborted.size());
     num_preempted += static_cast<int32_t>(plan.preempted.size());
@@ -606,8 +687,13 @@ TEST(Scheduler, RandomWorkloadsKeepTheBudgetTheCapTheOrderAndEveryBlock) {
   EXPECT_GT(num_released, 0);
   EXPECT_GT(num_evictions, 0);
   EXPECT_GT(num_restores_held, 0);
-  std::printf("random workload: %d preempted, %d released, %d idle evictions, %d restore-steps\n",
-              num_preempted, num_released, num_evictions, num_restores_held);
+  EXPECT_GT(num_passed_over, 0);
+  EXPECT_GT(books.num_reads_waited(), 0);
+  std::printf(
+      "random workload: %d preempted, %d released, %d idle evictions, %d restore-steps, %d "
+      "passed over while read, %d reads waited for\n",
+      num_preempted, num_released, num_evictions, num_restores_held, num_passed_over,
+      books.num_reads_waited());
 }
 
 // Rates of 1 GiB/s for copies and 1000 tokens/s for prefill: swapping b bytes costs 2b / 2^30 s
