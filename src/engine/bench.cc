@@ -119,8 +119,11 @@ std::string BenchReport::to_text() const {
       0) {
     s += fmt::format("  tier moves: {}; {}\n", moves("pool->host", to_host),
                      moves("host->pool", to_pool));
-    s += fmt::format("  file moves: {}; {}\n", moves("writes", file_writes),
-                     moves("reads", file_reads));
+    s += fmt::format(
+        "  file moves: {}; {} ({} into pageable memory, the staging tier full; {} put off until "
+        "it had room)\n",
+        moves("writes", file_writes), moves("reads", file_reads), num_file_reads_pageable,
+        num_file_reads_deferred);
   }
   s += fmt::format("  wall time: ramp-up {:.1f}%, steady {:.1f}%, drain {:.1f}%\n",
                    ramp_share * 100, steady_share * 100, drain_share * 100);
@@ -360,6 +363,8 @@ Result<BenchReport> run_bench(Engine& engine, int32_t vocab_size, const BenchCon
   report.num_restores_joined_steps =
       after.num_restores_joined_steps - before.num_restores_joined_steps;
   report.num_copies_out_ordered = after.num_copies_out_ordered - before.num_copies_out_ordered;
+  report.num_file_reads_pageable = after.num_file_reads_pageable - before.num_file_reads_pageable;
+  report.num_file_reads_deferred = after.num_file_reads_deferred - before.num_file_reads_deferred;
   report.num_tier_errors = after.num_tier_errors - before.num_tier_errors;
   auto moved = [](const EngineStats::Moves& a, const EngineStats::Moves& b) {
     return EngineStats::Moves{a.count - b.count, a.bytes - b.bytes, a.seconds - b.seconds,

@@ -81,6 +81,8 @@ struct BenchReport {
   int64_t num_session_moves_to_host = 0, num_session_moves_to_disk = 0, num_session_restores = 0;
   int64_t num_restores_joined_steps = 0;  // EngineStats::num_restores_joined_steps
   int64_t num_copies_out_ordered = 0;     // EngineStats::num_copies_out_ordered
+  int64_t num_file_reads_pageable = 0;    // EngineStats::num_file_reads_pageable
+  int64_t num_file_reads_deferred = 0;    // EngineStats::num_file_reads_deferred
   // spill files that could not be written or read back (damaged, deleted, disk full): the
   // sessions' KV was dropped and recomputed (EngineStats::num_tier_errors)
   int64_t num_tier_errors = 0;

@@ -593,6 +593,7 @@ std::vector<EngineEvent> Engine::step() {
   moves_.begin_step();
   finish_write_backs(TierMoves::Take::kIfDone);
   settle_file_writes();
+  start_deferred_reads();  // where written files made room in the staging tier
   std::vector<EngineEvent> events;
   // 1. and 2.: the plan; the blocks it runs are taken, preemptions and admissions made
   StepBooks books(*this, &events);

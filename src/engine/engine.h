@@ -162,6 +162,10 @@ struct EngineStats {
   // steps ordered after them on the device (EngineConfig::copy_out_overlap)
   int64_t num_copies_out_ordered = 0;
   int64_t num_tier_errors = 0;  // disk writes or reads that failed (the KV was dropped)
+  // file reads into pageable memory although the engine has a pinned staging tier (it lacked
+  // the room: the restore then copies from pageable memory); reads put off until it had room
+  int64_t num_file_reads_pageable = 0;
+  int64_t num_file_reads_deferred = 0;
   uint64_t host_tier_bytes_used = 0;
   uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
   // Byte moves of the tiers (MoveStats, tier_moves.h): pool -> host memory (host tier, or a copy
@@ -395,9 +399,14 @@ class Engine {
   // Blocks per cache group of a host copy of num_tokens tokens read from a cache file (a window
   // group keeps only the tokens its window can still see; CacheFile::group_token_begin).
   std::vector<int32_t> file_blocks(int64_t num_tokens) const;
-  // Starts reading a disk-tier session's spill file on a thread, for its next admission.
+  // Starts reading a disk-tier session's spill file on a thread, for its next admission: into
+  // the staging tier, or, while that lacks the room (its spill copies not yet written), later
+  // (start_deferred_reads; the scheduler passes the request over meanwhile, kv_at_hand).
   struct Prefetch;
   void start_prefetch(SessionState& session);
+  // Starts the reads start_prefetch put off, in their order, that the staging tier has room
+  // for now.
+  void start_deferred_reads();
   // A file's KV read for a restore that found no room in the pool, kept as the session's
   // prefetch (done) for its next try.
   void keep_read(SessionState& session, std::unique_ptr<HostKv> kv, std::vector<int32_t> tokens);
@@ -450,6 +459,9 @@ class Engine {
   // With a disk tier and no host tier: pinned blocks that spill copies go through (one DMA per
   // run instead of a pageable copy), held until the file is written. Full: pageable copies.
   std::unique_ptr<HostTier> disk_staging_;
+  // sessions whose spill file is to be read into disk_staging_ once it has the room, in the
+  // order their requests came (start_prefetch)
+  std::vector<std::string> deferred_reads_;
   // KV of preempted sequences swapped to the host tier (its blocks: declared after host_tier_
   // so that it goes first)
   std::unordered_map<SeqId, std::unique_ptr<HostKv>> swapped_;

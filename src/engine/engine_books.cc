@@ -52,7 +52,11 @@ bool Engine::StepBooks::kv_at_hand(SeqId id) const {
   const std::optional<std::string>& name = e_.requests_.at(s.request_id)->request.session;
   if (s.resident || !name) return true;
   const Prefetch* read = e_.sessions_.at(*name)->prefetch.get();
-  return read == nullptr || read->kv.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  if (read == nullptr) {  // not being read: at hand unless its read waits for staging room
+    return std::find(e_.deferred_reads_.begin(), e_.deferred_reads_.end(), *name) ==
+           e_.deferred_reads_.end();
+  }
+  return read->kv.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
 }
 
 bool Engine::StepBooks::admit(SeqId id) {

@@ -448,6 +448,7 @@ Engine::Restore Engine::restore_session(SessionState& session, Sequence& s, bool
         stats_.file_reads.count_timed((*read ? read->get() : staged.get())->size_bytes, start);
     } else {
       staged = stage_file_read(session.num_computed);
+      if (!staged && disk_staging_) ++stats_.num_file_reads_pageable;
       read = read_file(session.file, &file_tokens, staged.get());
     }
     if (read.is_ok() && *read == nullptr) read = std::move(staged);  // it went into the staging
@@ -679,13 +680,44 @@ void Engine::keep_read(SessionState& session, std::unique_ptr<HostKv> kv,
 
 void Engine::start_prefetch(SessionState& session) {
   if (session.prefetch || session.host || session.writing || session.file.empty()) return;
+  std::unique_ptr<HostKv> staged = stage_file_read(session.num_computed);
+  if (!staged && disk_staging_ && session.num_computed > 0) {
+    // pinned room is taken by spill copies still being written: read once they are (a read
+    // into pageable memory would make its restore a synchronous copy), unless the staging tier
+    // could never hold it
+    const std::vector<int32_t> needed = file_blocks(session.num_computed);
+    bool fits = true;
+    for (size_t g = 0; g < needed.size(); ++g) {
+      fits &= needed[g] <= disk_staging_->storage().layout(static_cast<int32_t>(g)).num_blocks;
+    }
+    if (fits) {
+      if (std::find(deferred_reads_.begin(), deferred_reads_.end(), session.name) ==
+          deferred_reads_.end()) {
+        deferred_reads_.push_back(session.name);
+        ++stats_.num_file_reads_deferred;
+      }
+      return;
+    }
+  }
+  if (!staged && disk_staging_) ++stats_.num_file_reads_pageable;
   auto prefetch = std::make_unique<Prefetch>();
   Prefetch* p = prefetch.get();
-  p->staged = stage_file_read(session.num_computed);
+  p->staged = std::move(staged);
   p->kv = std::async(std::launch::async, [this, p, path = session.file] {
     return load_file(path, &p->tokens, p->staged.get());
   });
   session.prefetch = std::move(prefetch);
+}
+
+void Engine::start_deferred_reads() {
+  std::vector<std::string> names = std::move(deferred_reads_);
+  deferred_reads_.clear();
+  for (const std::string& name : names) {
+    auto it = sessions_.find(name);
+    // a request still waits for it (start_prefetch finds whether its KV is still in the file)
+    if (it == sessions_.end() || !it->second->busy) continue;
+    start_prefetch(*it->second);  // or put off again, in order
+  }
 }
 
 void Engine::settle_tier_moves() {

@@ -53,6 +53,10 @@ ServerMetrics::ServerMetrics(EngineFront* engine) : engine_(engine) {
           "Restores that ran in a step ordered after their copy into the pool (not waiting for a "
           "later step).",
           [](const EngineStats& s) { return s.num_restores_joined_steps; });
+  counter("kvpool:tier_copies_out_not_waited",
+          "Copies out of the pool whose blocks were given back at once, later steps ordered after "
+          "the copy (EngineConfig::copy_out_overlap).",
+          [](const EngineStats& s) { return s.num_copies_out_ordered; });
   counter("kvpool:session_restored_tokens", "Tokens whose KV came back from host memory or disk.",
           [](const EngineStats& s) { return s.num_restored_tokens; });
   counter("kvpool:session_evictions", "Idle sessions whose KV was dropped (recomputed later).",

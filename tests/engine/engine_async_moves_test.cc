@@ -379,5 +379,71 @@ TEST(EngineLateCopies, SpillCopiesThroughStagingSlabsKeepTheOutputs) {
   }
 }
 
+// A request whose session's file would have to be read into pageable memory, the staging tier's
+// room held by a spill copy still being written, waits for that room instead: its read starts
+// once the copy is written, into staging, and its restore copies from pinned memory. Meanwhile
+// the scheduler passes it over. Its output is that of a fresh engine on the whole conversation.
+TEST(EngineLateCopies, AReadWaitsForStagingRoomRatherThanLandInPageableMemory) {
+  auto runner = load("llama");
+  TempDir dir("deferred-read");
+  LateCopiesBackend late(runner);
+  late.offers_slabs = true;
+  EngineConfig config = small_config(64);  // 256 tokens; the staging tier as big
+  config.disk_dir = dir.path().string();
+  config.disk_tier_bytes = 64 << 20;
+  Engine engine(&late, config);
+  std::map<int64_t, Outcome> outputs;
+  const auto turn = [&](const std::string& session, std::vector<int32_t> prompt) {
+    Request r = greedy_request(std::move(prompt), 8);
+    r.session = session;
+    auto id = engine.submit(std::move(r));
+    KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+    return id->value;
+  };
+  const auto tier_of = [&](const std::string& name) {
+    for (const EngineSessionInfo& s : engine.sessions()) {
+      if (s.name == name) return s.tier;
+    }
+    return SessionTier::kNone;
+  };
+  // B (100 + 8 tokens: 27 blocks) then A (160 + 8: 42 blocks), which sends B to disk
+  std::vector<int32_t> b1(100), a1(160);
+  for (size_t i = 0; i < b1.size(); ++i) b1[i] = 3 + static_cast<int32_t>(i * 7 % 200);
+  for (size_t i = 0; i < a1.size(); ++i) a1[i] = 5 + static_cast<int32_t>(i * 11 % 200);
+  const int64_t b1_id = turn("B", b1);
+  run_all(engine, &outputs);
+  turn("A", a1);
+  run_all(engine, &outputs);
+  engine.settle_tier_moves();
+  ASSERT_EQ(tier_of("B"), SessionTier::kDisk);
+  ASSERT_EQ(tier_of("A"), SessionTier::kDevice);
+  // F (100 tokens) sends A to disk, its copy in 42 of the staging tier's 64 blocks until written
+  const int64_t f_id = engine.submit(greedy_request(std::vector<int32_t>(100, 9), 8))->value;
+  for (int i = 0; i < 10 && tier_of("A") != SessionTier::kDisk; ++i) {
+    collect(engine.step(), &outputs);
+  }
+  ASSERT_EQ(tier_of("A"), SessionTier::kDisk);
+  const EngineStats before = engine.stats();
+  const int64_t b2_id = turn("B", {7, 8, 9});  // B's 27 blocks do not fit the 22 left
+  EXPECT_EQ(engine.stats().num_file_reads_deferred - before.num_file_reads_deferred, 1);
+  run_all(engine, &outputs);
+  const EngineStats after = engine.stats();
+  EXPECT_EQ(after.file_reads.count - before.file_reads.count, 1);
+  EXPECT_EQ(after.num_session_restores - before.num_session_restores, 1);
+  EXPECT_EQ(after.num_file_reads_pageable, 0);
+  EXPECT_EQ(late.num_copies_from_pageable, 0);         // every restore copied from pinned staging
+  // restored, not recomputed: 100 + 8 tokens less the last reply token (no KV yet)
+  EXPECT_EQ(outputs[b2_id].usage.cached_tokens, 107);
+  EXPECT_EQ(outputs[f_id].tokens.size(), 8u);
+  std::vector<int32_t> whole = b1;
+  whole.insert(whole.end(), outputs[b1_id].tokens.begin(), outputs[b1_id].tokens.end());
+  whole.insert(whole.end(), {7, 8, 9});
+  CpuForwardBackend cpu(runner);
+  Engine fresh(&cpu, small_config(256));
+  const int64_t whole_id = fresh.submit(greedy_request(whole, 8))->value;
+  EXPECT_EQ(outputs[b2_id].tokens, run_all(fresh)[whole_id].tokens);
+  engine.check_integrity();
+}
+
 }  // namespace
 }  // namespace kvp

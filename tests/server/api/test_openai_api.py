@@ -122,3 +122,4 @@ def test_metrics_parse_with_prometheus_client(server):
     assert m["kvpool:time_to_first_token_seconds_count"] >= 1
     assert m["kvpool:kv_cache_blocks_total"] > 0
     assert 'kvpool:sessions{tier="device"}' in m
+    assert m["kvpool:tier_copies_out_not_waited_total"] == 0  # no tier, and the CPU copies at once
