@@ -69,9 +69,13 @@ agents() {
       disk) extra="--disk-dir /tmp/kvp-spill --disk-tier-bytes 34359738368" ;;
     esac
     echo "== 8B agents $name ($agents x $turns, $turn-token turns, $blocks blocks), tier: $tier"
+    # a tier listed twice gets a log of its own per run (8b-NAME-TIER.log, -2.log, ...)
+    local log="$out/8b-$name-$tier.log" n=2
+    while [ -e "$log" ]; do log="$out/8b-$name-$tier-$n.log"; n=$((n + 1)); done
     timeout "$limit" $b8 --blocks "$blocks" --workload agents --agents "$agents" --turns "$turns" \
       --system-prompt-tokens 1024 --turn-tokens "$turn" --reply-tokens 64 --max-seqs 8 \
-      --step-tokens 4096 $extra 2>&1 | tee "$out/8b-$name-$tier.log" | tail -10 || status=1
+      --step-tokens 4096 $extra 2>&1 | tee "$log" \
+      | grep -E "^bench |session tiers|tier moves|file moves|restored from|ttft  " || status=1
     rm -rf /tmp/kvp-spill
   done
 }
