@@ -407,6 +407,8 @@ class Engine {
   // Starts the reads start_prefetch put off, in their order, that the staging tier has room
   // for now.
   void start_deferred_reads();
+  // Removes a spill file the engine wrote, on the FileWriter's thread where there is one.
+  void remove_spill_file(const std::filesystem::path& path);
   // A file's KV read for a restore that found no room in the pool, kept as the session's
   // prefetch (done) for its next try.
   void keep_read(SessionState& session, std::unique_ptr<HostKv> kv, std::vector<int32_t> tokens);

@@ -630,8 +630,7 @@ void Engine::drop_kv(SessionState& session) {
     // still being written: removed when written (settle_file_writes), the engine goes on
     orphan_writes_.push_back(std::move(session.writing));
   } else if (session.owns_file) {
-    std::error_code ec;
-    std::filesystem::remove(session.file, ec);
+    remove_spill_file(session.file);
   }
   if (session.owns_file) stats_.disk_tier_bytes_used -= session.disk_bytes;
   session.file.clear();
@@ -720,6 +719,15 @@ void Engine::start_deferred_reads() {
   }
 }
 
+void Engine::remove_spill_file(const std::filesystem::path& path) {
+  if (file_writer_) {
+    file_writer_->remove(path);  // off the engine loop, after the writes queued before
+    return;
+  }
+  std::error_code ec;
+  std::filesystem::remove(path, ec);
+}
+
 void Engine::settle_tier_moves() {
   moves_.land_all();
   while (!moves_.write_backs().empty()) finish_write_backs(TierMoves::Take::kWait);
@@ -735,8 +743,7 @@ void Engine::settle_file_writes() {
     auto orphan = std::find_if(orphan_writes_.begin(), orphan_writes_.end(),
                                [id = id](const auto& w) { return w->id == id; });
     if (orphan != orphan_writes_.end()) {
-      std::error_code ec;
-      std::filesystem::remove((*orphan)->path, ec);
+      remove_spill_file((*orphan)->path);
       orphan_writes_.erase(orphan);
       continue;
     }

@@ -28,6 +28,18 @@ uint64_t FileWriter::submit(Job job) {
   return id;
 }
 
+void FileWriter::remove(std::filesystem::path path) {
+  Job job;
+  job.path = std::move(path);
+  job.remove = true;
+  {
+    std::lock_guard lock(mutex_);
+    ++num_unfinished_;
+    queue_.emplace_back(0, std::move(job));  // id 0: not reported
+  }
+  changed_.notify_all();
+}
+
 std::vector<std::pair<uint64_t, Status>> FileWriter::poll() {
   std::lock_guard lock(mutex_);
   return std::exchange(done_, {});
@@ -60,6 +72,14 @@ void FileWriter::run() {
     auto [id, job] = std::move(queue_.front());
     queue_.pop_front();
     lock.unlock();
+    if (job.remove) {
+      std::error_code ec;
+      std::filesystem::remove(job.path, ec);
+      lock.lock();
+      --num_unfinished_;
+      changed_.notify_all();
+      continue;
+    }
     Status st = write_cache_file(job.path, job.fingerprint, *job.storage, job.tokens, *job.tables);
     lock.lock();
     done_.emplace_back(id, std::move(st));

@@ -6,7 +6,10 @@
 //
 // The caller keeps the host copy alive and unchanged until its write is reported (poll or wait):
 // the worker only reads it. Writes run in submission order; each is write_cache_file's temporary
-// file + fsync + rename, so a crash leaves the old file or the new one.
+// file + fsync + rename, so a crash leaves the old file or the new one. Files the engine no
+// longer needs are removed here too (remove), in the same order: unlinking a big file waits on
+// the file system's journal behind the writes' fsyncs, tens of milliseconds the engine loop
+// would otherwise spend.
 #pragma once
 
 #include <condition_variable>
@@ -33,6 +36,7 @@ class FileWriter {
     const HostKvStorage* storage = nullptr;                     // read only, alive until reported
     const std::vector<std::vector<BlockId>>* tables = nullptr;  // the same
     std::vector<int32_t> tokens;
+    bool remove = false;  // only remove `path` (FileWriter::remove)
   };
 
   FileWriter();
@@ -46,7 +50,11 @@ class FileWriter {
   std::vector<std::pair<uint64_t, Status>> poll();
   // Blocks until write `id` has finished; its status (then no longer reported by poll).
   Status wait(uint64_t id);
-  // Blocks until every queued write has finished (poll reports them).
+  // Queues the removal of a file, after the writes queued before it (a later write to the same
+  // path happens after it). Best effort: a file already gone or not removable is left as is;
+  // nothing is reported.
+  void remove(std::filesystem::path path);
+  // Blocks until every queued write and removal has finished (poll reports the writes).
   void drain();
 
  private:

@@ -84,5 +84,42 @@ TEST(FileWriter, WritesReadBackInOrderAndFailuresNameTheFile) {
   fs::remove_all(dir);
 }
 
+// Removals run on the worker in submission order with the writes: a file written then removed
+// is gone, one removed then written again at the same path exists, and nothing is reported.
+TEST(FileWriter, RemovalsRunInOrderWithTheWrites) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("kvp-file-remove-{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const CacheSpec s = spec();
+  HostKvStorage storage = HostKvStorage::create(s, std::vector<int32_t>{1}).value();
+  const std::vector<std::vector<BlockId>> tables = {{BlockId{0}}};
+  const auto job = [&](const fs::path& path) {
+    FileWriter::Job j;
+    j.path = path;
+    j.fingerprint = ModelFingerprint{"test", 7};
+    j.storage = &storage;
+    j.tables = &tables;
+    j.tokens = {1, 2, 3};
+    return j;
+  };
+  FileWriter writer;
+  const fs::path gone = dir / "gone.kvc", again = dir / "again.kvc";
+  const uint64_t first = writer.submit(job(gone));
+  writer.remove(gone);
+  writer.submit(job(again));
+  writer.remove(again);
+  const uint64_t last = writer.submit(job(again));
+  writer.remove(dir / "never-written.kvc");  // best effort: no error, nothing reported
+  writer.drain();
+  EXPECT_FALSE(fs::exists(gone));
+  EXPECT_TRUE(fs::exists(again));
+  const auto done = writer.poll();
+  ASSERT_EQ(done.size(), 3u);  // the writes only
+  EXPECT_EQ(done.front().first, first);
+  EXPECT_EQ(done.back().first, last);
+  for (const auto& [id, status] : done) EXPECT_TRUE(status.is_ok()) << status.to_string();
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kvp
