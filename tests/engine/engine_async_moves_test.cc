@@ -426,12 +426,20 @@ TEST(EngineLateCopies, AReadWaitsForStagingRoomRatherThanLandInPageableMemory) {
   const EngineStats before = engine.stats();
   const int64_t b2_id = turn("B", {7, 8, 9});  // B's 27 blocks do not fit the 22 left
   EXPECT_EQ(engine.stats().num_file_reads_deferred - before.num_file_reads_deferred, 1);
+  for (const EngineSessionInfo& info : engine.sessions()) {
+    if (info.name == "B") {
+      EXPECT_FALSE(info.read_ahead);  // put off, not reading
+    }
+  }
+  // A's file written (here at once: were F to end first, B would be admitted alone and read
+  // without waiting, into pageable memory); the next step starts B's read, into staging
+  engine.settle_tier_moves();
   run_all(engine, &outputs);
   const EngineStats after = engine.stats();
   EXPECT_EQ(after.file_reads.count - before.file_reads.count, 1);
   EXPECT_EQ(after.num_session_restores - before.num_session_restores, 1);
   EXPECT_EQ(after.num_file_reads_pageable, 0);
-  EXPECT_EQ(late.num_copies_from_pageable, 0);         // every restore copied from pinned staging
+  EXPECT_EQ(late.num_copies_from_pageable, 0);  // every restore copied from pinned staging
   // restored, not recomputed: 100 + 8 tokens less the last reply token (no KV yet)
   EXPECT_EQ(outputs[b2_id].usage.cached_tokens, 107);
   EXPECT_EQ(outputs[f_id].tokens.size(), 8u);
