@@ -137,20 +137,32 @@ TEST_P(EngineTierTest, SpilledSessionResumesWithoutReencodingAndMatchesFullPromp
 // A disk-tier session whose request finds the pool full of running work: each step's admission
 // finds no room until that work ends, and the spill file, read once (since the request arrived),
 // is kept for the next try instead of being read from the disk again at every step.
+// A disk tier of 64 MiB (no host tier) over a pool of 128 blocks of 4 tokens.
+EngineConfig disk_config(const TempDir& dir) {
+  EngineConfig config = small_config(128);
+  config.disk_dir = dir.path().string();
+  config.disk_tier_bytes = 64 << 20;
+  return config;
+}
+
+// Runs a session's first turn (the golden prompt_1, 8 tokens); returns the conversation so far.
+std::vector<int32_t> first_turn(Engine& engine, const std::string& session) {
+  std::vector<int32_t> whole = golden_ids("llama", "prompt_1");
+  Request r = greedy_request(whole, 8);
+  r.session = session;
+  auto id = engine.submit(r);
+  KVP_CHECK(id.is_ok(), "{}", id.status().to_string());
+  const std::vector<int32_t> out = run_all(engine)[id->value].tokens;
+  whole.insert(whole.end(), out.begin(), out.end());
+  return whole;
+}
+
 TEST(EngineTiers, ARestoreThatFindsNoRoomReadsItsFileOnce) {
   auto runner = load("llama");
   TempDir dir("no-room");
-  EngineConfig config = small_config(128);  // 512 tokens
-  config.disk_dir = dir.path().string();
-  config.disk_tier_bytes = 64 << 20;
   CpuForwardBackend backend(runner);
-  Engine engine(&backend, config);
-  const auto turn1 = golden_ids("llama", "prompt_1");
-  Request r1 = greedy_request(turn1, 8);
-  r1.session = "agent";
-  auto id1 = engine.submit(r1);
-  ASSERT_TRUE(id1.is_ok());
-  auto out1 = run_all(engine);
+  Engine engine(&backend, disk_config(dir));
+  std::vector<int32_t> whole = first_turn(engine, "agent");
   apply_pressure(engine);
   engine.settle_tier_moves();
   ASSERT_EQ(session_info(engine, "agent").tier, SessionTier::kDisk);
@@ -174,8 +186,6 @@ TEST(EngineTiers, ARestoreThatFindsNoRoomReadsItsFileOnce) {
   EXPECT_EQ(after.file_reads.count - before.file_reads.count, 1);
   // the session's turn came after the filler's end, restored, not recomputed
   EXPECT_EQ(out2[id2->value].usage.cached_tokens, session_tokens);
-  std::vector<int32_t> whole = turn1;
-  whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
   whole.insert(whole.end(), {5, 6, 7});
   EXPECT_EQ(out2[id2->value].tokens, reference_output(runner, whole, 6));
   engine.settle_tier_moves();  // files are removed on the writer's thread
@@ -189,17 +199,9 @@ TEST(EngineTiers, ARestoreThatFindsNoRoomReadsItsFileOnce) {
 TEST(EngineTiers, ASessionMovedToDiskWhileItsRequestWaitsIsReadBackAheadOfItsAdmission) {
   auto runner = load("llama");
   TempDir dir("read-ahead");
-  EngineConfig config = small_config(128);  // 512 tokens of 4
-  config.disk_dir = dir.path().string();
-  config.disk_tier_bytes = 64 << 20;
   CpuForwardBackend backend(runner);
-  Engine engine(&backend, config);
-  const auto turn1 = golden_ids("llama", "prompt_1");
-  Request r1 = greedy_request(turn1, 8);
-  r1.session = "agent";
-  auto id1 = engine.submit(r1);
-  ASSERT_TRUE(id1.is_ok());
-  auto out1 = run_all(engine);
+  Engine engine(&backend, disk_config(dir));
+  std::vector<int32_t> whole = first_turn(engine, "agent");
   const int32_t session_tokens = session_info(engine, "agent").num_kv_tokens;
   ASSERT_GE(session_tokens, 8);
 
@@ -229,8 +231,6 @@ TEST(EngineTiers, ASessionMovedToDiskWhileItsRequestWaitsIsReadBackAheadOfItsAdm
   EXPECT_EQ(after.num_session_restores - before.num_session_restores, 1);
   EXPECT_EQ(after.file_reads.count - before.file_reads.count, 1);
   EXPECT_EQ(outputs[id2->value].usage.cached_tokens, session_tokens);  // restored, not recomputed
-  std::vector<int32_t> whole = turn1;
-  whole.insert(whole.end(), out1[id1->value].tokens.begin(), out1[id1->value].tokens.end());
   whole.insert(whole.end(), {5, 6, 7});
   EXPECT_EQ(outputs[id2->value].tokens, reference_output(runner, whole, 6));
   EXPECT_EQ(outputs[w->value].tokens.size(), 2u);
