@@ -1,21 +1,63 @@
 // HostTier (host_tier.h): slabs and free lists of the host session tier.
 #include "engine/host_tier.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 
 #include "common/check.h"
 
 namespace kvp {
 
-HostTier::HostTier(HostKvStorage storage) : storage_(std::move(storage)) {
+HostTier::HostTier(HostKvStorage storage, bool populate)
+    : storage_(std::move(storage)), populate_(populate) {
   for (int32_t g = 0; g < storage_.num_groups(); ++g) {
     const int32_t n = storage_.layout(g).num_blocks;
     std::vector<BlockId> ids;
     ids.reserve(n);
     for (int32_t b = n - 1; b >= 0; --b) ids.push_back(BlockId{b});  // block 0 goes out first
     free_.push_back(std::move(ids));
+    if (populate_) populated_.emplace_back(static_cast<size_t>(n), false);
   }
+}
+
+void HostTier::populate(int32_t g, std::span<const BlockId> ids) {
+#ifdef MADV_POPULATE_WRITE
+  const KvLayout& layout = storage_.layout(g);
+  const size_t elem = dtype_size_bytes(layout.dtype);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<uintptr_t>(storage_.slab(g).data());
+  std::vector<bool>& done = populated_[g];
+  for (size_t i = 0; i < ids.size() && populate_;) {
+    if (done[ids[i].value]) {
+      ++i;
+      continue;
+    }
+    size_t n = 1;  // a run of consecutive blocks not populated yet
+    while (i + n < ids.size() && ids[i + n].value == ids[i].value + int32_t(n) &&
+           !done[ids[i + n].value]) {
+      ++n;
+    }
+    for (int32_t layer = 0; layer < layout.num_layers && populate_; ++layer) {
+      const uintptr_t begin = base + layout.block_offset(layer, ids[i].value, 0) * elem;
+      const uintptr_t end = begin + n * layout.block_pitch() * elem;
+      const uintptr_t first = begin / page * page, last = (end + page - 1) / page * page;
+      // the contents stay as they are (other blocks share the edge pages): only mapped
+      if (::madvise(reinterpret_cast<void*>(first), last - first, MADV_POPULATE_WRITE) != 0) {
+        populate_ = false;  // an older kernel (EINVAL) or no memory now: copies fault instead
+      }
+    }
+    for (size_t k = 0; k < n; ++k) done[ids[i + k].value] = true;
+    i += n;
+  }
+#else
+  (void)g;
+  (void)ids;
+  populate_ = false;
+#endif
 }
 
 Result<std::unique_ptr<HostTier>> HostTier::create(const CacheSpec& spec, uint64_t budget_bytes,
@@ -33,7 +75,8 @@ Result<std::unique_ptr<HostTier>> HostTier::create(const CacheSpec& spec, uint64
     return Status(storage.status().code(), fmt::format("host tier of {} bytes: {}", budget_bytes,
                                                        storage.status().message()));
   }
-  return std::unique_ptr<HostTier>(new HostTier(std::move(storage).value()));
+  return std::unique_ptr<HostTier>(
+      new HostTier(std::move(storage).value(), /*populate=*/allocator == nullptr));
 }
 
 std::optional<std::vector<std::vector<BlockId>>> HostTier::allocate(
@@ -49,6 +92,7 @@ std::optional<std::vector<std::vector<BlockId>>> HostTier::allocate(
       blocks[g].push_back(free_[g].back());
       free_[g].pop_back();
     }
+    if (populate_) populate(g, blocks[g]);
   }
   return blocks;
 }

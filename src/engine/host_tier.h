@@ -12,7 +12,11 @@
 // Each group's slab can hold the whole budget in that group's blocks (a model with sliding-window
 // layers keeps few blocks of its window groups per session, and how many is not known ahead):
 // on the CPU, pages never used are never touched; pinned memory on a GPU host is pinned whole,
-// once per group. Not thread-safe; the engine loop owns it.
+// once per group. Pageable slabs have the pages of a block populated when it is first handed
+// out (madvise MADV_POPULATE_WRITE, one call per run of blocks and layer): a copy into pages
+// never touched runs at a fifth of memcpy's rate on this machine, faulting page by page, and
+// populating them first costs about what the copy then does. Not thread-safe; the engine loop
+// owns it.
 #pragma once
 
 #include <cstdint>
@@ -47,10 +51,15 @@ class HostTier {
   void release(std::span<const std::vector<BlockId>> blocks);
 
  private:
-  explicit HostTier(HostKvStorage storage);
+  HostTier(HostKvStorage storage, bool populate);
+  // Populates the pages of group g's blocks in `ids` not populated before (runs of consecutive
+  // ids: one madvise per layer). Stops trying where the kernel lacks MADV_POPULATE_WRITE.
+  void populate(int32_t g, std::span<const BlockId> ids);
 
   HostKvStorage storage_;
-  std::vector<std::vector<BlockId>> free_;  // [num_groups] stacks: the last freed goes out first
+  std::vector<std::vector<BlockId>> free_;    // [num_groups] stacks: the last freed goes out first
+  bool populate_;                             // pageable slabs: populate blocks at first use
+  std::vector<std::vector<bool>> populated_;  // [num_groups][num_blocks] when populate_
 };
 
 // A session's KV out of the pool, block for block: group g's live block i of the sequence is
