@@ -448,7 +448,10 @@ class Engine {
   // Runs a session's tokens that have no KV yet through the model (for save_session).
   Status complete_kv(SessionState& session);
   uint64_t file_size_bytes(int32_t num_tokens) const;
-  std::filesystem::path spill_path(const SessionState& session) const;
+  // A new spill file's path: the session's id and a number of its own per write, so that the
+  // removal of an older file of the session (a write its session no longer needs, removed when
+  // written, settle_file_writes) never takes a newer one written to the same name meanwhile.
+  std::filesystem::path spill_path(const SessionState& session);
 
   ForwardBackend* backend_;
   EngineConfig config_;
@@ -482,7 +485,8 @@ class Engine {
   int64_t next_seq_id_ = 1;
   int64_t next_session_id_ = 1;
   int64_t session_clock_ = 0;
-  uint64_t instance_id_ = 0;  // names this engine's spill files
+  uint64_t instance_id_ = 0;      // names this engine's spill files
+  uint64_t num_spill_paths_ = 0;  // spill_path's numbers
   EngineStats stats_;
   // Samples a step's rows, and copies blocks of sessions moving between tiers; null: the
   // calling thread does both.

@@ -277,9 +277,10 @@ uint64_t Engine::file_size_bytes(int32_t num_tokens) const {
   return size_bytes;
 }
 
-std::filesystem::path Engine::spill_path(const SessionState& session) const {
-  return std::filesystem::path(config_.disk_dir) /
-         fmt::format("kvpool-{}-{}-session-{}.kvc", ::getpid(), instance_id_, session.id);
+std::filesystem::path Engine::spill_path(const SessionState& session) {
+  return std::filesystem::path(config_.disk_dir) / fmt::format("kvpool-{}-{}-session-{}-{}.kvc",
+                                                               ::getpid(), instance_id_, session.id,
+                                                               ++num_spill_paths_);
 }
 
 Status Engine::save_session(const std::string& name, const std::filesystem::path& path) {

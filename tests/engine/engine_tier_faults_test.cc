@@ -71,7 +71,8 @@ void flip_byte(const fs::path& path, uintmax_t at) {
 }
 
 // The spill files of the directory by session id: the engine names them
-// kvpool-<pid>-<instance>-session-<id>.kvc, and ids count sessions from 1 in creation order.
+// kvpool-<pid>-<instance>-session-<id>-<n>.kvc (n: the engine's count of spill files), and ids
+// count sessions from 1 in creation order.
 std::map<int, fs::path> spill_files(const fs::path& dir) {
   std::map<int, fs::path> out;
   for (const auto& entry : fs::directory_iterator(dir)) {

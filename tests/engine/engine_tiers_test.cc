@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 
 #include "engine/engine.h"
 #include "engine/engine_front.h"
@@ -190,6 +191,44 @@ TEST(EngineTiers, ARestoreThatFindsNoRoomReadsItsFileOnce) {
   EXPECT_EQ(out2[id2->value].tokens, reference_output(runner, whole, 6));
   engine.settle_tier_moves();  // files are removed on the writer's thread
   EXPECT_EQ(dir.num_files(), 0);
+  engine.check_integrity();
+}
+
+// The names of the files in a directory.
+std::set<std::string> file_names(const TempDir& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    names.insert(entry.path().filename().string());
+  }
+  return names;
+}
+
+// Each write of a session's spill file gets a name of its own: a file the engine no longer
+// needs is removed on the writer's thread when its write ends (a session restored from the copy
+// still being written), and by then the session may have gone down to disk again; under one
+// name that removal would take the newer file.
+TEST(EngineTiers, EachSpillOfASessionGetsAFileOfItsOwn) {
+  auto runner = load("llama");
+  TempDir dir("spill-names");
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, disk_config(dir));
+  first_turn(engine, "agent");
+  apply_pressure(engine);
+  engine.settle_tier_moves();
+  ASSERT_EQ(session_info(engine, "agent").tier, SessionTier::kDisk);
+  const std::set<std::string> first = file_names(dir);
+  ASSERT_EQ(first.size(), 1u);
+  Request r2 = greedy_request({5, 6, 7}, 4);
+  r2.session = "agent";
+  ASSERT_TRUE(engine.submit(r2).is_ok());
+  run_all(engine);
+  apply_pressure(engine);
+  engine.settle_tier_moves();
+  ASSERT_EQ(session_info(engine, "agent").tier, SessionTier::kDisk);
+  EXPECT_EQ(session_info(engine, "agent").num_restores, 1);
+  const std::set<std::string> second = file_names(dir);
+  ASSERT_EQ(second.size(), 1u);  // the first went with the restore
+  EXPECT_NE(*second.begin(), *first.begin());
   engine.check_integrity();
 }
 
