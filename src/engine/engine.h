@@ -166,6 +166,7 @@ struct EngineStats {
   // the room: the restore then copies from pageable memory); reads put off until it had room
   int64_t num_file_reads_pageable = 0;
   int64_t num_file_reads_deferred = 0;
+  int64_t num_file_jobs_queued = 0;  // spill file writes and removals not yet finished
   uint64_t host_tier_bytes_used = 0;
   uint64_t disk_tier_bytes_used = 0;  // spill files the engine wrote
   // Byte moves of the tiers (MoveStats, tier_moves.h): pool -> host memory (host tier, or a copy
@@ -251,9 +252,9 @@ class Engine {
   void check_integrity() const;
 
   // Waits for the tier moves in flight — copies to the host tier ahead of need, copies into the
-  // pool of restored or swapped-in sequences, spill files being written — and takes their
-  // outcomes (as the next step would). For shutdown, tests and
-  // anything that looks at spill files from outside.
+  // pool of restored or swapped-in sequences, spill files being written or removed — and takes
+  // their outcomes (as the next step would); afterwards no file job is queued. For shutdown,
+  // tests and anything that looks at spill files from outside.
   void settle_tier_moves();
 
  private:

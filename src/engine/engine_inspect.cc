@@ -13,6 +13,7 @@ EngineStats Engine::stats() const {
   s.to_pool = moves_.to_pool();
   s.num_restores_joined_steps = moves_.num_joined_steps();
   s.num_copies_out_ordered = moves_.num_ordered_out();
+  s.num_file_jobs_queued = file_writer_ ? file_writer_->num_unfinished() : 0;
   s.num_running = static_cast<int32_t>(scheduler_.running().size());
   s.num_waiting = static_cast<int32_t>(scheduler_.waiting().size());
   const BlockAllocator& a = cache_->allocator(0);

@@ -527,7 +527,8 @@ void Engine::settle_tier_moves() {
   while (!moves_.restores().empty()) settle_restore(moves_.restores().begin()->first, true);
   if (!file_writer_) return;
   file_writer_->drain();
-  settle_file_writes();
+  settle_file_writes();  // may queue the removal of files written for sessions since dropped
+  file_writer_->drain();
 }
 
 Status Engine::complete_kv(SessionState& session) {

@@ -64,6 +64,11 @@ void FileWriter::drain() {
   changed_.wait(lock, [this] { return num_unfinished_ == 0; });
 }
 
+int64_t FileWriter::num_unfinished() {
+  std::lock_guard lock(mutex_);
+  return num_unfinished_;
+}
+
 void FileWriter::run() {
   std::unique_lock lock(mutex_);
   for (;;) {

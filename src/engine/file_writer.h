@@ -56,6 +56,8 @@ class FileWriter {
   void remove(std::filesystem::path path);
   // Blocks until every queued write and removal has finished (poll reports the writes).
   void drain();
+  // Writes and removals queued or under way.
+  int64_t num_unfinished();
 
  private:
   void run();

@@ -232,6 +232,33 @@ TEST(EngineTiers, EachSpillOfASessionGetsAFileOfItsOwn) {
   engine.check_integrity();
 }
 
+// A session deleted while its spill file is still being written leaves no file once the tier
+// moves settle: the write's removal, queued when the write is reported, is waited for too.
+// Repeated, since the write may end before the delete in some rounds.
+TEST(EngineTiers, ASessionDeletedWhileItsFileIsWrittenLeavesNoFileOnceMovesSettle) {
+  auto runner = load("llama");
+  TempDir dir("orphan-write");
+  CpuForwardBackend backend(runner);
+  Engine engine(&backend, disk_config(dir));
+  for (int round = 0; round < 8; ++round) {
+    first_turn(engine, "agent");
+    for (int i = 0; i < 3; ++i) {  // apply_pressure, stopped once the session has gone to disk
+      ASSERT_TRUE(engine.submit(greedy_request(std::vector<int32_t>(150, 10 + i), 20)).is_ok());
+    }
+    while (session_info(engine, "agent").tier != SessionTier::kDisk) {
+      ASSERT_TRUE(engine.has_unfinished()) << round;
+      engine.step();
+    }
+    ASSERT_TRUE(engine.delete_session("agent").is_ok());  // its file is likely being written
+    engine.settle_tier_moves();
+    EXPECT_EQ(engine.stats().num_file_jobs_queued, 0) << round;  // no removal left to race
+    EXPECT_EQ(dir.num_files(), 0) << round;
+    run_all(engine);
+    EXPECT_EQ(engine.stats().disk_tier_bytes_used, 0u) << round;
+    engine.check_integrity();
+  }
+}
+
 // A request's session that a step moves to disk while the request waits (its blocks given to
 // a sequence ahead of it) is read back as soon as its file is written, not when the request is
 // admitted: the read runs while others decode, and the restore finds it done.
