@@ -30,6 +30,14 @@ struct RowRange {
 bool block_kernel_supports(GgmlType type);
 void block_rows_32(const RowRange& range, const ActBlocks& acts);
 void block_rows_k(const RowRange& range, const ActBlocksK& acts);
+// The same products for many activation rows (prefill): the range's weight rows are repacked 8
+// at a time, once per call, so each tile only loads and multiplies (quant_kernels_prefill.cc).
+// Equal to block_rows_k / block_rows_32 up to the order of f32 additions.
+void block_rows_k_prefill(const RowRange& range, const ActBlocksK& acts);
+void block_rows_32_prefill(const RowRange& range, const ActBlocks& acts);
+// Whether the target the kernels run on repacks (x86); elsewhere the *_prefill entries run the
+// decode tiles.
+bool prefill_tiles_repack();
 
 // F32 / F16 / BF16 weights against f32 activations x [num_rows][ldx], multiply-add in f32.
 void float_rows(const RowRange& range, const float* x, int64_t ldx);

@@ -75,12 +75,15 @@ constexpr int64_t kItemRowMultiple = 4;  // whole weight-row tiles per item
 // 64 x cols x 4 bytes (144 KiB at cols 576, 1 MiB at 4096), and the GEMM over it does
 // num_rows x 64 x cols multiply-adds, enough for OpenBLAS's kernels to run at full rate.
 constexpr int64_t kPanelRowsPerItem = 64;
+// Rows per item on the panel and repacked paths are a multiple of this: the repacked path's
+// panels of 8 weight rows (block_rows_k_prefill).
+constexpr int64_t kPanelRowMultiple = 8;
 
 // Cuts every part into items of about kItemBytes (int8 and float kernels) or kPanelRowsPerItem
-// rows (parts on the panel path: panels[p]), but at least 4 items per thread overall so the last
-// items balance the threads.
+// rows (parts on the f32 panel or repacked int8 path: by_rows[p]), but at least 4 items per
+// thread overall so the last items balance the threads.
 void plan_items(std::span<const QuantMatrix> parts, int num_threads,
-                const std::vector<bool>& panels, std::vector<Item>& items) {
+                const std::vector<bool>& by_rows, std::vector<Item>& items) {
   items.clear();
   size_t total_bytes = 0;
   int64_t total_rows = 0;
@@ -94,11 +97,12 @@ void plan_items(std::span<const QuantMatrix> parts, int num_threads,
   for (size_t p = 0; p < parts.size(); ++p) {
     const QuantMatrix& w = parts[p];
     int64_t rows_per_item = static_cast<int64_t>(item_bytes / std::max<size_t>(w.row_bytes, 1));
-    if (panels[p]) {
+    int64_t multiple = kItemRowMultiple;
+    if (by_rows[p]) {
       rows_per_item = std::min(kPanelRowsPerItem, total_rows / static_cast<int64_t>(min_items));
+      multiple = kPanelRowMultiple;
     }
-    rows_per_item =
-        std::max<int64_t>(kItemRowMultiple, rows_per_item / kItemRowMultiple * kItemRowMultiple);
+    rows_per_item = std::max<int64_t>(multiple, rows_per_item / multiple * multiple);
     for (int64_t r = 0; r < w.rows; r += rows_per_item) {
       items.push_back({static_cast<int32_t>(p), r, std::min(w.rows, r + rows_per_item)});
     }
@@ -133,7 +137,9 @@ struct Scratch {
   ActBufferK acts_k;
   std::vector<Item> items;
   std::vector<int64_t> offsets;
-  std::vector<bool> panels;  // [parts]: the part goes through f32 panels and sgemm
+  std::vector<bool> panels;    // [parts]: the part goes through f32 panels and sgemm
+  std::vector<bool> repacked;  // [parts]: int8 prefill: block_rows_*_prefill
+  std::vector<bool> by_rows;   // [parts]: panels or repacked, items of whole panels of rows
 };
 
 Scratch& scratch() {
@@ -159,12 +165,11 @@ bool block_kernel_supports(GgmlType type) {
 
 bool matmul_supports(GgmlType type) { return is_float_type(type) || block_kernel_supports(type); }
 
-// At 512 activation rows on the 2-core AVX2 machine (no VNNI), the int8 tiles were slower than
-// the panels for Q5_0, Q8_0, Q4_K and Q6_K and level for Q4_1 (docs/perf/model.md, "Prefill
-// with int8 activations"), so no format takes them yet.
+// The decode tiles at 512 activation rows were no faster than the f32 panels (docs/perf/model.md,
+// "Prefill with int8 activations"); the repacked tiles of the x86 targets are 3-5x faster
+// ("Prefill on repacked weight rows"), so every block format takes them where they run.
 bool prefill_prefers_int8(GgmlType type) {
-  static_cast<void>(type);
-  return false;
+  return block_kernel_supports(type) && prefill_tiles_repack();
 }
 
 void dequantize_row(const QuantMatrix& w, int64_t r, float* out) {
@@ -205,6 +210,7 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
   const bool prefill = num_rows >= kPrefillMinRows;
   bool any_int8_32 = false, any_int8_k = false, any_panels = false;
   s.panels.assign(parts.size(), false);
+  s.repacked.assign(parts.size(), false);
   for (size_t p = 0; p < parts.size(); ++p) {
     const GgmlType type = parts[p].type;
     bool int8 = false;
@@ -224,6 +230,7 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
     int8 = int8 && !is_float_type(type);
     const bool f32_blocks = precision == ActPrecision::kF32 || precision == ActPrecision::kPrefill;
     s.panels[p] = !int8 && (prefill || (any_block && f32_blocks));
+    s.repacked[p] = int8 && prefill;
     any_int8_k = any_int8_k || (int8 && is_k_type(type));
     any_int8_32 = any_int8_32 || (int8 && !is_k_type(type));
     any_panels = any_panels || s.panels[p];
@@ -235,10 +242,13 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
   s.offsets.assign(parts.size(), 0);
   for (size_t p = 1; p < parts.size(); ++p) s.offsets[p] = s.offsets[p - 1] + parts[p - 1].rows;
   if (any_panels) openblas_single_threaded();
-  plan_items(parts, pool != nullptr ? pool->num_threads() : 1, s.panels, s.items);
+  s.by_rows.assign(parts.size(), false);
+  for (size_t p = 0; p < parts.size(); ++p) s.by_rows[p] = s.panels[p] || s.repacked[p];
+  plan_items(parts, pool != nullptr ? pool->num_threads() : 1, s.by_rows, s.items);
   const std::vector<Item>& items = s.items;
   const std::vector<int64_t>& offsets = s.offsets;
   const std::vector<bool>& panels = s.panels;
+  const std::vector<bool>& repacked = s.repacked;
   parallel_for(pool, static_cast<int64_t>(items.size()), [&](int64_t i, int) {
     const Item& item = items[static_cast<size_t>(i)];
     const QuantMatrix& w = parts[static_cast<size_t>(item.part)];
@@ -268,6 +278,12 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
       sgemm_panel(x, num_rows, ldx, panel.data(), panel_rows, cols, out, ldy);
     } else if (is_float_type(w.type)) {
       float_rows(rr, x, ldx);
+    } else if (repacked[static_cast<size_t>(item.part)]) {
+      if (is_k_type(w.type)) {
+        block_rows_k_prefill(rr, acts_k);
+      } else {
+        block_rows_32_prefill(rr, acts);
+      }
     } else if (is_k_type(w.type)) {
       block_rows_k(rr, acts_k);
     } else {
