@@ -150,30 +150,6 @@ void apply_rope(float* x, std::span<const int32_t> positions, int64_t num_heads,
   }
 }
 
-void gated_activation(const float* gate_up, float* out, int64_t num_rows, int64_t dim,
-                      Activation act) {
-  const float k = std::sqrt(2.0f / std::numbers::pi_v<float>);
-  for (int64_t r = 0; r < num_rows; ++r) {
-    const float* gate = gate_up + r * 2 * dim;
-    const float* up = gate + dim;
-    float* o = out + r * dim;
-    if (act == Activation::kSilu) {
-      for (int64_t i = 0; i < dim; ++i) o[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-    } else if (act == Activation::kClampedSwiglu) {
-      for (int64_t i = 0; i < dim; ++i) {
-        const float g = std::min(gate[i], kSwigluLimit);
-        const float u = std::clamp(up[i], -kSwigluLimit, kSwigluLimit);
-        o[i] = (u + 1.0f) * (g / (1.0f + std::exp(-kSwigluAlpha * g)));
-      }
-    } else {
-      for (int64_t i = 0; i < dim; ++i) {
-        const float g = gate[i];
-        o[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
-      }
-    }
-  }
-}
-
 void embedding_lookup(const float* table, std::span<const int32_t> token_ids, float* out,
                       int64_t dim, float scale) {
   for (size_t t = 0; t < token_ids.size(); ++t) {
@@ -181,10 +157,6 @@ void embedding_lookup(const float* table, std::span<const int32_t> token_ids, fl
     float* o = out + static_cast<int64_t>(t) * dim;
     for (int64_t i = 0; i < dim; ++i) o[i] = row[i] * scale;
   }
-}
-
-void soft_cap(float* x, int64_t count, float cap) {
-  for (int64_t i = 0; i < count; ++i) x[i] = cap * std::tanh(x[i] / cap);
 }
 
 }  // namespace kvp::cpu
