@@ -11,8 +11,9 @@
 // distinct experts the step touches ÷ time (GB/s, next to the memcpy bandwidth of this run: the
 // ceiling of a step that reads each touched expert once), and the read amplification of the
 // variant (expert bytes it reads ÷ distinct expert bytes). Activations int8 at 1 and 8 tokens
-// (decode), f32 at 64 and 512 (prefill), as the runner does. Times: median of 5 runs of ≥ 50 ms.
-// Threads: 2 (the pool of this machine's cores).
+// (decode: quant::ActPrecision::kInt8), the runner's default prefill precision at 64 and 512
+// (kPrefill: int8 on x86, f32 panels elsewhere), as the runner does. Times: median of 5 runs of ≥
+// 50 ms. Threads: 2 (the pool of this machine's cores).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -153,7 +154,7 @@ int run(int argc, char** argv) {
     std::vector<float> x(num_tokens * hidden), out(num_tokens * hidden);
     for (float& v : x) v = normal(rng);
     const quant::ActPrecision precision =
-        num_tokens <= 8 ? quant::ActPrecision::kInt8 : quant::ActPrecision::kF32;
+        num_tokens <= 8 ? quant::ActPrecision::kInt8 : quant::ActPrecision::kPrefill;
     // the experts this step touches
     std::vector<float> logits(num_tokens * num_experts);
     quant::matmul(w.router, x.data(), num_tokens, hidden, logits.data(), num_experts, nullptr,

@@ -114,7 +114,7 @@ def nbytes_of(shape, qtype: QT) -> int:
 
 
 def random_blocks(rng: np.random.Generator, qtype: QT, nblocks: int) -> np.ndarray:
-    """nblocks random valid super-blocks of Q4_K (144 bytes) or Q6_K (210 bytes), as uint8."""
+    """nblocks random valid blocks of Q4_K (144 bytes), Q6_K (210), Q5_0 (22) or Q8_0 (34), as uint8."""
     _, size = GGML_QUANT_SIZES[qtype]
     b = rng.integers(0, 256, size=(nblocks, size), dtype=np.uint8)
     jitter = rng.uniform(0.5, 1.5, size=nblocks)
@@ -132,9 +132,64 @@ def random_blocks(rng: np.random.Generator, qtype: QT, nblocks: int) -> np.ndarr
         b[:, 192:208] = sc.view(np.uint8)
         d = (2e-4 * jitter).astype(np.float16)
         b[:, 208:210] = d.view(np.uint8).reshape(nblocks, 2)
+    elif qtype == QT.Q5_0:
+        # {f16 d, u8 qh[4], u8 qs[16]}: w = d * (q - 16), q in [0, 31]; |w| <= ~0.1
+        d = (6e-3 * jitter).astype(np.float16)
+        b[:, 0:2] = d.view(np.uint8).reshape(nblocks, 2)
+    elif qtype == QT.Q8_0:
+        # {f16 d, i8 qs[32]}: w = d * q; |w| <= ~0.1
+        d = (7.5e-4 * jitter).astype(np.float16)
+        b[:, 0:2] = d.view(np.uint8).reshape(nblocks, 2)
     else:
         raise ValueError(qtype)
     return b
+
+
+def check_disk(path: str, plan) -> bool:
+    """Prints the plan's size and the free space; False when the file would not fit."""
+    total = sum(nbytes_of(s, t) for _, s, t in plan)
+    st = os.statvfs(os.path.dirname(os.path.abspath(path)))
+    free = st.f_bavail * st.f_frsize
+    print(f"{len(plan)} tensors, {total / 1e9:.2f} GB of tensor data; {free / 1e9:.1f} GB free")
+    if free < total * 1.05:
+        print("not enough disk space", file=sys.stderr)
+        return False
+    return True
+
+
+def write_tensors(w: "gguf.GGUFWriter", plan, f32_data, seed: int, chunk_mib: int,
+                  progress=lambda name: False) -> None:
+    """Writes the header, metadata (already added to w) and every tensor of plan: F32 tensors from
+    f32_data(name, shape), quantised ones as random blocks, generated chunk_mib at a time."""
+    for name, shape, qtype in plan:
+        w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes_of(shape, qtype),
+                          raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+
+    # tensor data, chunk by chunk (GGUFWriter.write_tensor_data wants whole tensors in memory)
+    fout = w.fout[0]
+    rng = np.random.default_rng(seed)
+    t0, written = time.time(), 0
+    for name, shape, qtype in plan:
+        w.write_padding(fout, fout.tell())
+        nbytes = nbytes_of(shape, qtype)
+        if qtype == QT.F32:
+            data = f32_data(name, shape)
+            assert data.nbytes == nbytes
+            data.tofile(fout)
+        else:
+            block, size = GGML_QUANT_SIZES[qtype]
+            nblocks = nbytes // size
+            per_chunk = max(1, chunk_mib * (1 << 20) // size)
+            for start in range(0, nblocks, per_chunk):
+                random_blocks(rng, qtype, min(per_chunk, nblocks - start)).tofile(fout)
+        w.write_padding(fout, nbytes)
+        written += nbytes
+        if progress(name):
+            print(f"  {name}: {written / 1e9:.2f} GB written, {time.time() - t0:.0f} s", flush=True)
+    w.close()
 
 
 def main() -> int:
@@ -145,12 +200,7 @@ def main() -> int:
     args = ap.parse_args()
 
     plan = tensor_plan()
-    total = sum(nbytes_of(s, t) for _, s, t in plan)
-    free = os.statvfs(os.path.dirname(os.path.abspath(args.out))).f_bavail * os.statvfs(
-        os.path.dirname(os.path.abspath(args.out))).f_frsize
-    print(f"{len(plan)} tensors, {total / 1e9:.2f} GB of tensor data; {free / 1e9:.1f} GB free")
-    if free < total * 1.05:
-        print("not enough disk space", file=sys.stderr)
+    if not check_disk(args.out, plan):
         return 1
 
     w = gguf.GGUFWriter(args.out, "llama")
@@ -168,35 +218,13 @@ def main() -> int:
     w.add_rope_freq_base(ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_tokenizer_model("none")
-    for name, shape, qtype in plan:
-        w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes_of(shape, qtype),
-                          raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-
-    # tensor data, chunk by chunk (GGUFWriter.write_tensor_data wants whole tensors in memory)
-    fout = w.fout[0]
-    rng = np.random.default_rng(args.seed)
-    t0, written = time.time(), 0
-    for name, shape, qtype in plan:
-        w.write_padding(fout, fout.tell())
-        nbytes = nbytes_of(shape, qtype)
-        if qtype == QT.F32:
-            data = llama31_rope_factors() if name == "rope_freqs.weight" else np.ones(shape, np.float32)
-            assert data.nbytes == nbytes
-            data.tofile(fout)
-        else:
-            block, size = GGML_QUANT_SIZES[qtype]
-            nblocks = nbytes // size
-            per_chunk = max(1, args.chunk_mib * (1 << 20) // size)
-            for start in range(0, nblocks, per_chunk):
-                random_blocks(rng, qtype, min(per_chunk, nblocks - start)).tofile(fout)
-        w.write_padding(fout, nbytes)
-        written += nbytes
-        if name.endswith("ffn_down.weight") or name == "output.weight":
-            print(f"  {name}: {written / 1e9:.2f} GB written, {time.time() - t0:.0f} s", flush=True)
-    w.close()
+    t0 = time.time()
+    write_tensors(
+        w, plan,
+        lambda name, shape: llama31_rope_factors() if name == "rope_freqs.weight"
+        else np.ones(shape, np.float32),
+        args.seed, args.chunk_mib,
+        lambda name: name.endswith("ffn_down.weight") or name == "output.weight")
     print(f"wrote {args.out}: {os.path.getsize(args.out) / 1e9:.2f} GB in {time.time() - t0:.0f} s")
     return 0
 

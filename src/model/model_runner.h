@@ -131,17 +131,18 @@ class ModelRunner {
   const ModelWeights& weights() const { return weights_; }
   // How steps of decode rows only multiply activations by block-format weights
   // (quant_matmul.h): int8 activations (default, as llama.cpp) or f32 (exact; tests against
-  // references). A step with a prompt chunk (any sequence with more than one new token) of
-  // fewer than 32 rows multiplies in f32, of 32 or more in the prefill precision below: prompts
-  // set up everything a sequence attends to, and int8 activations there move a near-tie —
-  // SmolLM2-135M with its default system prompt answers "What is the capital of France?" with
-  // "L'Étoile, la Marseillaise, ..." when its prompt is multiplied with int8 activations
-  // (llama.cpp, which does so, gives the same words) and "The capital of France is Paris." in f32
-  // (first token: "The" -1.88, "L" -1.97 in f32; "L" -2.02, "The" -2.13 with int8).
-  // With kF32 here every step multiplies in f32.
+  // references). A step with a prompt chunk (any sequence with more than one new token), of any
+  // number of rows, multiplies in the prefill precision below. Prompts set up everything a
+  // sequence attends to, and int8 activations there can move a near-tie: SmolLM2-135M with its
+  // default system prompt answers "What is the capital of France?" with "L'Étoile, la
+  // Marseillaise, ..." when its prompt is multiplied with int8 activations (llama.cpp, which does
+  // so, gives the same words) and "The capital of France is Paris." in f32 (first token: "The"
+  // -1.88, "L" -1.97 in f32; "L" -2.02, "The" -2.13 with int8); KVP_PREFILL_ACT=f32 gives the
+  // latter. With kF32 here every step multiplies in f32.
   void set_act_precision(quant::ActPrecision precision) { precision_ = precision; }
-  // How prompt steps of quant::kPrefillMinRows (32) or more rows multiply, when the runner's
-  // precision is kInt8 (shorter prompt steps always take f32, see set_act_precision):
+  // How prompt steps multiply, when the runner's precision is kInt8 (below
+  // quant::kPrefillMinRows rows the int8 products run the decode kernels, from there the prefill
+  // tiles):
   //   kPrefill (default): int8 activations for the weight formats whose int8 tiles beat
   //                       dequantise + sgemm here (quant::prefill_prefers_int8), f32 for the rest
   //   kF32:               f32 for every format (exact up to summation order)
