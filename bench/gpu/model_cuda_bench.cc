@@ -7,7 +7,7 @@
 //                                                 # alone (all_reduce_rows)
 //   model_cuda_bench OUT.csv --tensor-parallel N --70b   # the 70B shape, split only
 //   model_cuda_bench OUT.csv --tensor-parallel N --moe   # the MoE shapes whole and split
-//   model_cuda_bench OUT.csv --moe             # the mixture-of-experts shapes only
+//   model_cuda_bench OUT.csv --moe [NAME ...]  # the mixture-of-experts shapes only (or the named)
 //   model_cuda_bench OUT.csv --prefill-kernels # 8B prefill of 2048 and 8192 tokens with the
 //                                               # Hopper attention kernel, then the portable one
 //   model_cuda_bench OUT.csv --gemm            # the decode products at 1…8 rows, cuBLAS against
@@ -25,7 +25,8 @@
 //                vocab 128256, untied
 //   smollm2-135m shape : 30 layers, hidden 576, 9 q / 3 KV heads, head dim 64, intermediate 1536,
 //                vocab 49152, tied
-//   qwen3-30b-a3b, qwen1.5-moe-a2.7b (--moe): model/random_model.h's shapes; decode floors count
+//   qwen3-30b-a3b, qwen1.5-moe-a2.7b, gpt-oss-20b (--moe [NAME ...]): model/random_model.h's
+//                shapes (all three, or the named ones); decode floors count
 //                the attention and shared weights and the experts a step can touch at least
 //                (min(experts, batch x top-k) per layer), prefill ceilings the active experts'
 //                FLOPs
@@ -269,8 +270,15 @@ class ModelBench {
       ranks_.push_back(&static_cast<CudaForwardBackend&>(*backend_));
     }
     num_blocks_ = (max_tokens + kBlockSize - 1) / kBlockSize + 64;
-    const KvLayout layout = backend_->group_layout(0, num_blocks_, kBlockSize, DType::BF16);
-    check_status(backend_->allocate_kv(std::span(&layout, 1)), "allocate_kv");
+    // every cache group (GPT-OSS: the global and the sliding-window layers) gets a pool of
+    // num_blocks_ and the same block tables; window layers read only their window's blocks
+    std::vector<KvLayout> layouts;
+    for (int32_t g = 0; g < backend_->num_cache_groups(); ++g) {
+      layouts.push_back(backend_->group_layout(g, num_blocks_, kBlockSize, DType::BF16));
+    }
+    check_status(backend_->allocate_kv(layouts), "allocate_kv");
+    double kv_bytes = 0.0;
+    for (const KvLayout& layout : layouts) kv_bytes += static_cast<double>(layout.size_bytes());
     for (CudaForwardBackend* rank : ranks_) check_status(rank->fill_kv_random(7), "fill_kv_random");
     // blocks handed out in a shuffled order, as a long-running pool would
     block_order_.resize(num_blocks_);
@@ -280,7 +288,7 @@ class ModelBench {
     for (CudaForwardBackend* rank : ranks_) weight_bytes_ += rank->runner().weight_bytes();
     std::printf("%s: %.2f GB of bf16 weights, KV pool %d blocks of %d tokens (%.2f GB)\n",
                 name_.c_str(), weight_bytes_ / 1e9, num_blocks_, kBlockSize,
-                layout.size_bytes() / 1e9);
+                kv_bytes / 1e9);
   }
 
   // Decode: `batch` sequences with `context` tokens after the step, logits for `logit_rows` of
@@ -315,8 +323,13 @@ class ModelBench {
             ? weight_bytes_
             : weight_bytes_ - ranks_.size() * embed_bytes + 2.0 * batch * spec_.hidden_size;
     const double expert_bytes_skipped = untouched_expert_bytes(spec_, batch);
-    const double kv_read =
-        2.0 * batch * context * spec_.num_layers * 2.0 * spec_.num_kv_heads * spec_.head_dim;
+    // K and V of every cached token a layer attends to: the window's on sliding-window layers
+    double kv_tokens = 0.0;
+    for (int32_t l = 0; l < spec_.num_layers; ++l) {
+      const bool sliding = !spec_.layer_is_sliding.empty() && spec_.layer_is_sliding[l];
+      kv_tokens += sliding ? std::min(context, spec_.sliding_window) : context;
+    }
+    const double kv_read = 2.0 * batch * kv_tokens * 2.0 * spec_.num_kv_heads * spec_.head_dim;
     Row r;
     r.model = name_;
     r.kind = "decode";
@@ -359,9 +372,15 @@ class ModelBench {
     }
     const double us = time_step(tokens, query_start, kv_lens, slots, tables, blocks_per_seq, rows,
                                 quick_ ? 3 : 10);
-    // causal attention: q·k and p·v over length²/2 pairs per head
-    const double attn_flops =
-        2.0 * 2.0 * length * (length / 2.0) * spec_.num_q_heads * spec_.head_dim * spec_.num_layers;
+    // causal attention: q·k and p·v over length²/2 pairs per head, or length x window on
+    // sliding-window layers
+    double attn_pairs = 0.0;
+    for (int32_t l = 0; l < spec_.num_layers; ++l) {
+      const bool sliding = !spec_.layer_is_sliding.empty() && spec_.layer_is_sliding[l];
+      attn_pairs += sliding ? double(length) * std::min(length, spec_.sliding_window)
+                            : length * (length / 2.0);
+    }
+    const double attn_flops = 2.0 * 2.0 * attn_pairs * spec_.num_q_heads * spec_.head_dim;
     const double flops = matmul_flops_per_token(spec_) * length + attn_flops +
                          2.0 * spec_.hidden_size * spec_.vocab_size;
     Row r;
@@ -391,7 +410,9 @@ class ModelBench {
     batch.token_ids = tokens;
     batch.query_start = query_start;
     batch.kv_lens = kv_lens;
-    batch.groups.push_back({slots, tables, max_blocks});
+    for (int32_t g = 0; g < backend_->num_cache_groups(); ++g) {
+      batch.groups.push_back({slots, tables, max_blocks});
+    }
     batch.logit_rows = rows;
     std::vector<float> logits(rows.size() * spec_.vocab_size);
     for (int i = 0; i < 3; ++i) check_status(backend_->forward(batch, logits), "forward");
@@ -753,15 +774,20 @@ int run(int argc, char** argv) {
     }
   }
   if (moe) {
-    for (const char* name : {"qwen3-30b-a3b", "qwen1.5-moe-a2.7b"}) {
+    // --moe [NAME ...]: the named shapes only
+    std::vector<std::string> names(argv + 3, argv + argc);
+    if (names.empty()) names = {"qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "gpt-oss-20b"};
+    for (const std::string& name : names) {
       const ModelSpec spec = value_or_die(random_model_spec(name), "random_model_spec");
       ModelBench bench(name, spec, 64 * 512 + 2048, bandwidth, matmul, quick);
       for (int batch : {1, 4, 64}) {
         rows.push_back(bench.decode(batch, 512, true));
         print(rows.back());
       }
-      rows.push_back(bench.decode(1, 512, false));
-      print(rows.back());
+      for (int batch : {1, 4, 64}) {
+        rows.push_back(bench.decode(batch, 512, false));
+        print(rows.back());
+      }
       // prompt steps: the experts' grouped GEMMs (the default), one GEMM per expert, the
       // decode kernels (moe_gemm.h)
       for (const int length : {2048, 512}) {

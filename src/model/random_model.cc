@@ -54,6 +54,25 @@ constexpr NamedConfig kConfigs[] = {
       "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
       "rms_norm_eps": 1e-06, "max_position_embeddings": 8192, "rope_theta": 1000000.0,
       "tie_word_embeddings": false, "vocab_size": 151936})"},
+    // openai/gpt-oss-20b's config.json without its quantization_config (MXFP4 experts there,
+    // bf16 here)
+    {"gpt-oss-20b", R"({
+      "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": true,
+      "eos_token_id": 200002, "pad_token_id": 199999, "experts_per_token": 4, "head_dim": 64,
+      "hidden_act": "silu", "hidden_size": 2880, "initial_context_length": 4096,
+      "intermediate_size": 2880, "layer_types": [
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+        "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+      "max_position_embeddings": 131072, "num_attention_heads": 64, "num_experts_per_tok": 4,
+      "num_hidden_layers": 24, "num_key_value_heads": 8, "num_local_experts": 32,
+      "rms_norm_eps": 1e-05, "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0,
+      "factor": 32.0, "original_max_position_embeddings": 4096, "rope_type": "yarn",
+      "truncate": false}, "rope_theta": 150000, "sliding_window": 128, "swiglu_limit": 7.0,
+      "tie_word_embeddings": false, "vocab_size": 201088})"},
 };
 
 uint64_t splitmix64(uint64_t* state) {

@@ -7,6 +7,8 @@
 //   "qwen3-30b-a3b" Qwen3-30B-A3B (config.json of Qwen/Qwen3-30B-A3B: 128 experts, top 8)
 //   "qwen1.5-moe-a2.7b" Qwen1.5-MoE-A2.7B (config.json of Qwen/Qwen1.5-MoE-A2.7B: 60 experts,
 //                                  top 4, a shared expert)
+//   "gpt-oss-20b"   GPT-OSS-20B (config.json of openai/gpt-oss-20b: 32 experts, top 4,
+//                                  128-token windows on every other layer, sinks, biases)
 //
 // Random weights give meaningless but finite logits: enough to time a forward pass and to
 // exercise the engine, never to compare outputs across backends.

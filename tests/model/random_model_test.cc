@@ -56,7 +56,7 @@ TEST(RandomModel, SmolLm2ShapeIsTheGgufsGeometry) {
 
 // The mixture-of-experts shapes: their experts and routing as the model cards give them, and
 // their parameter counts (every expert, the routers and Qwen1.5-MoE's shared expert counted)
-// the cards' 30.5B and 14.3B.
+// the cards' 30.5B, 14.3B and 20.9B.
 TEST(RandomModel, MoeShapesAreTheModelCards) {
   auto qwen3 = random_model_spec("qwen3-30b-a3b");
   ASSERT_TRUE(qwen3.is_ok()) << qwen3.status().to_string();
@@ -74,6 +74,18 @@ TEST(RandomModel, MoeShapesAreTheModelCards) {
   EXPECT_EQ(qwen15->shared_expert_intermediate_size, 5632);
   EXPECT_FALSE(qwen15->norm_topk_prob);
   EXPECT_NEAR(static_cast<double>(model_f32_weight_bytes(*qwen15)) / 4, 14.3e9, 0.05e9);
+  // GPT-OSS-20B: the card's 20.9B parameters (21B in its title), windows on every other layer
+  auto oss = random_model_spec("gpt-oss-20b");
+  ASSERT_TRUE(oss.is_ok()) << oss.status().to_string();
+  EXPECT_EQ(oss->architecture, Architecture::kGptOss);
+  EXPECT_EQ(oss->num_experts, 32);
+  EXPECT_EQ(oss->num_experts_per_tok, 4);
+  EXPECT_EQ(oss->layer_is_moe, std::vector<bool>(24, true));
+  EXPECT_EQ(oss->sliding_window, 128);
+  std::vector<bool> every_other(24);
+  for (int l = 0; l < 24; l += 2) every_other[l] = true;
+  EXPECT_EQ(oss->layer_is_sliding, every_other);
+  EXPECT_NEAR(static_cast<double>(model_f32_weight_bytes(*oss)) / 4, 20.9e9, 0.05e9);
 }
 
 TEST(RandomModel, UnknownShapesAreRefusedNamingTheKnownOnes) {

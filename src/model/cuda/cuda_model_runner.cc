@@ -115,8 +115,11 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   const char* skinny = std::getenv("KVP_SKINNY_GEMM");
   skinny_gemm_ = skinny == nullptr || std::string(skinny) != "0";
   skinny_launch_.dependent = skinny == nullptr || std::string(skinny) != "plain";
-  // MoE prompt steps (moe_gemm.h): "kernels" never uses GEMMs, "loop" one cuBLAS call per
-  // expert; from KVP_MOE_GEMM_MIN_TOKENS tokens a step (default: 16 pairs an expert on average)
+  // MoE steps (moe_gemm.h): "kernels" never uses GEMMs, "loop" one cuBLAS call per expert; from
+  // KVP_MOE_GEMM_MIN_TOKENS tokens a step, decode steps too (default 32: on an H200, decode at
+  // batch 64 took 17.1 ms through the GEMMs against 46.4 ms through the kernels in a graph for
+  // GPT-OSS-20B, 27.3 against 46.8 ms for Qwen3-30B-A3B; at batch 4 the kernels were as fast or
+  // faster; docs/perf/model-cuda.md)
   if (spec.is_moe()) {
     const char* mode = std::getenv("KVP_MOE_GEMM");
     const std::string m = mode == nullptr ? "" : mode;
@@ -124,7 +127,7 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
                      : m == "loop"              ? MoeGemmMode::kLoop
                                                 : MoeGemmMode::kGrouped;
     const char* min_tokens = std::getenv("KVP_MOE_GEMM_MIN_TOKENS");
-    moe_gemm_min_tokens_ = std::max(1, 16 * spec.num_experts / spec.num_experts_per_tok);
+    moe_gemm_min_tokens_ = 32;
     if (min_tokens != nullptr && std::atoi(min_tokens) > 0) {
       moe_gemm_min_tokens_ = std::atoi(min_tokens);
     }
@@ -581,8 +584,13 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
   // block-table width rounded up to powers of two, max_kv_len to a power of two (an upper bound
   // is all the attention kernels need). Padding sequences bring token 0 with kv_len 1, a
   // skipped slot (-1) and block 0: their rows are computed and dropped.
-  // a step ordered after copies layer by layer runs eagerly: a graph would wait for them whole
-  const bool use_graph = graphs_enabled_ && shape.max_q_len == 1 && !layer_waits_pending_;
+  // a step ordered after copies layer by layer runs eagerly: a graph would wait for them whole;
+  // so does a mixture-of-experts step with enough tokens for the experts' GEMMs, which read the
+  // expert counts on the host (moe_gemm.h)
+  const bool moe_gemms = spec_.is_moe() && moe_gemm_mode_ != MoeGemmMode::kKernels &&
+                         num_tokens >= moe_gemm_min_tokens_;
+  const bool use_graph =
+      graphs_enabled_ && shape.max_q_len == 1 && !layer_waits_pending_ && !moe_gemms;
   shape.num_seqs = use_graph ? next_pow2(num_seqs) : num_seqs;
   shape.num_tokens = use_graph ? shape.num_seqs : num_tokens;
   shape.num_rows = use_graph ? next_pow2(std::max(num_rows, 1)) : num_rows;

@@ -162,7 +162,8 @@ class CudaModelRunner {
     graphs_enabled_ = enabled;
     if (!enabled) clear_graphs();
   }
-  // How eager steps of an MoE model with at least KVP_MOE_GEMM_MIN_TOKENS tokens run the experts
+  // How steps of an MoE model with at least KVP_MOE_GEMM_MIN_TOKENS tokens (default 32; such a
+  // step, decode too, runs eagerly, never as a graph) run the experts
   // (moe_gemm.h; default kGrouped, or KVP_MOE_GEMM=kernels|loop at creation), for benchmarks
   // that compare.
   void set_moe_gemm_mode(MoeGemmMode mode) { moe_gemm_mode_ = mode; }
@@ -289,8 +290,8 @@ class CudaModelRunner {
   detail::SkinnyLaunch skinny_launch_;
   std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)
 
-  // Mixture-of-experts prompt steps' expert GEMMs (moe_gemm.h): eager steps of at least
-  // moe_gemm_min_tokens_ tokens take them, in moe_gemm_mode_, with these buffers.
+  // Mixture-of-experts steps' expert GEMMs (moe_gemm.h): steps of at least moe_gemm_min_tokens_
+  // tokens (prompt or decode; never captured) take them, in moe_gemm_mode_, with these buffers.
   MoeGemmScratch moe_gemm_;
   MoeGemmMode moe_gemm_mode_ = MoeGemmMode::kGrouped;
   int32_t moe_gemm_min_tokens_ = 0;
