@@ -31,8 +31,9 @@ namespace kvp::cuda {
 
 // How prompt steps run the experts: kKernels (never GEMMs), one cuBLAS call per expert and
 // projection (kLoop), or one grouped call per projection (kGrouped; kLoop where cuBLAS refuses
-// it).
+// it, or where the experts with pairs have kMoeLoopMinRowsPerExpert rows or more on average).
 enum class MoeGemmMode { kKernels, kLoop, kGrouped };
+inline constexpr int64_t kMoeLoopMinRowsPerExpert = 256;
 
 // The GEMM path's buffers, sized for a number of pairs.
 struct MoeGemmScratch {
