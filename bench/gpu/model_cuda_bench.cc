@@ -287,8 +287,7 @@ class ModelBench {
     weight_bytes_ = 0;  // split: every GPU's (embedding, norms and lm-head on each)
     for (CudaForwardBackend* rank : ranks_) weight_bytes_ += rank->runner().weight_bytes();
     std::printf("%s: %.2f GB of bf16 weights, KV pool %d blocks of %d tokens (%.2f GB)\n",
-                name_.c_str(), weight_bytes_ / 1e9, num_blocks_, kBlockSize,
-                kv_bytes / 1e9);
+                name_.c_str(), weight_bytes_ / 1e9, num_blocks_, kBlockSize, kv_bytes / 1e9);
   }
 
   // Decode: `batch` sequences with `context` tokens after the step, logits for `logit_rows` of
