@@ -192,28 +192,41 @@ def write_tensors(w: "gguf.GGUFWriter", plan, f32_data, seed: int, chunk_mib: in
     w.close()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="/work/peers/llama8b-q4km.gguf")
+def parse_args(doc: str, default_out: str) -> argparse.Namespace:
+    """--out, --seed and --chunk-mib, the options of the random GGUF writers."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--out", default=default_out)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk-mib", type=int, default=64, help="bytes generated per write")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def new_writer(path: str, arch: str, name: str, *, vocab: int, context: int, hidden: int,
+               layers: int, ffn: int, heads: int, kv_heads: int) -> "gguf.GGUFWriter":
+    """A GGUFWriter with the metadata every random file has (Q4_K_M file type, the shape)."""
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_vocab_size(vocab)
+    w.add_context_length(context)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    return w
+
+
+def main() -> int:
+    args = parse_args(__doc__, "/work/peers/llama8b-q4km.gguf")
     plan = tensor_plan()
     if not check_disk(args.out, plan):
         return 1
 
-    w = gguf.GGUFWriter(args.out, "llama")
-    w.add_name("Llama-3.1-8B-shaped random Q4_K_M")
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_vocab_size(VOCAB)
-    w.add_context_length(CONTEXT)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(N_LAYERS)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(N_HEADS)
-    w.add_head_count_kv(N_KV_HEADS)
+    w = new_writer(args.out, "llama", "Llama-3.1-8B-shaped random Q4_K_M", vocab=VOCAB,
+                   context=CONTEXT, hidden=HIDDEN, layers=N_LAYERS, ffn=FFN, heads=N_HEADS,
+                   kv_heads=N_KV_HEADS)
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_rope_freq_base(ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)

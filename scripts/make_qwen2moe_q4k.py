@@ -34,7 +34,6 @@ Run (from the repo root; 9.5 GB, about 35 s on the 2-core machine):
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -44,7 +43,8 @@ import gguf
 from gguf.constants import GGMLQuantizationType as QT
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_llama8b_q4km import check_disk, use_more_bits, write_tensors  # noqa: E402
+from make_llama8b_q4km import (  # noqa: E402
+    check_disk, new_writer, parse_args, use_more_bits, write_tensors)
 
 N_LAYERS = 24
 HIDDEN = 2048
@@ -95,27 +95,14 @@ def tensor_plan() -> list:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default="/work/peers/qwen2moe-a2.7b-q4k.gguf")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--chunk-mib", type=int, default=64, help="bytes generated per write")
-    args = ap.parse_args()
-
+    args = parse_args(__doc__, "/work/peers/qwen2moe-a2.7b-q4k.gguf")
     plan = tensor_plan()
     if not check_disk(args.out, plan):
         return 1
 
-    w = gguf.GGUFWriter(args.out, "qwen2moe")
-    w.add_name("Qwen1.5-MoE-A2.7B-shaped random Q4_K")
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
-    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_vocab_size(VOCAB)
-    w.add_context_length(CONTEXT)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(N_LAYERS)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(N_HEADS)
-    w.add_head_count_kv(N_KV_HEADS)
+    w = new_writer(args.out, "qwen2moe", "Qwen1.5-MoE-A2.7B-shaped random Q4_K", vocab=VOCAB,
+                   context=CONTEXT, hidden=HIDDEN, layers=N_LAYERS, ffn=FFN, heads=N_HEADS,
+                   kv_heads=N_KV_HEADS)
     w.add_rope_freq_base(ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_expert_count(N_EXPERTS)
