@@ -29,7 +29,8 @@
 
 namespace kvp::cuda {
 
-// How prompt steps run the experts: kKernels (never GEMMs), one cuBLAS call per expert and
+// How MoE steps of KVP_MOE_GEMM_MIN_TOKENS (32) tokens or more, prompt or decode, run the
+// experts (cuda_model_runner.h): kKernels (never GEMMs), one cuBLAS call per expert and
 // projection (kLoop), or one grouped call per projection (kGrouped; kLoop where cuBLAS refuses
 // it, or where the experts with pairs have kMoeLoopMinRowsPerExpert rows or more on average).
 enum class MoeGemmMode { kKernels, kLoop, kGrouped };
