@@ -116,10 +116,11 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   skinny_gemm_ = skinny == nullptr || std::string(skinny) != "0";
   skinny_launch_.dependent = skinny == nullptr || std::string(skinny) != "plain";
   // MoE steps (moe_gemm.h): "kernels" never uses GEMMs, "loop" one cuBLAS call per expert; from
-  // KVP_MOE_GEMM_MIN_TOKENS tokens a step, decode steps too (default 32: on an H200, decode at
+  // KVP_MOE_GEMM_MIN_TOKENS tokens a step, decode steps too (default 16: on an H200, decode at
   // batch 64 took 17.1 ms through the GEMMs against 46.4 ms through the kernels in a graph for
-  // GPT-OSS-20B, 27.3 against 46.8 ms for Qwen3-30B-A3B; at batch 4 the kernels were as fast or
-  // faster; docs/perf/model-cuda.md)
+  // GPT-OSS-20B, 27.3 against 46.8 ms for Qwen3-30B-A3B, and offline runs of 16 sequences had
+  // 13.6 / 19.1 ms TPOT against 17.6 / 23.1; at batch 4 the kernels were as fast or faster;
+  // docs/perf/model-cuda.md)
   if (spec.is_moe()) {
     const char* mode = std::getenv("KVP_MOE_GEMM");
     const std::string m = mode == nullptr ? "" : mode;
@@ -127,7 +128,7 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
                      : m == "loop"              ? MoeGemmMode::kLoop
                                                 : MoeGemmMode::kGrouped;
     const char* min_tokens = std::getenv("KVP_MOE_GEMM_MIN_TOKENS");
-    moe_gemm_min_tokens_ = 32;
+    moe_gemm_min_tokens_ = 16;
     if (min_tokens != nullptr && std::atoi(min_tokens) > 0) {
       moe_gemm_min_tokens_ = std::atoi(min_tokens);
     }

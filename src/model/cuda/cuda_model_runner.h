@@ -162,7 +162,7 @@ class CudaModelRunner {
     graphs_enabled_ = enabled;
     if (!enabled) clear_graphs();
   }
-  // How steps of an MoE model with at least KVP_MOE_GEMM_MIN_TOKENS tokens (default 32; such a
+  // How steps of an MoE model with at least KVP_MOE_GEMM_MIN_TOKENS tokens (default 16; such a
   // step, decode too, runs eagerly, never as a graph) run the experts
   // (moe_gemm.h; default kGrouped, or KVP_MOE_GEMM=kernels|loop at creation), for benchmarks
   // that compare.

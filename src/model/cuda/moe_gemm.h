@@ -29,7 +29,7 @@
 
 namespace kvp::cuda {
 
-// How MoE steps of KVP_MOE_GEMM_MIN_TOKENS (32) tokens or more, prompt or decode, run the
+// How MoE steps of KVP_MOE_GEMM_MIN_TOKENS (16) tokens or more, prompt or decode, run the
 // experts (cuda_model_runner.h): kKernels (never GEMMs), one cuBLAS call per expert and
 // projection (kLoop), or one grouped call per projection (kGrouped; kLoop where cuBLAS refuses
 // it, or where the experts with pairs have kMoeLoopMinRowsPerExpert rows or more on average).
