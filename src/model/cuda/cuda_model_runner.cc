@@ -116,11 +116,8 @@ Status CudaModelRunner::init(const ModelSpec& spec, int device) {
   skinny_gemm_ = skinny == nullptr || std::string(skinny) != "0";
   skinny_launch_.dependent = skinny == nullptr || std::string(skinny) != "plain";
   // MoE steps (moe_gemm.h): "kernels" never uses GEMMs, "loop" one cuBLAS call per expert; from
-  // KVP_MOE_GEMM_MIN_TOKENS tokens a step, decode steps too (default 16: on an H200, decode at
-  // batch 64 took 17.1 ms through the GEMMs against 46.4 ms through the kernels in a graph for
-  // GPT-OSS-20B, 27.3 against 46.8 ms for Qwen3-30B-A3B, and offline runs of 16 sequences had
-  // 13.6 / 19.1 ms TPOT against 17.6 / 23.1; at batch 4 the kernels were as fast or faster;
-  // docs/perf/model-cuda.md)
+  // KVP_MOE_GEMM_MIN_TOKENS tokens a step, decode too (default 16, measured against 4, 32 and 64
+  // on an H200: docs/perf/model-cuda.md, "Decode steps of 16+ sequences")
   if (spec.is_moe()) {
     const char* mode = std::getenv("KVP_MOE_GEMM");
     const std::string m = mode == nullptr ? "" : mode;
@@ -585,13 +582,10 @@ Status CudaModelRunner::run(const ForwardBatch& batch, std::span<DeviceKvPool> p
   // block-table width rounded up to powers of two, max_kv_len to a power of two (an upper bound
   // is all the attention kernels need). Padding sequences bring token 0 with kv_len 1, a
   // skipped slot (-1) and block 0: their rows are computed and dropped.
-  // a step ordered after copies layer by layer runs eagerly: a graph would wait for them whole;
-  // so does a mixture-of-experts step with enough tokens for the experts' GEMMs, which read the
-  // expert counts on the host (moe_gemm.h)
-  const bool moe_gemms = spec_.is_moe() && moe_gemm_mode_ != MoeGemmMode::kKernels &&
-                         num_tokens >= moe_gemm_min_tokens_;
-  const bool use_graph =
-      graphs_enabled_ && shape.max_q_len == 1 && !layer_waits_pending_ && !moe_gemms;
+  // a step ordered after copies layer by layer runs eagerly (a graph would wait for them whole),
+  // as does one whose experts run as GEMMs (they read the expert counts on the host)
+  const bool use_graph = graphs_enabled_ && shape.max_q_len == 1 && !layer_waits_pending_ &&
+                         !moe_step_takes_gemms(num_tokens);
   shape.num_seqs = use_graph ? next_pow2(num_seqs) : num_seqs;
   shape.num_tokens = use_graph ? shape.num_seqs : num_tokens;
   shape.num_rows = use_graph ? next_pow2(std::max(num_rows, 1)) : num_rows;

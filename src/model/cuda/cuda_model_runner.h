@@ -295,6 +295,11 @@ class CudaModelRunner {
   MoeGemmScratch moe_gemm_;
   MoeGemmMode moe_gemm_mode_ = MoeGemmMode::kGrouped;
   int32_t moe_gemm_min_tokens_ = 0;
+  // Whether a step of num_tokens tokens runs the experts as GEMMs (and so not as a graph).
+  bool moe_step_takes_gemms(int64_t num_tokens) const {
+    return spec_.is_moe() && moe_gemm_mode_ != MoeGemmMode::kKernels &&
+           num_tokens >= moe_gemm_min_tokens_;
+  }
 };
 
 }  // namespace kvp::cuda

@@ -287,10 +287,10 @@ Status CudaModelRunner::enqueue_moe_mlp(int32_t layer, int32_t num_tokens) {
   ea.expert_ids = b.expert_ids.as<int32_t>();
   ea.act = b.act.as<float>();
   ea.y = b.y.as<float>();
-  // prompt steps: GEMMs over the pairs gathered by expert (a host synchronisation, so never in a
-  // graph); y is then in the gathered order, `rows` maps pairs to it, and combine adds the bias
-  const bool gemms =
-      !capturing_ && moe_gemm_mode_ != MoeGemmMode::kKernels && num_tokens >= moe_gemm_min_tokens_;
+  // steps of enough tokens: GEMMs over the pairs gathered by expert (a host synchronisation, so
+  // never in a graph); y is then in the gathered order, `rows` maps pairs to it, and combine adds
+  // the bias
+  const bool gemms = !capturing_ && moe_step_takes_gemms(num_tokens);
   const int32_t* rows = nullptr;
   const float* combine_bias = nullptr;
   if (gemms) {
