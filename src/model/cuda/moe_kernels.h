@@ -10,10 +10,12 @@
 //     down rows · act[p] (+ bias)                      ─▶ y   [T * k][hidden] f32
 //   combine: out[t] = Σ_slot (ascending expert id) weight · y[t * k + slot]
 //                     (+ sigmoid(shared_logit[t]) · shared[t])
+// Steps of few tokens (decode) launch the f32 norm and the router's products as one kernel, and
+// route + group as another.
 //
-// A CTA reads its weight rows once per chunk of kMoeChunkTokens pairs: at decode batch sizes
-// (every expert picked by at most a few tokens) each chosen expert's weights are read once per
-// step, whatever the number of tokens that picked it. Launchers return cudaGetLastError().
+// A CTA reads its weight rows once per chunk of (at most) kMoeChunkTokens pairs: at decode batch
+// sizes (every expert picked by at most a few tokens) each chosen expert's weights are read once
+// per step, whatever the number of tokens that picked it. Launchers return cudaGetLastError().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -22,8 +24,12 @@
 
 namespace kvp::cuda::detail {
 
-// Pairs of one expert that a CTA multiplies per pass over its weight rows.
+// Pairs of one expert that a CTA multiplies per pass over its weight rows, at most (steps of 1,
+// 2 or 4 tokens take chunks of that size, with more loads in flight).
 constexpr int32_t kMoeChunkTokens = 8;
+// Steps of at most this many tokens may take the small-step kernels (launch_moe_router_small,
+// launch_moe_route_group): fewer launches where the step's work is small.
+constexpr int32_t kMoeSmallStepTokens = 16;
 // Limits of the kernels (init checks them): experts per token, experts.
 constexpr int32_t kMoeMaxTopK = 32;
 constexpr int32_t kMoeMaxExperts = 1024;
@@ -51,6 +57,24 @@ cudaError_t launch_moe_route(const float* logits, int32_t logits_stride, int32_t
 cudaError_t launch_moe_group(const int32_t* expert_ids, int32_t num_pairs, int32_t num_experts,
                              int32_t* offsets, int32_t* pairs, int32_t* active,
                              cudaStream_t stream);
+
+// Small steps, the two kernels above in one launch (one CTA): route every token, then group the
+// pairs; the same outputs. requires also num_tokens <= kMoeSmallStepTokens.
+cudaError_t launch_moe_route_group(const float* logits, int32_t logits_stride, int32_t num_tokens,
+                                   int32_t num_experts, int32_t top_k, bool normalize,
+                                   int32_t* expert_ids, float* weights, int32_t* offsets,
+                                   int32_t* pairs, int32_t* active, cudaStream_t stream);
+
+// Small steps, the router in one launch: launch_rms_norm_f32 and the product with the router's
+// rows, plus a bias on the first num_bias logits (GPT-OSS's router bias; 0 for none):
+//   logits[t][r] = (1 / rms(x[t])) * sum_i x[t][i] * norm_w[i] * router[r][i] (+ bias[r])
+// (the norm's scale applied to the sum, not to each x: equal up to f32 rounding)
+//   x [num_tokens][hidden] f32, router [rows][hidden] f32 → logits [num_tokens][rows] f32
+// requires: hidden a multiple of 4, num_bias <= rows, num_tokens <= kMoeSmallStepTokens.
+cudaError_t launch_moe_router_small(const float* x, const float* norm_w, const float* router,
+                                    const float* bias, int32_t num_bias, int32_t num_tokens,
+                                    int32_t hidden, int32_t rows, float eps, float* logits,
+                                    cudaStream_t stream);
 
 // The experts' gated activation act(gate, up): silu(g) * u, gelu_tanh(g) * u, or GPT-OSS's
 // clamped SwiGLU (cpu::Activation::kClampedSwiglu: g = min(g, limit), u = clamp(u, -limit,

@@ -1,6 +1,7 @@
 // The CUDA mixture-of-experts kernels (model/cuda/moe_kernels.h) against host computations
 // written here: routing (softmax, top-k with ties to the lower id, renormalisation) on logits
-// with many exact ties, the counting sort by expert, and the experts' gated MLPs plus the
+// with many exact ties, alone and fused with the grouping, the small steps' norm + router
+// products, the counting sort by expert, and the experts' gated MLPs plus the
 // weighted combine (silu, and GPT-OSS's biases and clamped SwiGLU) against a double-precision
 // reference over the same bf16 values, with one
 // expert chosen by every token, several sharing others, and some chosen by none; the same experts
@@ -74,6 +75,34 @@ void host_route(const std::vector<float>& logits, int32_t stride, int32_t num_to
   }
 }
 
+// The grouping (launch_moe_group, launch_moe_route_group) of `ids`: every pair listed once, under
+// its expert; active = the experts with pairs in ascending id.
+void expect_grouping(const std::vector<int32_t>& ids, int32_t num_experts,
+                     const DeviceBuffer& d_offsets, const DeviceBuffer& d_pairs,
+                     const DeviceBuffer& d_active, std::vector<int32_t>* offsets_out = nullptr) {
+  const int32_t num_pairs = static_cast<int32_t>(ids.size());
+  const auto offsets = to_host<int32_t>(d_offsets, num_experts + 1);
+  const auto pairs = to_host<int32_t>(d_pairs, num_pairs);
+  ASSERT_EQ(offsets[0], 0);
+  ASSERT_EQ(offsets[num_experts], num_pairs);
+  std::vector<int32_t> seen(num_pairs, 0);
+  for (int32_t e = 0; e < num_experts; ++e) {
+    for (int32_t i = offsets[e]; i < offsets[e + 1]; ++i) {
+      ASSERT_EQ(ids[pairs[i]], e) << "pair " << pairs[i] << " listed under expert " << e;
+      ++seen[pairs[i]];
+    }
+  }
+  for (int32_t p = 0; p < num_pairs; ++p) ASSERT_EQ(seen[p], 1) << "pair " << p;
+  const auto active = to_host<int32_t>(d_active, num_experts + 1);
+  std::vector<int32_t> want_active;
+  for (int32_t e = 0; e < num_experts; ++e) {
+    if (offsets[e + 1] > offsets[e]) want_active.push_back(e);
+  }
+  ASSERT_EQ(active[0], static_cast<int32_t>(want_active.size()));
+  EXPECT_EQ(std::vector<int32_t>(active.begin() + 1, active.begin() + 1 + active[0]), want_active);
+  if (offsets_out != nullptr) *offsets_out = offsets;
+}
+
 struct RouteCase {
   int32_t num_experts, top_k;
   bool normalize;
@@ -129,7 +158,103 @@ TEST(CudaMoeRoute, TopKMatchesTheHostWithTiesToTheLowerId) {
     std::printf("[ route   ] %d experts top %d%s: ids equal, largest weight diff %.2e at %zu\n",
                 c.num_experts, c.top_k, c.normalize ? " normalised" : "", worst, worst_at);
     EXPECT_LT(worst, 1e-6);
+
+    // small steps: route and group in one launch, over the first tokens (the tied ones among
+    // them), the same choices and weights, and the grouping of the host's ids
+    for (const int32_t small : {1, 2, 9, detail::kMoeSmallStepTokens}) {
+      const size_t n = size_t(small) * c.top_k;
+      DeviceBuffer d_offsets = DeviceBuffer::allocate((c.num_experts + 1) * 4).value();
+      DeviceBuffer d_pairs = DeviceBuffer::allocate(n * 4).value();
+      DeviceBuffer d_active = DeviceBuffer::allocate((c.num_experts + 1) * 4).value();
+      ASSERT_EQ(cudaMemset(d_ids.data(), 0xff, d_ids.size_bytes()), cudaSuccess);
+      ASSERT_EQ(detail::launch_moe_route_group(
+                    d_logits.as<float>(), stride, small, c.num_experts, c.top_k, c.normalize,
+                    d_ids.as<int32_t>(), d_w.as<float>(), d_offsets.as<int32_t>(),
+                    d_pairs.as<int32_t>(), d_active.as<int32_t>(), nullptr),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto small_ids = to_host<int32_t>(d_ids, n);
+      const auto small_w = to_host<float>(d_w, n);
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(small_ids[i], want_ids[i]) << "fused, " << small << " tokens, pair " << i;
+        ASSERT_LT(std::abs(double(small_w[i]) - want_w[i]), 1e-6) << "fused, pair " << i;
+      }
+      expect_grouping(std::vector<int32_t>(want_ids.begin(), want_ids.begin() + n), c.num_experts,
+                      d_offsets, d_pairs, d_active);
+    }
+    EXPECT_EQ(detail::launch_moe_route_group(
+                  d_logits.as<float>(), stride, detail::kMoeSmallStepTokens + 1, c.num_experts,
+                  c.top_k, c.normalize, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
+              cudaErrorInvalidValue)
+        << "more tokens than the fused kernel takes";
   }
+}
+
+// The small steps' router (the f32 norm and the router's products in one kernel) against a
+// double reference over the same f32 values; the bound is f32 accumulation over the magnitudes of
+// the terms (|x / rms * w * router|), plus the norm's own rounding.
+TEST(CudaMoeRouter, SmallStepNormAndProductsMatchADoubleReference) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int32_t num_tokens, hidden, rows, num_bias;
+  };
+  for (const Case c : {Case{1, 2048, 129, 0}, Case{5, 2880, 32, 32}, Case{16, 36, 61, 60},
+                       Case{detail::kMoeSmallStepTokens, 1024, 128, 0}}) {
+    std::mt19937_64 rng(c.hidden + c.rows);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    std::vector<float> x(size_t(c.num_tokens) * c.hidden), w(c.hidden),
+        router(size_t(c.rows) * c.hidden), bias(std::max(c.num_bias, 1));
+    for (float& v : x) v = 3 * u(rng);
+    for (float& v : w) v = 1 + 0.5f * u(rng);
+    for (float& v : router) v = u(rng) / std::sqrt(float(c.hidden));
+    for (float& v : bias) v = u(rng);
+    constexpr float kEps = 1e-6f;
+    DeviceBuffer d_x = to_device(x), d_w = to_device(w), d_router = to_device(router),
+                 d_bias = to_device(bias);
+    DeviceBuffer d_logits = DeviceBuffer::allocate(size_t(c.num_tokens) * c.rows * 4).value();
+    ASSERT_EQ(detail::launch_moe_router_small(
+                  d_x.as<float>(), d_w.as<float>(), d_router.as<float>(),
+                  c.num_bias > 0 ? d_bias.as<float>() : nullptr, c.num_bias, c.num_tokens, c.hidden,
+                  c.rows, kEps, d_logits.as<float>(), nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = to_host<float>(d_logits, size_t(c.num_tokens) * c.rows);
+    double worst_ratio = 0;
+    for (int32_t t = 0; t < c.num_tokens; ++t) {
+      const float* xt = x.data() + size_t(t) * c.hidden;
+      double ss = 0;
+      for (int32_t i = 0; i < c.hidden; ++i) ss += double(xt[i]) * xt[i];
+      const double inv = 1 / std::sqrt(ss / c.hidden + kEps);
+      for (int32_t r = 0; r < c.rows; ++r) {
+        double want = 0, mag = 0;
+        for (int32_t i = 0; i < c.hidden; ++i) {
+          const double term = xt[i] * inv * w[i] * router[size_t(r) * c.hidden + i];
+          want += term;
+          mag += std::abs(term);
+        }
+        if (r < c.num_bias) want += bias[r];
+        // f32: each term rounded twice, the scale (the sum of squares, rsqrt) a few ulps, and at
+        // most hidden / 32 + log2(hidden) additions on any term's path (sequential per thread,
+        // then a tree)
+        const double tol = mag * 1e-7 * (8 + std::log2(double(c.hidden)) + c.hidden / 32.0) +
+                           1e-7 * std::abs(want);
+        const double d = std::abs(got[size_t(t) * c.rows + r] - want);
+        worst_ratio = std::max(worst_ratio, d / tol);
+        ASSERT_LE(d, tol) << "token " << t << " row " << r << " got " << got[size_t(t) * c.rows + r]
+                          << " want " << want;
+      }
+    }
+    std::printf("[ router  ] %d tokens, hidden %d, %d rows, %d biased: worst diff / bound %.3f\n",
+                c.num_tokens, c.hidden, c.rows, c.num_bias, worst_ratio);
+  }
+  EXPECT_EQ(detail::launch_moe_router_small(nullptr, nullptr, nullptr, nullptr, 0,
+                                            detail::kMoeSmallStepTokens + 1, 64, 4, 1e-6f, nullptr,
+                                            nullptr),
+            cudaErrorInvalidValue);
+  EXPECT_EQ(detail::launch_moe_router_small(nullptr, nullptr, nullptr, nullptr, 0, 1, 66, 4, 1e-6f,
+                                            nullptr, nullptr),
+            cudaErrorInvalidValue)
+      << "hidden not a multiple of 4";
 }
 
 struct Experts {
@@ -165,6 +290,10 @@ TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
   for (const Experts s :
        {Experts{8, 2, 64, 32, 20}, Experts{8, 3, 512, 136, 13}, Experts{8, 4, 2048, 768, 3},
+        // decode steps of 1, 2 and 4 tokens (the narrower chunks with more loads in
+        // flight), rows whose 16-byte vectors leave a partial last round, GPT-OSS's 2880
+        Experts{8, 3, 520, 136, 1}, Experts{8, 2, 2048, 768, 2}, Experts{8, 4, 256, 128, 4},
+        Experts{8, 2, 64, 32, 3}, Experts{8, 4, 2880, 2880, 1, true},
         Experts{8, 2, 64, 32, 20, true}, Experts{8, 3, 512, 136, 13, true},
         Experts{16, 4, 256, 128, 200}, Experts{16, 4, 256, 128, 200, true}}) {
     std::mt19937_64 rng(s.hidden);
@@ -325,29 +454,11 @@ TEST(CudaMoeExperts, GatheredExpertsAndGroupedGemmsMatchADoubleReference) {
     std::printf("[ experts ] grouped GEMM %s\n",
                 grouped_refused ? "REFUSED by this cuBLAS (loop used)" : "taken");
 
-    // the grouping: every pair listed once, under its expert
-    const auto offsets = to_host<int32_t>(d_offsets, s.num_experts + 1);
-    const auto pairs = to_host<int32_t>(d_pairs, num_pairs);
-    ASSERT_EQ(offsets[0], 0);
-    ASSERT_EQ(offsets[s.num_experts], num_pairs);
-    std::vector<int32_t> seen(num_pairs, 0);
-    for (int32_t e = 0; e < s.num_experts; ++e) {
-      for (int32_t i = offsets[e]; i < offsets[e + 1]; ++i) {
-        ASSERT_EQ(ids[pairs[i]], e) << "pair " << pairs[i] << " listed under expert " << e;
-        ++seen[pairs[i]];
-      }
-    }
-    for (int32_t p = 0; p < num_pairs; ++p) ASSERT_EQ(seen[p], 1) << "pair " << p;
+    std::vector<int32_t> offsets;
+    expect_grouping(ids, s.num_experts, d_offsets, d_pairs, d_active, &offsets);
+    if (HasFatalFailure()) return;
     EXPECT_EQ(offsets[3] - offsets[2], s.num_tokens) << "expert 2 has every token";
     EXPECT_EQ(offsets[7] - offsets[4], 0) << "experts 4, 5, 6 have none";
-    const auto active = to_host<int32_t>(d_active, s.num_experts + 1);
-    std::vector<int32_t> want_active;
-    for (int32_t e = 0; e < s.num_experts; ++e) {
-      if (offsets[e + 1] > offsets[e]) want_active.push_back(e);
-    }
-    ASSERT_EQ(active[0], static_cast<int32_t>(want_active.size()));
-    EXPECT_EQ(std::vector<int32_t>(active.begin() + 1, active.begin() + 1 + active[0]),
-              want_active);
 
     double ref_max = 0;
     for (const double w : want) ref_max = std::max(ref_max, std::abs(w));
