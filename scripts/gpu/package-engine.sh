@@ -22,6 +22,7 @@ for b in apps/kvpool tests/kvp_model_gpu_tests tests/kvp_backend_gpu_tests \
   done
 done
 cp -r tests/model/fixtures/tiny "$tmp/tests/model/fixtures/"
+bash scripts/gpu/tiny-gguf.sh "$tmp"
 cp scripts/gpu/engine-bench.sh scripts/gpu/server-bench.sh scripts/gpu/tp-bench.sh scripts/gpu/tier-bench.sh scripts/gpu/cuda-env.sh \
   scripts/gpu/kv8-bench.sh scripts/gpu/skinny-bench.sh scripts/gpu/moe-bench.sh \
   scripts/make_filler_tokenizer.py bench/server/compare_llama_server.py "$tmp/gpu/"

@@ -28,6 +28,7 @@ cp scripts/gpu-check.sh "$dest/"
 # the model tests read their fixtures relative to the working directory: run from DEST's copy
 mkdir -p "$dest/tests/model/fixtures"
 cp -r tests/model/fixtures/tiny "$dest/tests/model/fixtures/"
+bash scripts/gpu/tiny-gguf.sh "$dest"
 cp scripts/gpu/*.py scripts/gpu/*.sh "$dest/gpu/"
 # bundle every library outside libc/libm/libgcc/libstdc++/the loader and cuBLAS
 for b in "${bins[@]}"; do

@@ -1,9 +1,9 @@
 // The CUDA forward backend against Hugging Face transformers' goldens (tests/model/fixtures/tiny,
-// float32 eager attention) and against kvpool's CPU runner in f32, on the paged pool with
-// shuffled block tables: prefill logits, teacher-forced and free greedy decoding, a mixed
-// prefill + decode batch vs each sequence alone, block copies / reads / writes in the model's
-// logical layout (the tiny models' head dims 16, 8 and 32 are padded to 64 on the device), and
-// refusals of bad batches and KV dtypes. Skips without a CUDA device.
+// float32 eager attention; the same models from GGUF too) and against kvpool's CPU runner in f32,
+// on the paged pool with shuffled block tables: prefill logits, teacher-forced and free greedy
+// decoding, a mixed prefill + decode batch vs each sequence alone, block copies / reads / writes in
+// the model's logical layout (the tiny models' head dims 16, 8 and 32 are padded to 64 on the
+// device), and refusals of bad batches and KV dtypes. Skips without a CUDA device.
 #include "model/cuda/cuda_forward_backend.h"
 #include "support/gpu_skip.h"
 #include "support/tensor_check.h"
@@ -22,6 +22,7 @@
 #include <string>
 #include <tuple>
 
+#include "model/gguf_model.h"
 #include "model/model_config.h"
 #include "model/model_runner.h"
 #include "model/random_model.h"
@@ -73,16 +74,32 @@ double bf16_tolerance(const std::string& model) {
 
 struct Tiny {
   ModelSpec spec;
-  std::unique_ptr<SafetensorsWeights> weights;
+  std::unique_ptr<WeightSource> weights;
   std::vector<std::vector<int32_t>> prompts, greedy;
   std::vector<std::vector<float>> logits;  // [prompt][len * vocab]
 };
 
-Tiny load_tiny(const std::string& name) {
+// The tiny models written as GGUF in llama.cpp's layout (tests/model/make_tiny_gguf.py, which the
+// GPU packages run: scripts/gpu/tiny-gguf.sh).
+const char* kTinyGguf = "tests/model/fixtures/tiny_gguf/";
+
+// A fixture's spec and weights (from its safetensors, or from its GGUF twin when `gguf`) and
+// transformers' goldens.
+Tiny load_tiny(const std::string& name, bool gguf = false) {
   const std::string dir = kFixtures + name;
   Tiny t;
-  t.spec = load_hf_config(dir + "/config.json").value();
-  t.weights = SafetensorsWeights::open(dir + "/model.safetensors").value();
+  if (gguf) {
+    const std::string path = kTinyGguf + name + ".gguf";
+    auto file = GgufFile::open(path);
+    KVP_CHECK(file.is_ok(), "{} (written by scripts/gpu/tiny-gguf.sh into the GPU package)",
+              file.status().to_string());
+    auto shared = std::make_shared<const GgufFile>(std::move(file).value());
+    t.spec = model_spec_from_gguf(*shared).value();
+    t.weights = std::make_unique<GgufWeights>(shared, t.spec.architecture);
+  } else {
+    t.spec = load_hf_config(dir + "/config.json").value();
+    t.weights = SafetensorsWeights::open(dir + "/model.safetensors").value();
+  }
   auto golden = SafetensorsWeights::open(dir + "/golden.safetensors").value();
   for (int i = 0; golden->contains("prompt_" + std::to_string(i)); ++i) {
     const std::string s = std::to_string(i);
@@ -233,8 +250,8 @@ struct Pair {
   std::vector<HostKvSlab> slabs;
 
   Pair(const std::string& name, const Tables& t, DType gpu_dtype = DType::BF16,
-       DType cpu_dtype = DType::F32)
-      : tiny(load_tiny(name)) {
+       DType cpu_dtype = DType::F32, bool gguf = false)
+      : tiny(load_tiny(name, gguf)) {
     auto backend = make_cuda_backend(tiny.spec, *tiny.weights);
     KVP_CHECK(backend.is_ok(), "{}", backend.status().to_string());
     gpu = std::move(backend).value();
@@ -377,15 +394,16 @@ TEST_P(CudaTinyModel, TeacherForcedGreedyAgreesWithTransformers) {
 
 // Free-running greedy decoding, all prompts batched: reported, and checked against
 // transformers' continuations up to the first step the f32 reference calls a near-tie.
-TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
-  SKIP_WITHOUT_GPU();
-  const Tiny probe = load_tiny(GetParam());
+// Every prompt in one batch, prefill then greedy decoding on the GPU alone, as many tokens as
+// transformers' goldens hold; the model from its safetensors or its GGUF twin.
+std::vector<std::vector<int32_t>> free_greedy(const std::string& name, bool gguf) {
+  const Tiny probe = load_tiny(name);
   const int32_t n = static_cast<int32_t>(probe.prompts.size());
   const int32_t new_tokens = static_cast<int32_t>(probe.greedy[0].size());
   int32_t max_len = 0;
   for (const auto& p : probe.prompts) max_len = std::max<int32_t>(max_len, p.size() + new_tokens);
   Tables t(groups_of(probe.spec), n, max_len, 16, 9);
-  Pair pair(GetParam(), t);
+  Pair pair(name, t, DType::BF16, DType::F32, gguf);
   const int32_t vocab = pair.vocab();
   std::vector<int32_t> seqs(n), cached(n, 0);
   std::iota(seqs.begin(), seqs.end(), 0);
@@ -412,6 +430,19 @@ TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
       next[i] = argmax(masked(std::span(gpu).subspan(i * vocab, vocab), probe.spec));
     }
   }
+  return out;
+}
+
+TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny(GetParam());
+  const int32_t n = static_cast<int32_t>(probe.prompts.size());
+  int32_t max_len = 0;
+  for (const auto& p : probe.prompts) {
+    max_len = std::max<int32_t>(max_len, p.size() + probe.greedy[0].size());
+  }
+  const int32_t vocab = probe.spec.vocab_size;
+  const std::vector<std::vector<int32_t>> out = free_greedy(GetParam(), false);
   int32_t exact = 0;
   for (int32_t i = 0; i < n; ++i) {
     size_t first_diff = 0;
@@ -441,6 +472,49 @@ TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyModel,
+                         ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen2_moe",
+                                           "qwen3_moe", "gpt_oss"));
+
+// The tiny models from their GGUF twins (llama.cpp's layout: Llama's permuted q/k rows, Gemma's
+// 1 + w norms, the experts' 3-D tensors, GPT-OSS's split gate/up): the CUDA backend reads the
+// same weights as from safetensors, so its prefill logits and greedy tokens are the safetensors
+// backend's (same device, same bf16 values, same batches), and its logits transformers' within
+// the bf16 tolerance.
+class CudaTinyGguf : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaTinyGguf, LlamaCppLayoutGivesTheSafetensorsModel) {
+  SKIP_WITHOUT_GPU();
+  const Tiny probe = load_tiny(GetParam());
+  const Tiny from_gguf = load_tiny(GetParam(), true);
+  EXPECT_EQ(from_gguf.spec.architecture, probe.spec.architecture);
+  EXPECT_EQ(from_gguf.spec.layer_is_sliding, probe.spec.layer_is_sliding);
+  EXPECT_EQ(from_gguf.spec.num_experts, probe.spec.num_experts);
+  EXPECT_EQ(from_gguf.spec.layer_is_moe, probe.spec.layer_is_moe);
+  for (size_t p = 0; p < probe.prompts.size(); ++p) {
+    const auto& prompt = probe.prompts[p];
+    Tables t(groups_of(probe.spec), 1, static_cast<int32_t>(prompt.size()), 4, 41 + p);
+    Pair hf(GetParam(), t), gguf(GetParam(), t, DType::BF16, DType::F32, true);
+    Step s(t, {0}, {prompt}, {0});
+    const auto from_hf = hf.run_gpu(s);
+    const auto got = gguf.run_gpu(s);
+    const double err_same = relative_error(got, from_hf);
+    const double err_golden = relative_error(got, probe.logits[p]);
+    std::printf(
+        "[ gguf    ] %s prompt %zu: rel err vs the safetensors backend %.3e, vs "
+        "transformers %.3e\n",
+        GetParam(), p, err_same, err_golden);
+    EXPECT_LT(err_same, 1e-6) << GetParam() << " prompt " << p;
+    if (probe.spec.is_moe()) {
+      expect_rows_within_tolerance(GetParam(), static_cast<int32_t>(p), 0, got, probe.logits[p],
+                                   gguf.vocab(), "gguf prefill vs transformers");
+    } else {
+      EXPECT_LT(err_golden, kBf16LogitTolerance) << GetParam() << " prompt " << p;
+    }
+  }
+  EXPECT_EQ(free_greedy(GetParam(), true), free_greedy(GetParam(), false)) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyGguf,
                          ::testing::Values("llama", "qwen2", "gemma3", "qwen3", "qwen2_moe",
                                            "qwen3_moe", "gpt_oss"));
 
