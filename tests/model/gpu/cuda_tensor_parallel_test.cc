@@ -336,9 +336,13 @@ TEST_F(CudaTensorParallel, Llama8bShapeSplitInTwoFollowsTheWholeFor256Tokens) {
 // last bf16 bits, and where its 8th and 9th experts' router logits are that close the split
 // model runs another expert for it: that token's MLP output then differs by a share of one
 // expert's. (Random routers spread 128 logits closely: the first H200 run had 2 of 129 steps
-// above 1e-2, the worst 4.0e-2.) So: the greedy tokens agree except at near-ties, nearly every
-// step is within kSplitTolerance, and the worst within 10x it; a wrong share would be off at
-// every step (the CPU emulation's tests check the shares' arithmetic exactly, in f32).
+// above 1e-2, the worst 4.0e-2.) The 100-token prompt runs its experts through the GEMMs
+// (moe_gemm.h), which round each expert's output to bf16, in the split model each rank's partial
+// output: its hidden states move further from the whole's, and more near-ties flip (H200,
+// 2026-11-28: 8 of 129 steps above 1e-2, worst 4.8e-2; 2 of 129 with the prompt through the f32
+// kernels, KVP_MOE_GEMM_MIN_TOKENS=100000). So: the greedy tokens agree except at near-ties, 9 in
+// 10 steps are within kSplitTolerance, and the worst within 10x it; a wrong share would be off
+// at every step (the CPU emulation's tests check the shares' arithmetic exactly, in f32).
 TEST_F(CudaTensorParallel, Qwen3MoeShapeSplitInTwoFollowsTheWhole) {
   ModelSpec spec = random_model_spec("qwen3-30b-a3b").value();
   spec.num_layers = 4;
@@ -358,7 +362,7 @@ TEST_F(CudaTensorParallel, Qwen3MoeShapeSplitInTwoFollowsTheWhole) {
       "relative logit error above %.0e, worst %.2e\n",
       c.agreeing, c.steps, c.first_divergence, c.margin_at_divergence, c.steps_over_tolerance,
       kSplitTolerance, c.worst_error);
-  EXPECT_LE(c.steps_over_tolerance, c.steps / 20);
+  EXPECT_LE(c.steps_over_tolerance, c.steps / 10);
   EXPECT_LE(c.worst_error, 0.1);
   EXPECT_FALSE(c.divergence_outside_near_tie)
       << "first divergence at step " << c.first_divergence << ", margin " << c.margin_at_divergence;
