@@ -261,6 +261,29 @@ __device__ float activate(float g, float u, float alpha, float limit) {
   }
 }
 
+// The expert of a CTA's y-th grid row and its pairs [begin, end) of the grouped order; false for
+// a row past the experts with pairs. A step of one token (kSingle) takes them from the route's
+// ids without the grouping: slot y is pair y, and index loads that waited on each other
+// (active, offsets, pairs) become one.
+struct ExpertRow {
+  int32_t e, begin, end;
+};
+template <bool kSingle>
+__device__ bool expert_row(const int32_t* __restrict__ active, const int32_t* __restrict__ offsets,
+                           const int32_t* __restrict__ expert_ids, ExpertRow* r) {
+  const auto y = static_cast<int32_t>(blockIdx.y);
+  if constexpr (kSingle) {
+    *r = {expert_ids[y], y, y + 1};
+    return true;
+  } else {
+    if (y >= active[0]) return false;
+    r->e = active[1 + y];
+    r->begin = offsets[r->e];
+    r->end = offsets[r->e + 1];
+    return true;
+  }
+}
+
 // CTA = (row tile, y-th expert with pairs): warp w owns row r = tile * kWarpsPerCta + w of the
 // expert's gate and the same row of its up projection, and runs it over the expert's pairs
 // kChunk at a time, so the two weight rows are read from memory once per chunk (once per step at
@@ -272,17 +295,19 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
                        const __nv_bfloat16* __restrict__ gate_up,
                        const float* __restrict__ gate_up_bias, const int32_t* __restrict__ offsets,
                        const int32_t* __restrict__ pairs, const int32_t* __restrict__ active,
-                       int32_t top_k, int32_t hidden, int32_t inter, float alpha, float limit,
-                       float* __restrict__ act) {
-  if (static_cast<int32_t>(blockIdx.y) >= active[0]) return;
-  const int32_t e = active[1 + blockIdx.y];
+                       const int32_t* __restrict__ expert_ids, int32_t top_k, int32_t hidden,
+                       int32_t inter, float alpha, float limit, float* __restrict__ act) {
+  constexpr bool kSingle = kChunk == 1;  // chunks of 1: steps of one token
+  ExpertRow er;
+  if (!expert_row<kSingle>(active, offsets, expert_ids, &er)) return;
+  const int32_t e = er.e, begin = er.begin, end = er.end;
+  const auto pair = [&](int32_t i) { return kSingle ? i : pairs[i]; };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t row = blockIdx.x * kWarpsPerCta + warp;
   if (row >= inter) return;
   const auto* g_row =
       reinterpret_cast<const uint4*>(gate_up + (int64_t{e} * 2 * inter + row) * hidden);
   const auto* u_row = g_row + int64_t{inter} * hidden / 8;
-  const int32_t begin = offsets[e], end = offsets[e + 1];
   const int32_t vecs = hidden / 8;
   float g_bias = 0.0f, u_bias = 0.0f;
   if (gate_up_bias != nullptr) {
@@ -295,7 +320,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     float ga[kChunk], ua[kChunk];
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) {
-      const int32_t p = pairs[c + min(j, n - 1)];
+      const int32_t p = pair(c + min(j, n - 1));
       xr[j] = reinterpret_cast<const uint4*>(x + int64_t{p / top_k} * hidden);
       ga[j] = 0.0f;
       ua[j] = 0.0f;
@@ -336,7 +361,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
       if (j < n) {  // n is the same for the whole warp
         const float g = warp_sum(ga[j]) + g_bias, u = warp_sum(ua[j]) + u_bias;
         if (lane == 0) {
-          act[int64_t{pairs[c + j]} * inter + row] = activate<kAct>(g, u, alpha, limit);
+          act[int64_t{pair(c + j)} * inter + row] = activate<kAct>(g, u, alpha, limit);
         }
       }
     }
@@ -349,15 +374,18 @@ template <int kChunk, int kUnroll>
 __global__ void __launch_bounds__(kWarpsPerCta * 32)
     moe_down_kernel(const __nv_bfloat16* __restrict__ down, const float* __restrict__ down_bias,
                     const int32_t* __restrict__ offsets, const int32_t* __restrict__ pairs,
-                    const int32_t* __restrict__ active, int32_t hidden, int32_t inter,
-                    const float* __restrict__ act, float* __restrict__ y) {
-  if (static_cast<int32_t>(blockIdx.y) >= active[0]) return;
-  const int32_t e = active[1 + blockIdx.y];
+                    const int32_t* __restrict__ active, const int32_t* __restrict__ expert_ids,
+                    int32_t hidden, int32_t inter, const float* __restrict__ act,
+                    float* __restrict__ y) {
+  constexpr bool kSingle = kChunk == 1;
+  ExpertRow er;
+  if (!expert_row<kSingle>(active, offsets, expert_ids, &er)) return;
+  const int32_t e = er.e, begin = er.begin, end = er.end;
+  const auto pair = [&](int32_t i) { return kSingle ? i : pairs[i]; };
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int32_t row = blockIdx.x * kWarpsPerCta + warp;
   if (row >= hidden) return;
   const auto* w_row = reinterpret_cast<const uint4*>(down + (int64_t{e} * hidden + row) * inter);
-  const int32_t begin = offsets[e], end = offsets[e + 1];
   const int32_t vecs = inter / 8;
   const float bias = down_bias != nullptr ? down_bias[int64_t{e} * hidden + row] : 0.0f;
   for (int32_t c = begin; c < end; c += kChunk) {
@@ -366,7 +394,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     float acc[kChunk];
 #pragma unroll
     for (int j = 0; j < kChunk; ++j) {
-      ar[j] = reinterpret_cast<const float4*>(act + int64_t{pairs[c + min(j, n - 1)]} * inter);
+      ar[j] = reinterpret_cast<const float4*>(act + int64_t{pair(c + min(j, n - 1))} * inter);
       acc[j] = 0.0f;
     }
     for (int32_t v0 = lane; v0 < vecs; v0 += 32 * kUnroll) {
@@ -396,7 +424,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     for (int j = 0; j < kChunk; ++j) {
       if (j < n) {
         const float s = warp_sum(acc[j]) + bias;
-        if (lane == 0) y[int64_t{pairs[c + j]} * hidden + row] = s;
+        if (lane == 0) y[int64_t{pair(c + j)} * hidden + row] = s;
       }
     }
   }
@@ -604,9 +632,9 @@ cudaError_t launch_moe_experts_shaped(const MoeExpertArgs& a, unsigned max_activ
   const auto* down = static_cast<const __nv_bfloat16*>(a.down);
   const dim3 up_grid((a.inter + kWarpsPerCta - 1) / kWarpsPerCta, max_active);
   const auto launch_gate_up = [&](auto kernel) {
-    kernel<<<up_grid, kWarpsPerCta * 32, 0, stream>>>(x, gate_up, a.gate_up_bias, a.offsets,
-                                                      a.pairs, a.active, a.top_k, a.hidden, a.inter,
-                                                      a.swiglu_alpha, a.swiglu_limit, a.act);
+    kernel<<<up_grid, kWarpsPerCta * 32, 0, stream>>>(
+        x, gate_up, a.gate_up_bias, a.offsets, a.pairs, a.active, a.expert_ids, a.top_k, a.hidden,
+        a.inter, a.swiglu_alpha, a.swiglu_limit, a.act);
   };
   switch (a.activation) {
     case MoeActivation::kSilu:
@@ -625,7 +653,7 @@ cudaError_t launch_moe_experts_shaped(const MoeExpertArgs& a, unsigned max_activ
   if (up_status != cudaSuccess) return up_status;
   const dim3 down_grid((a.hidden + kWarpsPerCta - 1) / kWarpsPerCta, max_active);
   moe_down_kernel<kChunk, kUnroll><<<down_grid, kWarpsPerCta * 32, 0, stream>>>(
-      down, a.down_bias, a.offsets, a.pairs, a.active, a.hidden, a.inter, a.act, a.y);
+      down, a.down_bias, a.offsets, a.pairs, a.active, a.expert_ids, a.hidden, a.inter, a.act, a.y);
   return cudaGetLastError();
 }
 

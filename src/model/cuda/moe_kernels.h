@@ -88,7 +88,9 @@ struct MoeExpertArgs {
   const int32_t* offsets;  // [num_experts + 1] (launch_moe_group)
   const int32_t* pairs;    // [num_pairs] grouped by expert; token of pair p is p / top_k
   const int32_t* active;   // [1 + num_experts]: count, then the experts with pairs
-  const int32_t* expert_ids;  // [num_pairs] (launch_moe_route): read by the GEMM path only
+  // [num_pairs] (launch_moe_route): read by the GEMM path, and by the kernels for steps of one
+  // token (slot y is then pair y: no grouping needed)
+  const int32_t* expert_ids;
   // GPT-OSS's biases, or null: [num_experts][2 * inter] f32, expert e's gate bias then up's,
   // added before the activation; [num_experts][hidden] f32, added to the down output
   const float* gate_up_bias;
