@@ -233,8 +233,8 @@ class CudaModelRunner {
   // The mixture-of-experts MLP of `layer` (cuda_moe_layer.cc): xn_ (and x_ for the router) in,
   // proj_ out, as the dense MLP's GEMMs. Clobbers xn_ and gate_up_.
   Status enqueue_moe_mlp(int32_t layer, int32_t num_tokens);
-  // Its routing for steps of more than detail::kMoeSmallStepTokens tokens: logits, expert ids and
-  // weights, and the pairs grouped by expert into moe_buffers_.
+  // Its routing: logits, expert ids and weights, and the pairs grouped by expert into
+  // moe_buffers_ (steps of at most detail::kMoeSmallStepTokens tokens in two fused kernels).
   Status enqueue_moe_route(int32_t layer, int32_t num_tokens);
   // Grows the attention workspace to what the step's attention launches need (so that nothing is
   // allocated once launches begin).

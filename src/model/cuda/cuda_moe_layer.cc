@@ -221,13 +221,30 @@ Status random_moe_weights(const ModelSpec& spec, TensorShard shard, uint64_t* se
   return upload_bytes(&moe->router, 0, router.data(), router.size() * 4);
 }
 
-// Steps of many tokens: the f32 norm, cuBLAS's router GEMM, the bias, routing and grouping.
+// The layer's routing: small steps (decode) launch the norm with the router's products, then
+// routing with grouping; larger ones the f32 norm, cuBLAS's router GEMM, the bias, routing and
+// grouping.
 Status CudaModelRunner::enqueue_moe_route(int32_t layer, int32_t num_tokens) {
-  const DeviceMoeWeights& mw = layers_[layer].moe;
   const DeviceLayerWeights& lw = layers_[layer];
+  const DeviceMoeWeights& mw = lw.moe;
   MoeBuffers& b = moe_buffers_;
   const int32_t hidden = spec_.hidden_size, top_k = spec_.num_experts_per_tok;
   const int32_t router_rows = moe_router_rows(spec_);
+  if (num_tokens <= detail::kMoeSmallStepTokens) {
+    KVP_RETURN_IF_ERROR(cuda_status(
+        detail::launch_moe_router_small(
+            x_.as<float>(), lw.mlp_norm.as<float>(), mw.router.as<float>(),
+            mw.router_bias.as<float>(), mw.router_bias.data() != nullptr ? spec_.num_experts : 0,
+            num_tokens, hidden, router_rows, spec_.rms_norm_eps, b.logits.as<float>(), stream_),
+        "moe_router_small_kernel"));
+    KVP_RETURN_IF_ERROR(cuda_status(
+        detail::launch_moe_route_group(
+            b.logits.as<float>(), router_rows, num_tokens, spec_.num_experts, top_k,
+            spec_.norm_topk_prob, b.expert_ids.as<int32_t>(), b.weights.as<float>(),
+            b.offsets.as<int32_t>(), b.pairs.as<int32_t>(), b.active.as<int32_t>(), stream_),
+        "moe_route_group_kernel"));
+    return Status::ok();
+  }
   KVP_RETURN_IF_ERROR(cuda_status(
       detail::launch_rms_norm_f32(x_.as<float>(), lw.mlp_norm.as<float>(), num_tokens, hidden,
                                   spec_.rms_norm_eps, b.xn_f32.as<float>(), stream_),
@@ -267,24 +284,7 @@ Status CudaModelRunner::enqueue_moe_mlp(int32_t layer, int32_t num_tokens) {
   MoeBuffers& b = moe_buffers_;
   const int32_t hidden = spec_.hidden_size, top_k = spec_.num_experts_per_tok;
   const int32_t router_rows = moe_router_rows(spec_);
-  if (num_tokens <= detail::kMoeSmallStepTokens) {
-    // small steps (decode): the norm and the router's products in one launch, routing and
-    // grouping in another
-    KVP_RETURN_IF_ERROR(cuda_status(
-        detail::launch_moe_router_small(
-            x_.as<float>(), lw.mlp_norm.as<float>(), mw.router.as<float>(),
-            mw.router_bias.as<float>(), mw.router_bias.data() != nullptr ? spec_.num_experts : 0,
-            num_tokens, hidden, router_rows, spec_.rms_norm_eps, b.logits.as<float>(), stream_),
-        "moe_router_small_kernel"));
-    KVP_RETURN_IF_ERROR(cuda_status(
-        detail::launch_moe_route_group(
-            b.logits.as<float>(), router_rows, num_tokens, spec_.num_experts, top_k,
-            spec_.norm_topk_prob, b.expert_ids.as<int32_t>(), b.weights.as<float>(),
-            b.offsets.as<int32_t>(), b.pairs.as<int32_t>(), b.active.as<int32_t>(), stream_),
-        "moe_route_group_kernel"));
-  } else {
-    KVP_RETURN_IF_ERROR(enqueue_moe_route(layer, num_tokens));
-  }
+  KVP_RETURN_IF_ERROR(enqueue_moe_route(layer, num_tokens));
   detail::MoeExpertArgs ea{};
   ea.x = xn_.data();
   ea.gate_up = mw.gate_up.data();

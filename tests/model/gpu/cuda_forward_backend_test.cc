@@ -396,8 +396,8 @@ TEST_P(CudaTinyModel, TeacherForcedGreedyAgreesWithTransformers) {
 // transformers' continuations up to the first step the f32 reference calls a near-tie.
 // Every prompt in one batch, prefill then greedy decoding on the GPU alone, as many tokens as
 // transformers' goldens hold; the model from its safetensors or its GGUF twin.
-std::vector<std::vector<int32_t>> free_greedy(const std::string& name, bool gguf) {
-  const Tiny probe = load_tiny(name);
+std::vector<std::vector<int32_t>> free_greedy(const std::string& name, const Tiny& probe,
+                                              bool gguf) {
   const int32_t n = static_cast<int32_t>(probe.prompts.size());
   const int32_t new_tokens = static_cast<int32_t>(probe.greedy[0].size());
   int32_t max_len = 0;
@@ -442,7 +442,7 @@ TEST_P(CudaTinyModel, FreeGreedyMatchesTransformersUntilANearTie) {
     max_len = std::max<int32_t>(max_len, p.size() + probe.greedy[0].size());
   }
   const int32_t vocab = probe.spec.vocab_size;
-  const std::vector<std::vector<int32_t>> out = free_greedy(GetParam(), false);
+  const std::vector<std::vector<int32_t>> out = free_greedy(GetParam(), probe, false);
   int32_t exact = 0;
   for (int32_t i = 0; i < n; ++i) {
     size_t first_diff = 0;
@@ -511,7 +511,8 @@ TEST_P(CudaTinyGguf, LlamaCppLayoutGivesTheSafetensorsModel) {
       EXPECT_LT(err_golden, kBf16LogitTolerance) << GetParam() << " prompt " << p;
     }
   }
-  EXPECT_EQ(free_greedy(GetParam(), true), free_greedy(GetParam(), false)) << GetParam();
+  EXPECT_EQ(free_greedy(GetParam(), probe, true), free_greedy(GetParam(), probe, false))
+      << GetParam();
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, CudaTinyGguf,
