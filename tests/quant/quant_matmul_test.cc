@@ -231,12 +231,14 @@ INSTANTIATE_TEST_SUITE_P(AllTypes, MatmulParity, ::testing::ValuesIn(kAllTypes),
 
 // The prefill path with int8 activations (ActPrecision::kInt8All: every block format, at 32+
 // activation rows, whether or not kInt8 picks it for the format), within the same derived bound
-// as decode: activation-row counts of 32, 33, 100 and 512 (tiles of 8 activation rows, then 4,
-// then 1-3 left over), weight-row counts that are no multiple of the weight-row tile, 32-block
+// as decode: activation-row counts from 32 to 512 (passes of 64, tiles of 4 activation rows, then
+// 1-3 left over), weight-row counts that are no multiple of the weight-row tile, 32-block
 // rows whose length is no multiple of 256 (3, 9 and 17 blocks), and enough weight rows (130) for
-// several items per thread.
-constexpr Shape kPrefillShapes[] = {{13, 9, 32},   {37, 3, 33},  {130, 2, 100},
-                                    {11, 17, 100}, {21, 3, 512}, {5, 1, 33}};
+// several items per thread. On AVX-512 targets panels are 16 weight rows, then 8, then the
+// decode tiles: 100 and 300 weight rows make items of 24 and 64 rows with rows left past the
+// last 16 (8 + 4 of 300's last 44, 8 of 100's items of 24 without a pool).
+constexpr Shape kPrefillShapes[] = {{13, 9, 32},  {37, 3, 33}, {130, 2, 100}, {11, 17, 100},
+                                    {21, 3, 512}, {5, 1, 33},  {100, 2, 40},  {300, 1, 36}};
 
 class PrefillParity : public ::testing::TestWithParam<GgmlType> {};
 
