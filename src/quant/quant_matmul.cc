@@ -76,7 +76,8 @@ constexpr int64_t kItemRowMultiple = 4;  // whole weight-row tiles per item
 // num_rows x 64 x cols multiply-adds, enough for OpenBLAS's kernels to run at full rate.
 constexpr int64_t kPanelRowsPerItem = 64;
 // Rows per item on the panel and repacked paths are a multiple of this: the repacked path's
-// panels of 8 weight rows (block_rows_k_prefill).
+// panels of 8 weight rows (16 on AVX-512 targets, which take an 8-row panel for the rows past
+// the last 16: block_rows_k_prefill).
 constexpr int64_t kPanelRowMultiple = 8;
 
 // Cuts every part into items of about kItemBytes (int8 and float kernels) or kPanelRowsPerItem
