@@ -20,7 +20,8 @@
 // activation row, a broadcast of its 4 int8 codes and one maddubs (or, on AVX-512 VNNI, one
 // dpbusd). maddubs products of one chunk are at most 2 * 127 * qmax in int16: up to run<qmax>()
 // chunks are added in int16 before madd_epi16 widens them with the group's scale (Q4_K, Q4_0: 8;
-// Q5_K, Q5_0: 4; Q6_K: 2; signed formats: 1). The integer sums are the decode tiles'
+// Q5_K, Q5_0: 4; Q6_K: 2; signed formats: 1). With dpbusd, a K format's int32 sums per scale
+// group are scaled in f32 instead (exact products). The integer sums are the decode tiles'
 // (quant_formats_*-inl.h), so results equal theirs up to the order of f32 additions.
 //
 // Weight rows past the last whole panel of 8 go through the decode tiles (quant_kernels_k.cc,
@@ -71,13 +72,13 @@ struct V8 {
   static I sub32(I a, I b) { return _mm256_sub_epi32(a, b); }
   static I maddubs(I u, I s) { return _mm256_maddubs_epi16(u, s); }
   static I madd(I a, I b) { return _mm256_madd_epi16(a, b); }
-  static I mullo32(I a, I b) { return _mm256_mullo_epi32(a, b); }
   static I low16(I v) { return _mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16); }
   static I ones16() { return _mm256_set1_epi16(1); }
   static I abs8(I v) { return _mm256_abs_epi8(v); }
   static I sign8(I x, I w) { return _mm256_sign_epi8(x, w); }  // x negated where w < 0
   static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F sub_ps(F a, F b) { return _mm256_sub_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
   static void storeu(float* p, F v) { _mm256_storeu_ps(p, v); }
@@ -113,7 +114,6 @@ struct V16 {
   static I sub32(I a, I b) { return _mm512_sub_epi32(a, b); }
   static I maddubs(I u, I s) { return _mm512_maddubs_epi16(u, s); }
   static I madd(I a, I b) { return _mm512_madd_epi16(a, b); }
-  static I mullo32(I a, I b) { return _mm512_mullo_epi32(a, b); }
   static I low16(I v) { return _mm512_srai_epi32(_mm512_slli_epi32(v, 16), 16); }
   static I ones16() { return _mm512_set1_epi16(1); }
   static I abs8(I v) { return _mm512_abs_epi8(v); }
@@ -123,6 +123,7 @@ struct V16 {
   }
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F sub_ps(F a, F b) { return _mm512_sub_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
   static void storeu(float* p, F v) { _mm512_storeu_ps(p, v); }
@@ -248,13 +249,21 @@ HWY_NOINLINE void panel_tile(const PanelBlock<V::kRows>* panel, int64_t num_bloc
   }
   for (int64_t b = 0; b < num_blocks; ++b) {
     const PanelBlock<V::kRows>& p = panel[b];
+#if HWY_TARGET == HWY_AVX3_DL
+    F fsum[R];  // the groups' int32 sums times their scales, in f32
+    for (int r = 0; r < R; ++r) fsum[r] = V::zero_ps();
+#else
     I isum[R];
     for (int r = 0; r < R; ++r) isum[r] = V::zero();
+#endif
     for (int g = 0; g < 64 / kGroup; ++g) {
       const I sc = V::load(p.sc[g * kGroup / 4]);
 #if HWY_TARGET == HWY_AVX3_DL
       // VNNI: dpbusd adds each chunk's products in int32, one instruction per activation row;
-      // the group's scale then multiplies the int32 sums (the low int16 of sc's pairs).
+      // the group's scale (the low int16 of sc's pairs) then multiplies the sums in f32: a
+      // convert and an FMA instead of vpmulld's two uops and an add. Exact: a group's sum times
+      // its scale stays below 2^24 in every K format (largest: IQ4_XS 32 x 127 x 127 x 32, Q6_K
+      // 16 x 63 x 127 x 128).
       I s32[R];
       for (int r = 0; r < R; ++r) s32[r] = V::zero();
       for (int k = 0; k < kGroup; ++k) {
@@ -267,10 +276,9 @@ HWY_NOINLINE void panel_tile(const PanelBlock<V::kRows>* panel, int64_t num_bloc
           s32[r] = V::dpbusd(s32[r], wu, xv);
         }
       }
-      const I sc32 = V::low16(sc);
-      for (int r = 0; r < R; ++r) isum[r] = V::add32(isum[r], V::mullo32(s32[r], sc32));
-      continue;
-#endif
+      const F scf = V::cvt(V::low16(sc));
+      for (int r = 0; r < R; ++r) fsum[r] = V::fmadd(V::cvt(s32[r]), scf, fsum[r]);
+#else
       for (int k0 = 0; k0 < kGroup; k0 += kRun) {
         I s16[R];
         for (int k = 0; k < kRun; ++k) {
@@ -286,11 +294,20 @@ HWY_NOINLINE void panel_tile(const PanelBlock<V::kRows>* panel, int64_t num_bloc
         }
         for (int r = 0; r < R; ++r) isum[r] = V::add32(isum[r], V::madd(s16[r], sc));
       }
+#endif
     }
     const F d = V::load_ps(p.d);
+    F sum[R];  // the super-block's scaled sum per row
+    for (int r = 0; r < R; ++r) {
+#if HWY_TARGET == HWY_AVX3_DL
+      sum[r] = fsum[r];
+#else
+      sum[r] = V::cvt(isum[r]);
+#endif
+    }
     if constexpr (Fmt::kMin == MinKind::kNone) {
       for (int r = 0; r < R; ++r) {
-        acc[r] = V::fmadd(V::cvt(isum[r]), V::mul(d, V::set1_ps(xd[r][b])), acc[r]);
+        acc[r] = V::fmadd(sum[r], V::mul(d, V::set1_ps(xd[r][b])), acc[r]);
       }
       continue;
     }
@@ -305,9 +322,9 @@ HWY_NOINLINE void panel_tile(const PanelBlock<V::kRows>* panel, int64_t num_bloc
     for (int r = 0; r < R; ++r) {
       const F dx = V::set1_ps(xd[r][b]);
       if constexpr (Fmt::kMin == MinKind::kOffset) {
-        acc[r] = V::fmadd(V::cvt(V::sub32(isum[r], msum[r])), V::mul(d, dx), acc[r]);
+        acc[r] = V::fmadd(V::sub_ps(sum[r], V::cvt(msum[r])), V::mul(d, dx), acc[r]);
       } else {
-        acc[r] = V::fmadd(V::cvt(isum[r]), V::mul(d, dx), acc[r]);
+        acc[r] = V::fmadd(sum[r], V::mul(d, dx), acc[r]);
         acc[r] = V::fnmadd(V::cvt(msum[r]), V::mul(V::load_ps(p.dmin), dx), acc[r]);
       }
     }
