@@ -48,6 +48,8 @@ struct AttentionKernelArgs {
   int32_t num_splits;   // KV splits per sequence; 1: write out directly
   float* partial_acc;   // [num_seqs][num_q_heads][num_splits][head_dim] unnormalised
   float* partial_ml;    // [num_seqs][num_q_heads][num_splits][2] (max, sum), log2 units
+  // Hopper prefill only: blocks in the pool (the span of its tensor maps over K and V)
+  int32_t num_blocks;
 };
 
 // bf16: q and out are bf16 (else f16); kv: K/V of q's dtype, or 8-bit with f16 scales. 8-bit

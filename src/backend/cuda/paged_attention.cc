@@ -130,6 +130,7 @@ detail::AttentionKernelArgs make_args(const AttentionParams& params, const Atten
   a.v = kv.v;
   a.block_pitch = kv.block_pitch;
   a.block_size = kv.block_size;
+  a.num_blocks = kv.num_blocks;
   a.block_shift = -1;
   if ((kv.block_size & (kv.block_size - 1)) == 0) {
     a.block_shift = 0;

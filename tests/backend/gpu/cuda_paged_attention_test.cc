@@ -1,7 +1,9 @@
 // cuda::paged_attention against reference_paged_attention (double precision, backend/attention.h)
 // on fresh random inputs: block sizes, head dims, GQA ratios, query lengths, kv_len at block
 // multiples +-1, windows, soft cap, mixed batches, long contexts (split-KV), shuffled block
-// tables. The output is poisoned with NaN first, so an unwritten element fails the check.
+// tables. The output is poisoned with NaN first, so an unwritten element fails the check; so is
+// every 16-bit K and V row no sequence holds (slots past a sequence's length in its last block,
+// spare and released blocks), so a kernel that reads one and lets it into a sum fails too.
 // 8-bit KV (int8, fp8 e4m3; every 8-bit test runs for both): the pool is written on the device by
 // the quantising KV write (rows of random magnitude, so scales differ row to row), copied back,
 // and the reference runs on those bytes (the dequantised cache).
@@ -152,6 +154,29 @@ void run_case(const Case& c, std::mt19937_64& rng) {
     slab = to_host<uint8_t>(d_slab.data(), layout.size_bytes());
   } else {
     kvp::testing::fill_random(slab.data(), c.dtype, static_cast<size_t>(layout.size_elems()), rng);
+    // NaN (all ones in bf16 and f16) in every row no sequence holds
+    std::vector<bool> held(static_cast<size_t>(num_blocks) * c.block_size, false);
+    for (int32_t i = 0; i < num_seqs; ++i) {
+      for (int32_t b = 0; b < max_blocks; ++b) {
+        const int32_t id = tables[static_cast<size_t>(i) * max_blocks + b];
+        for (int32_t t = 0; id >= 0 && t < c.block_size && b * c.block_size + t < kv_lens[i]; ++t) {
+          held[static_cast<size_t>(id) * c.block_size + t] = true;
+        }
+      }
+    }
+    const PagedKv rows = paged_kv_for_layer(layout, slab.data(), 0);
+    const size_t row_bytes = static_cast<size_t>(c.head_dim) * dtype_size_bytes(c.dtype);
+    for (int32_t id = 0; id < num_blocks; ++id) {
+      for (int32_t t = 0; t < c.block_size; ++t) {
+        if (held[static_cast<size_t>(id) * c.block_size + t]) continue;
+        for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+          const size_t at =
+              static_cast<size_t>(rows.row_offset(id, h, t)) * dtype_size_bytes(c.dtype);
+          std::fill_n(static_cast<uint8_t*>(rows.k) + at, row_bytes, uint8_t{0xff});
+          std::fill_n(static_cast<uint8_t*>(rows.v) + at, row_bytes, uint8_t{0xff});
+        }
+      }
+    }
     d_slab = to_device(slab);
   }
   const size_t q_elems = static_cast<size_t>(num_tokens) * c.num_q_heads * c.head_dim;

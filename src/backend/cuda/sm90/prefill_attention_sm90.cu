@@ -1,6 +1,7 @@
 // Prefill / append attention (q_len >= 2) for Hopper (sm_90a): flash attention on wgmma, the
 // warpgroup matrix multiply that reads its B operand (and Q) straight from shared memory, with K/V
-// pages gathered through the block table by cp.async into a three-stage ring. Built only for
+// pages brought through the block table into a three-stage ring by TMA (one bulk copy per page,
+// 16-bit KV) or gathered by cp.async (8-bit KV, and pools TMA cannot describe). Built only for
 // sm_90a (its own library, kvp_backend_sm90); paged_attention.cc launches it on compute
 // capability 9.0 devices for head dims 64 and 128 (bf16, f16, int8 and fp8 KV) and falls back to
 // the mma.sync kernel (prefill_attention.cu) everywhere else.
@@ -21,10 +22,18 @@
 // t - 1 and the copies of t + 1. Causal and window masks, soft cap and sinks as in the mma.sync
 // kernel.
 //
-// Every thread loads; one CTA barrier per key tile publishes the copies. A warp-specialised form
-// (a producer warpgroup gathering with cp.async, full/empty mbarriers, setmaxnreg 40 / 232) was
-// measured in the same H100 run at 0.92-0.99x this one's speed and removed (commit 4fd14b6 holds
-// it; docs/perf/attention-cuda.md, "Hopper prefill").
+// 16-bit KV: warp 0 issues each page of a tile as TMA copies of 64-column boxes (the tensor maps
+// over the pool's K and V, kv_tensor_maps), which arrive already swizzled and count their bytes
+// down on the stage's mbarrier; every thread waits on it, and one CTA barrier per key tile frees
+// the stage the next copies take. This replaced 16-byte cp.async gathers by every thread
+// (1.17-1.28x on the H100, docs/perf/attention-cuda.md); those remain for pools TMA cannot describe
+// (a block size that is not a multiple of 8 dividing 128, unaligned pitch). Rows of a page outside
+// the CTA's keys arrive as the pool holds them: their V rows are zeroed (zero_stale_v). Decoupling
+// the two warpgroups (per-stage empty mbarriers instead of the CTA barrier) measured 0.91-0.93x.
+// 8-bit KV: every thread loads; one CTA barrier per key tile publishes the copies. A
+// warp-specialised form (a producer warpgroup gathering with cp.async, full/empty mbarriers,
+// setmaxnreg 40 / 232) was measured in the same H100 run at 0.92-0.99x this one's speed and removed
+// (commit 4fd14b6 holds it; docs/perf/attention-cuda.md, "Hopper prefill").
 //
 // 8-bit KV (int8, fp8): the wgmma run in f16. Q is converted once with qk_mul folded in; each
 // thread copies 16-byte chunks of raw 8-bit K and V rows (and each row's scale word) and widens
@@ -37,7 +46,12 @@
 // Q and K are K-major operands (descriptor stride 1024 bytes = 8 rows); V is an N-major operand
 // (leading offset = one panel, stride 1024 bytes = 8 keys).
 #include "backend/cuda/attention_device.cuh"
+#include "backend/cuda/sm90/tma.cuh"
 #include "backend/cuda/sm90/wgmma.cuh"
+
+#include <cudaTypedefs.h>
+
+#include <mutex>
 
 namespace kvp::cuda::detail {
 namespace {
@@ -74,9 +88,10 @@ template <int D, bool kKv8>
 __host__ __device__ constexpr int sm90_smem_bytes() {
   // 16-bit: Q + [stages][K, V]; 8-bit: Q + [2][K] + [2][V] (f16) + raw K, V + each thread's scale
   // words (a K and a V word per chunk); then the alignment
+  // 16-bit: Q + [stages][K, V] + the stages' barriers (TMA copies)
   return kKv8 ? kRows * D * 2 + 4 * kKeys * D * 2 + 2 * kKeys * D +
                     kThreads * 2 * kv8_thread_chunks<D>() * 4 + kAlign
-              : (kRows * D + kStages * 2 * kKeys * D) * 2 + kAlign;
+              : (kRows * D + kStages * 2 * kKeys * D) * 2 + kStages * 8 + kAlign;
 }
 
 // 16 8-bit codes (row r of an 8-bit tile, dims 16 c .. 16 c + 15) times the row's scale, as f16
@@ -100,10 +115,14 @@ __device__ __forceinline__ void widen_chunk(uint8_t* tile, int r, int c, uint4 c
 
 // T: q and out (bf16 or f16). kKv: the pool's KV; 16-bit KV is T, and the wgmma run in T; 8-bit
 // KV runs them in f16 (type M): Q is converted with qk_mul folded in, K and V are widened with
-// their row scales folded in.
-template <typename T, int D, KvFormat kKv>
+// their row scales folded in. kTma (16-bit KV whose pages the tensor maps tm_k, tm_v describe,
+// kv_tensor_maps): one warp brings each page of a tile in with TMA copies that signal the
+// stage's mbarrier; else every thread gathers 16-byte chunks with cp.async.
+template <typename T, int D, KvFormat kKv, bool kTma>
 __global__ void __launch_bounds__(kThreads, 1)
-    prefill_attention_sm90_kernel(const AttentionKernelArgs a) {
+    prefill_attention_sm90_kernel(const AttentionKernelArgs a,
+                                  const __grid_constant__ CUtensorMap tm_k,
+                                  const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kKv8 = kKv != KvFormat::Native;
   using M = std::conditional_t<kKv8, __half, T>;
@@ -215,6 +234,44 @@ __global__ void __launch_bounds__(kThreads, 1)
       widen_chunk<kWidened>(dst, r, kv8_col, codes,
                             __float2half2_rn(scale * kv8_code_unit<kWidened>()));
     }
+  };
+  // TMA (kTma, warp 0 only): the pages of `tile` into `stage`, K and V, one box of 64 columns x
+  // block_size keys per page and panel; a page no key of [key_begin, kv_len) lies in is read at
+  // block -1, outside the map, which arrives as zeros.
+  const uint32_t bars = base + kQBytes + kStages * 2 * kTileBytes;  // one mbarrier per stage
+  auto tma_tile = [&](int tile, int stage) {
+    const int n0 = (tile_first + tile) * kKeys;
+    const uint32_t bar = bars + 8 * stage;
+    if (lane == 0) sm90::mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
+    const int bs = a.block_size;
+    if (lane < kKeys / bs) {
+      const int j0 = n0 + lane * bs;
+      const int block = j0 < kv_len && j0 + bs > key_begin ? table[block_index(j0, a)] : -1;
+      const uint32_t dk = base + kQBytes + stage * 2 * kTileBytes + lane * bs * 128;
+#pragma unroll
+      for (int p = 0; p < D / 64; ++p) {
+        sm90::tma_load_3d(dk + p * (kKeys * 128), &tm_k, bar, p * 64, kv_head * bs, block);
+        sm90::tma_load_3d(dk + kTileBytes + p * (kKeys * 128), &tm_v, bar, p * 64, kv_head * bs,
+                          block);
+      }
+    }
+  };
+  // TMA: a page that holds keys outside [key_begin, kv_len) brings them in as they lie in the
+  // pool. Their scores are masked, so their probabilities are exactly 0, but 0 times a NaN or
+  // infinite stale V is not: zero those V rows (generic writes, fenced for the wgmma that reads
+  // them after the next CTA barrier).
+  auto zero_stale_v = [&](int tile, int stage) {
+    const int n0 = (tile_first + tile) * kKeys;
+    if (n0 >= key_begin && n0 + kKeys <= kv_len) return;
+    uint8_t* dv = smem + kQBytes + stage * 2 * kTileBytes + kTileBytes;
+    for (int i = tid; i < kKeys * kChunks; i += kThreads) {
+      const int j = n0 + i / kChunks;
+      if (j < key_begin || j >= kv_len) {
+        *reinterpret_cast<uint4*>(dv + tile_offset<kKeys>(i / kChunks, i % kChunks)) =
+            make_uint4(0, 0, 0, 0);
+      }
+    }
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   };
   auto load_kv = [&](int tile, int stage) {
     const int n0 = (tile_first + tile) * kKeys;
@@ -367,6 +424,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     cp_async_commit();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // Q and K of tile 0
     __syncthreads();
+  } else if constexpr (kTma) {
+    if (tid == 0) {
+      sm90::tma_prefetch_map(&tm_k);
+      sm90::tma_prefetch_map(&tm_v);
+      for (int st = 0; st < kStages; ++st) sm90::mbarrier_init(bars + 8 * st, 1);
+      sm90::fence_barrier_init();
+    }
+    __syncthreads();
+    if (tid < 32) {
+      tma_tile(0, 0);
+      if (num_tiles > 1) tma_tile(1, 1);
+    }
+    cp_async_commit();
+    tile_landed();  // Q
+    sm90::mbarrier_wait(bars, 0);
+    zero_stale_v(0, 0);
   } else {
     load_kv(0, 0);
     cp_async_commit();
@@ -389,6 +462,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int t = 1; t < num_tiles; ++t) {
     if constexpr (kKv8) {
       __syncthreads();  // K of t and V of t - 1 widened (and fenced) by every thread
+    } else if constexpr (kTma) {
+      // every warpgroup is done with tile t - 2, whose stage the copies of t + 1 take, and V of
+      // t - 1 is zeroed where it must be
+      __syncthreads();
+      if (tid < 32 && t + 1 < num_tiles) tma_tile(t + 1, (t + 1) % kStages);
+      sm90::mbarrier_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
+      zero_stale_v(t, t % kStages);
     } else {
       tile_landed();
       if (t + 1 < num_tiles) {
@@ -414,7 +494,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     pack_p();
   }
-  if constexpr (kKv8) __syncthreads();  // V of the last tile widened by every thread
+  // V of the last tile widened (8-bit) or zeroed where it must be (TMA) by every thread
+  if constexpr (kKv8 || kTma) __syncthreads();
   sm90::wgmma_fence();
   issue_pv(num_tiles - 1);
   sm90::wgmma_wait<0>();
@@ -440,18 +521,81 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <typename T, int D, KvFormat kKv>
-cudaError_t launch_typed(const AttentionKernelArgs& args, int32_t max_q_len, cudaStream_t stream) {
+// The driver's tensor-map encoder, found once through the runtime (no link to libcuda); null
+// where the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      fn = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// Tensor maps over the pool's K and V for the TMA page copies (16-bit KV): each a 3-D tensor of
+// [num_blocks][num_kv_heads * block_size][D] elements (a block's heads are consecutive runs of
+// block_size rows), boxes of 64 columns (128 bytes: the swizzle's span) x block_size rows, stored
+// with the 128-byte swizzle the tiles use. False where the pool's layout does not allow it: a
+// block_size that is not a multiple of 8 dividing the key tile, unaligned pointers or pitch.
+bool kv_tensor_maps(const AttentionKernelArgs& a, bool bf16, int32_t head_dim, CUtensorMap& k,
+                    CUtensorMap& v) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  const int64_t pitch_bytes = a.block_pitch * 2;
+  if (encode == nullptr || a.block_size < 8 || a.block_size % 8 != 0 || kKeys % a.block_size != 0 ||
+      a.num_blocks <= 0 || pitch_bytes % 16 != 0 || reinterpret_cast<uintptr_t>(a.k) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.v) % 16 != 0) {
+    return false;
+  }
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim),
+                              static_cast<cuuint64_t>(a.num_kv_heads) * a.block_size,
+                              static_cast<cuuint64_t>(a.num_blocks)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_dim) * 2,
+                                 static_cast<cuuint64_t>(pitch_bytes)};
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(a.block_size), 1};
+  const cuuint32_t unit[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  for (int i = 0; i < 2; ++i) {
+    const CUresult r =
+        encode(i == 0 ? &k : &v, type, 3, const_cast<void*>(i == 0 ? a.k : a.v), dims, strides, box,
+               unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return false;
+  }
+  return true;
+}
+
+template <typename T, int D, KvFormat kKv, bool kTma>
+cudaError_t launch_kernel(const AttentionKernelArgs& args, int32_t max_q_len,
+                          const CUtensorMap& tm_k, const CUtensorMap& tm_v, cudaStream_t stream) {
   constexpr int kSmem = sm90_smem_bytes<D, kKv != KvFormat::Native>();
-  if (const cudaError_t e = set_smem_limit_once<prefill_attention_sm90_kernel<T, D, kKv>>(kSmem);
+  if (const cudaError_t e =
+          set_smem_limit_once<prefill_attention_sm90_kernel<T, D, kKv, kTma>>(kSmem);
       e != cudaSuccess) {
     return e;
   }
   const int64_t rows = int64_t{max_q_len} * args.group;
   const dim3 grid(static_cast<unsigned>((rows + kRows - 1) / kRows), args.num_seqs,
                   args.num_kv_heads);
-  prefill_attention_sm90_kernel<T, D, kKv><<<grid, kThreads, kSmem, stream>>>(args);
+  prefill_attention_sm90_kernel<T, D, kKv, kTma>
+      <<<grid, kThreads, kSmem, stream>>>(args, tm_k, tm_v);
   return cudaGetLastError();
+}
+
+template <typename T, int D, KvFormat kKv>
+cudaError_t launch_typed(const AttentionKernelArgs& args, int32_t max_q_len, cudaStream_t stream) {
+  CUtensorMap tm_k{}, tm_v{};
+  if constexpr (kKv == KvFormat::Native) {
+    if (kv_tensor_maps(args, std::is_same_v<T, __nv_bfloat16>, D, tm_k, tm_v)) {
+      return launch_kernel<T, D, kKv, true>(args, max_q_len, tm_k, tm_v, stream);
+    }
+  }
+  return launch_kernel<T, D, kKv, false>(args, max_q_len, tm_k, tm_v, stream);
 }
 
 template <KvFormat kKv>
