@@ -6,7 +6,8 @@
 // capability 9.0 devices for head dims 64 and 128 (bf16, f16, int8 and fp8 KV) and falls back to
 // the mma.sync kernel (prefill_attention.cu) everywhere else.
 //
-// grid (row tiles, num_seqs, num_kv_heads), 256 threads = 2 warpgroups. Rows are the (token,
+// grid (row tiles, num_seqs, num_kv_heads), 256 threads = 2 warpgroups (+ a producer warpgroup
+// for 16-bit KV, 384 threads). Rows are the (token,
 // query head of the group) pairs of one sequence and KV head, token-major, as in the mma.sync
 // kernel, so the G query heads sharing a KV head share every K/V tile:
 //
@@ -22,18 +23,24 @@
 // t - 1 and the copies of t + 1. Causal and window masks, soft cap and sinks as in the mma.sync
 // kernel.
 //
-// 16-bit KV: warp 0 issues each page of a tile as TMA copies of 64-column boxes (the tensor maps
-// over the pool's K and V, kv_tensor_maps), which arrive already swizzled and count their bytes
-// down on the stage's mbarrier; every thread waits on it, and one CTA barrier per key tile frees
-// the stage the next copies take. This replaced 16-byte cp.async gathers by every thread
-// (1.17-1.28x on the H100, docs/perf/attention-cuda.md); those remain for pools TMA cannot describe
-// (a block size that is not a multiple of 8 dividing 128, unaligned pitch). Rows of a page outside
-// the CTA's keys arrive as the pool holds them: their V rows are zeroed (zero_stale_v). Decoupling
-// the two warpgroups (per-stage empty mbarriers instead of the CTA barrier) measured 0.91-0.93x.
+// 16-bit KV, warp-specialised: a third warpgroup is the producer (setmaxnreg 24; the two
+// consumer warpgroups take 240). Its warp 0 brings tile t into stage t % 3 as TMA copies, one
+// 64-column box per page and panel (tensor maps over the pool's K and V, kv_tensor_maps), which
+// arrive already swizzled and count their bytes on the stage's `full` mbarrier; it reads the
+// block table a tile ahead, and reuses a stage once both consumers have arrived on its `empty`
+// mbarrier (after their P V of the tile there). Rows of a page outside the CTA's keys arrive as
+// the pool holds them: for such a boundary tile the producer waits for the copies and zeroes those
+// V rows (zero_stale_v), signalling a barrier of its own. No CTA-wide barrier runs after the
+// start, so the two consumers drift apart and one's softmax runs under the other's products.
+// Measured on the H100 in one call (docs/perf/attention-cuda.md, "K/V pages by TMA"): 1.28-1.30x
+// the same TMA copies issued by a consumer warp under one CTA barrier a tile, which was 1.17-1.28x
+// the 16-byte cp.async gathers by every thread; without the producer warpgroup, decoupling the
+// consumers with empty mbarriers measured 0.91-0.93x. The cp.async gathers remain for 8-bit KV
+// and for pools TMA cannot describe (a block size that is not a multiple of 8 dividing 128, an
+// unaligned pitch).
 // 8-bit KV: every thread loads; one CTA barrier per key tile publishes the copies. A
-// warp-specialised form (a producer warpgroup gathering with cp.async, full/empty mbarriers,
-// setmaxnreg 40 / 232) was measured in the same H100 run at 0.92-0.99x this one's speed and removed
-// (commit 4fd14b6 holds it; docs/perf/attention-cuda.md, "Hopper prefill").
+// warp-specialised form with a cp.async producer (commit 4fd14b6) measured 0.92-0.99x and was
+// removed.
 //
 // 8-bit KV (int8, fp8): the wgmma run in f16. Q is converted once with qk_mul folded in; each
 // thread copies 16-byte chunks of raw 8-bit K and V rows (and each row's scale word) and widens
@@ -91,7 +98,7 @@ __host__ __device__ constexpr int sm90_smem_bytes() {
   // 16-bit: Q + [stages][K, V] + the stages' barriers (TMA copies)
   return kKv8 ? kRows * D * 2 + 4 * kKeys * D * 2 + 2 * kKeys * D +
                     kThreads * 2 * kv8_thread_chunks<D>() * 4 + kAlign
-              : (kRows * D + kStages * 2 * kKeys * D) * 2 + kStages * 8 + kAlign;
+              : (kRows * D + kStages * 2 * kKeys * D) * 2 + (2 * kStages + 2) * 8 + kAlign;
 }
 
 // 16 8-bit codes (row r of an 8-bit tile, dims 16 c .. 16 c + 15) times the row's scale, as f16
@@ -119,7 +126,7 @@ __device__ __forceinline__ void widen_chunk(uint8_t* tile, int r, int c, uint4 c
 // kv_tensor_maps): one warp brings each page of a tile in with TMA copies that signal the
 // stage's mbarrier; else every thread gathers 16-byte chunks with cp.async.
 template <typename T, int D, KvFormat kKv, bool kTma>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kTma ? kThreads + 128 : kThreads, 1)
     prefill_attention_sm90_kernel(const AttentionKernelArgs a,
                                   const __grid_constant__ CUtensorMap tm_k,
                                   const __grid_constant__ CUtensorMap tm_v) {
@@ -171,7 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const float qk_mul = kKv8 ? 1.0f : a.qk_mul;
 
   // Q tile (rows past the sequence are zero-filled; they are computed but never stored).
-  for (int i = tid; i < kRows * kChunks; i += kThreads) {
+  for (int i = tid; i < kRows * kChunks && (!kTma || tid < kThreads); i += kThreads) {
     const int r = i / kChunks;
     const int c = i % kChunks;
     const T* src;
@@ -235,18 +242,24 @@ __global__ void __launch_bounds__(kThreads, 1)
                             __float2half2_rn(scale * kv8_code_unit<kWidened>()));
     }
   };
-  // TMA (kTma, warp 0 only): the pages of `tile` into `stage`, K and V, one box of 64 columns x
-  // block_size keys per page and panel; a page no key of [key_begin, kv_len) lies in is read at
-  // block -1, outside the map, which arrives as zeros.
-  const uint32_t bars = base + kQBytes + kStages * 2 * kTileBytes;  // one mbarrier per stage
-  auto tma_tile = [&](int tile, int stage) {
-    const int n0 = (tile_first + tile) * kKeys;
+  // TMA (kTma, the producer's warp 0): the pages of `tile` into `stage`, K and V, one box of 64
+  // columns x block_size keys per page and panel; a page no key of [key_begin, kv_len) lies in is
+  // read at block -1, outside the map, which arrives as zeros.
+  const uint32_t bars = base + kQBytes + kStages * 2 * kTileBytes;  // the mbarriers
+  // The block of this lane's page of `tile` (-1: none), read a tile ahead of its copies so that
+  // the table's latency is not in the copies' path.
+  auto page_block = [&](int tile) {
+    const int bs = a.block_size;
+    const int j0 = (tile_first + tile) * kKeys + lane * bs;
+    return tile < num_tiles && lane < kKeys / bs && j0 < kv_len && j0 + bs > key_begin
+               ? table[block_index(j0, a)]
+               : -1;
+  };
+  auto tma_tile = [&](int stage, int block) {
     const uint32_t bar = bars + 8 * stage;
     if (lane == 0) sm90::mbarrier_arrive_expect_tx(bar, 2 * kTileBytes);
     const int bs = a.block_size;
     if (lane < kKeys / bs) {
-      const int j0 = n0 + lane * bs;
-      const int block = j0 < kv_len && j0 + bs > key_begin ? table[block_index(j0, a)] : -1;
       const uint32_t dk = base + kQBytes + stage * 2 * kTileBytes + lane * bs * 128;
 #pragma unroll
       for (int p = 0; p < D / 64; ++p) {
@@ -258,13 +271,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // TMA: a page that holds keys outside [key_begin, kv_len) brings them in as they lie in the
   // pool. Their scores are masked, so their probabilities are exactly 0, but 0 times a NaN or
-  // infinite stale V is not: zero those V rows (generic writes, fenced for the wgmma that reads
-  // them after the next CTA barrier).
+  // infinite stale V is not: the producer's warp zeroes those V rows once the copies landed
+  // (generic writes, fenced for the wgmma) and arrives on the tile's "V fixed" barrier, which the
+  // consumers wait on before its P V. Only the first and the last tile can hold such rows.
+  // Barriers: full[stage] at bars + 8 stage (one arrival, the copies' bytes), empty[stage] (one
+  // arrival per consumer warpgroup), then "V fixed" of the first and of the last tile.
+  const uint32_t empty_bars = bars + 8 * kStages;
+  const uint32_t vfix_bars = bars + 16 * kStages;
+  auto boundary = [&](int tile) {
+    const int n0 = (tile_first + tile) * kKeys;
+    return n0 < key_begin || n0 + kKeys > kv_len;
+  };
+  auto vfix_bar = [&](int tile) { return vfix_bars + (tile == 0 ? 0 : 8); };
   auto zero_stale_v = [&](int tile, int stage) {
     const int n0 = (tile_first + tile) * kKeys;
-    if (n0 >= key_begin && n0 + kKeys <= kv_len) return;
     uint8_t* dv = smem + kQBytes + stage * 2 * kTileBytes + kTileBytes;
-    for (int i = tid; i < kKeys * kChunks; i += kThreads) {
+    for (int i = lane; i < kKeys * kChunks; i += 32) {
       const int j = n0 + i / kChunks;
       if (j < key_begin || j >= kv_len) {
         *reinterpret_cast<uint4*>(dv + tile_offset<kKeys>(i / kChunks, i % kChunks)) =
@@ -272,6 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncwarp();
+    if (lane == 0) sm90::mbarrier_arrive(vfix_bar(tile));
   };
   auto load_kv = [&](int tile, int stage) {
     const int n0 = (tile_first + tile) * kKeys;
@@ -428,18 +452,41 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (tid == 0) {
       sm90::tma_prefetch_map(&tm_k);
       sm90::tma_prefetch_map(&tm_v);
-      for (int st = 0; st < kStages; ++st) sm90::mbarrier_init(bars + 8 * st, 1);
+      for (int st = 0; st < kStages; ++st) {
+        sm90::mbarrier_init(bars + 8 * st, 1);
+        sm90::mbarrier_init(empty_bars + 8 * st, kWarpgroups);
+      }
+      sm90::mbarrier_init(vfix_bars, 1);
+      sm90::mbarrier_init(vfix_bars + 8, 1);
       sm90::fence_barrier_init();
     }
-    __syncthreads();
-    if (tid < 32) {
-      tma_tile(0, 0);
-      if (num_tiles > 1) tma_tile(1, 1);
+    __syncthreads();  // the only CTA-wide barrier
+    if (wg == kWarpgroups) {
+      // producer warpgroup: warp 0 copies tile t into stage t % kStages once both consumer
+      // warpgroups are done with tile t - kStages; for a boundary tile it then waits for the
+      // copies and zeroes the stale V rows.
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+      if (warp == 0) {
+        int block = page_block(0);
+        for (int t = 0; t < num_tiles; ++t) {
+          const int stage = t % kStages;
+          if (t >= kStages) sm90::mbarrier_wait(empty_bars + 8 * stage, (t / kStages - 1) & 1);
+          tma_tile(stage, block);
+          block = page_block(t + 1);
+          if (boundary(t)) {
+            sm90::mbarrier_wait(bars + 8 * stage, (t / kStages) & 1);
+            zero_stale_v(t, stage);
+          }
+        }
+      }
+      return;
     }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     cp_async_commit();
-    tile_landed();  // Q
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // Q, consumers only
     sm90::mbarrier_wait(bars, 0);
-    zero_stale_v(0, 0);
   } else {
     load_kv(0, 0);
     cp_async_commit();
@@ -463,12 +510,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     if constexpr (kKv8) {
       __syncthreads();  // K of t and V of t - 1 widened (and fenced) by every thread
     } else if constexpr (kTma) {
-      // every warpgroup is done with tile t - 2, whose stage the copies of t + 1 take, and V of
-      // t - 1 is zeroed where it must be
-      __syncthreads();
-      if (tid < 32 && t + 1 < num_tiles) tma_tile(t + 1, (t + 1) % kStages);
       sm90::mbarrier_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
-      zero_stale_v(t, t % kStages);
+      if (boundary(t - 1)) sm90::mbarrier_wait(vfix_bar(t - 1), 0);
     } else {
       tile_landed();
       if (t + 1 < num_tiles) {
@@ -487,6 +530,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     softmax(t, correction);
     sm90::wgmma_wait<0>();  // P V of t - 1
     sm90::fence_operands(o);
+    if constexpr (kTma) {
+      if (tid % 128 == 0) sm90::mbarrier_arrive(empty_bars + 8 * ((t - 1) % kStages));
+    }
     // Most tiles leave every row maximum of the warp unchanged: skip the accumulator rescale.
     if (__any_sync(0xffffffffu, correction[0] != 1.0f || correction[1] != 1.0f)) {
 #pragma unroll
@@ -495,7 +541,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     pack_p();
   }
   // V of the last tile widened (8-bit) or zeroed where it must be (TMA) by every thread
-  if constexpr (kKv8 || kTma) __syncthreads();
+  if constexpr (kKv8) __syncthreads();
+  if constexpr (kTma) {
+    if (boundary(num_tiles - 1)) sm90::mbarrier_wait(vfix_bar(num_tiles - 1), 0);
+  }
   sm90::wgmma_fence();
   issue_pv(num_tiles - 1);
   sm90::wgmma_wait<0>();
@@ -583,7 +632,7 @@ cudaError_t launch_kernel(const AttentionKernelArgs& args, int32_t max_q_len,
   const dim3 grid(static_cast<unsigned>((rows + kRows - 1) / kRows), args.num_seqs,
                   args.num_kv_heads);
   prefill_attention_sm90_kernel<T, D, kKv, kTma>
-      <<<grid, kThreads, kSmem, stream>>>(args, tm_k, tm_v);
+      <<<grid, kTma ? kThreads + 128 : kThreads, kSmem, stream>>>(args, tm_k, tm_v);
   return cudaGetLastError();
 }
 
