@@ -27,7 +27,7 @@ for section in $sections; do
   case "$section" in
     tests)
       echo "== attention gpu tests" >> "$log"
-      timeout 240 ./kvp_backend_gpu_tests --gtest_filter='PagedAttention*' --gtest_brief=1 \
+      timeout 420 ./kvp_backend_gpu_tests --gtest_filter='*PagedAttention*' --gtest_brief=1 \
         > "$out/tests.log" 2>&1 || status=1
       tail -4 "$out/tests.log" >> "$log"
       grep -E "hopper prefill call 1" "$out/tests.log" | head -40 >> "$log"
