@@ -51,9 +51,15 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::drain(int thread) {
   for (;;) {
-    const int64_t item = next_item_.fetch_add(1, std::memory_order_relaxed);
-    if (item >= num_items_) return;
+    const uint64_t claim = cursor_.fetch_add(1, std::memory_order_acq_rel);
+    const int64_t num_items = static_cast<int64_t>(claim >> 32);
+    const int64_t item = static_cast<int64_t>(claim & 0xffffffffu);
+    if (item >= num_items) return;
     fn_(ctx_, item, thread);
+    if (done_items_.fetch_add(1, std::memory_order_acq_rel) + 1 == num_items) {
+      std::lock_guard lock(mutex_);  // the caller checks `done` under the mutex before blocking
+      finished_.notify_one();
+    }
   }
 }
 
@@ -63,20 +69,20 @@ void ThreadPool::run(int64_t num_items, ItemFn fn, void* ctx) {
     for (int64_t i = 0; i < num_items; ++i) fn(ctx, i, 0);
     return;
   }
+  KVP_CHECK(num_items < (int64_t{1} << 31), "parallel_for over {} items", num_items);
+  // Every claim of the previous job has failed or returned (done_items_ reached its count), so
+  // no worker reads fn_ or ctx_ until the store below publishes them.
+  fn_ = fn;
+  ctx_ = ctx;
+  done_items_.store(0, std::memory_order_relaxed);
+  cursor_.store(static_cast<uint64_t>(num_items) << 32, std::memory_order_release);
   {
     std::lock_guard lock(mutex_);
-    KVP_CHECK(active_workers_.load(std::memory_order_relaxed) == 0,
-              "parallel_for called while another is running");
-    fn_ = fn;
-    ctx_ = ctx;
-    num_items_ = num_items;
-    next_item_.store(0, std::memory_order_relaxed);
-    active_workers_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);  // publishes the job to spinners
+    generation_.fetch_add(1, std::memory_order_release);  // wakes spinners and sleepers
   }
   wake_.notify_all();
   drain(0);
-  const auto done = [this] { return active_workers_.load(std::memory_order_acquire) == 0; };
+  const auto done = [&] { return done_items_.load(std::memory_order_acquire) == num_items; };
   if (spin_until(done, kSpinMicros)) return;
   std::unique_lock lock(mutex_);
   finished_.wait(lock, done);
@@ -96,10 +102,6 @@ void ThreadPool::worker_loop(int thread) {
     }
     seen = generation_.load(std::memory_order_acquire);
     drain(thread);
-    if (active_workers_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard lock(mutex_);  // the caller checks `done` under the mutex before blocking
-      finished_.notify_one();
-    }
   }
 }
 

@@ -6,6 +6,11 @@
 // A decode step calls parallel_for a few hundred times, microseconds apart, so waking a worker
 // through a condition variable (tens of microseconds) would cost more than the work: workers
 // and the caller first spin on an atomic for up to kSpinMicros, and only then block.
+// The caller waits for the items, not for the workers: a worker that is asleep or descheduled
+// when a job starts (another process on its core) takes no item, and the caller, which takes
+// items too, does not wait for it to wake. Items are claimed from one atomic word that holds
+// the job's item count beside the next item, so a worker that arrives after the job ended fails
+// its claim (or takes an item of the next job) without reading a stale job.
 #pragma once
 
 #include <atomic>
@@ -45,6 +50,7 @@ class ThreadPool {
   using ItemFn = void (*)(void* ctx, int64_t item, int thread);
   void run(int64_t num_items, ItemFn fn, void* ctx);
   void worker_loop(int thread);
+  // Claims and runs the current job's items until none is left.
   void drain(int thread);
 
   // How long a worker waiting for a job, or the caller waiting for the workers, spins before
@@ -54,17 +60,16 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;      // workers block here for a new job or stop
-  std::condition_variable finished_;  // the caller blocks here for the workers to leave a job
+  std::condition_variable finished_;  // the caller blocks here for the job's last item
   // Bumped per job (and at stop) under mutex_, read by spinning workers without it.
   std::atomic<uint64_t> generation_{0};
-  // Workers inside the current job; the last one out notifies finished_ under mutex_.
-  std::atomic<int> active_workers_{0};
   bool stop_ = false;  // guarded by mutex_
-  // The current job; written by the caller before a generation bump, read by workers after.
+  // The current job: num_items << 32 | next item. Stored (release) after fn_ and ctx_ are
+  // written; a claim (fetch_add) below num_items may read them until that item is done.
+  std::atomic<uint64_t> cursor_{0};
+  std::atomic<int64_t> done_items_{0};  // items of the current job that have returned
   ItemFn fn_ = nullptr;
   void* ctx_ = nullptr;
-  int64_t num_items_ = 0;
-  std::atomic<int64_t> next_item_{0};
 };
 
 // Runs fn(item, 0) for every item on the calling thread when pool is null, else

@@ -44,6 +44,21 @@ TEST(ThreadPool, ManyJobsInARowAndConcurrentThreadsHaveDistinctIndices) {
   EXPECT_FALSE(shared_index.load());
 }
 
+// More threads than items, jobs microseconds apart: workers often arrive after a job has ended
+// and must then fail their claim or take an item of the next job, never rerun or skip one.
+TEST(ThreadPool, ShortJobsWithMoreThreadsThanItemsRunEveryItemOnce) {
+  ThreadPool pool(5);
+  std::vector<std::atomic<int>> calls(3);
+  for (int job = 0; job < 20000; ++job) {
+    const int64_t num_items = 2 + job % 2;
+    pool.parallel_for(num_items,
+                      [&](int64_t item, int) { calls[static_cast<size_t>(item)].fetch_add(1); });
+  }
+  EXPECT_EQ(calls[0].load(), 20000);
+  EXPECT_EQ(calls[1].load(), 20000);
+  EXPECT_EQ(calls[2].load(), 10000);
+}
+
 TEST(ThreadPool, NullPoolRunsInline) {
   std::vector<int> seen;
   parallel_for(nullptr, 4, [&](int64_t item, int thread) {
