@@ -2,20 +2,25 @@
 // decode step's floor measured in the same run.
 //
 //   model_cpu_bench --model FILE|DIR [--threads N] [--prompt 512] [--decode 64] [--batch 1,8]
+//                   [--kv-dtype f32|bf16|f16|int8|fp8]
 //
 // Floor of one decode step = (weight bytes read + KV bytes read) / copy bandwidth, where the copy
 // bandwidth is memcpy between two 1 GiB buffers (bytes read + bytes written, best of 5) and the
 // weights are the matrices as the runner keeps them (the file's block formats: every layer
-// matrix and the lm-head once per step; ModelWeights::decode_read_bytes). Prefill is one forward
-// pass over `prompt` tokens of one sequence.
+// matrix and the lm-head once per step; ModelWeights::decode_read_bytes) and the KV bytes are
+// every head vector of the context in the KV dtype (kv_vector_bytes: 8-bit KV with its scale).
+// Prefill is one forward pass over `prompt` tokens of each sequence of the batch.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "cache/kv_quant.h"
+#include "common/dtype.h"
 #include "model/model_loader.h"
 
 namespace kvp {
@@ -45,6 +50,7 @@ struct Options {
   int prompt = 512;
   int decode = 64;
   std::vector<int> batches = {1, 8};
+  DType kv_dtype = DType::F32;
 };
 
 int run(const Options& o) {
@@ -57,9 +63,9 @@ int run(const Options& o) {
   ModelRunner& runner = **runner_or;
   const ModelSpec& spec = runner.spec();
   const double bw = copy_bandwidth_gbs();
-  std::printf("model %s: %s, %d layers, hidden %d, vocab %d; threads %d\n", o.model.c_str(),
+  std::printf("model %s: %s, %d layers, hidden %d, vocab %d; threads %d; kv %s\n", o.model.c_str(),
               architecture_name(spec.architecture), spec.num_layers, spec.hidden_size,
-              spec.vocab_size, o.threads);
+              spec.vocab_size, o.threads, std::string(dtype_name(o.kv_dtype)).c_str());
   std::printf("copy bandwidth (memcpy 1 GiB, read+write, best of 5): %.1f GB/s\n", bw);
   const double weight_bytes = static_cast<double>(runner.weights().decode_read_bytes());
   std::printf("resident matrix bytes: %.1f MB (", runner.weights().matrix_bytes() / 1e6);
@@ -77,7 +83,7 @@ int run(const Options& o) {
     const int32_t num_blocks = batch * blocks_per_seq;
     std::vector<HostKvSlab> slabs(runner.num_cache_groups());
     for (int32_t g = 0; g < runner.num_cache_groups(); ++g) {
-      slabs[g].layout = runner.group_layout(g, num_blocks, block, DType::F32);
+      slabs[g].layout = runner.group_layout(g, num_blocks, block, o.kv_dtype);
       slabs[g].bytes.assign(slabs[g].layout.size_bytes(), std::byte{0});
     }
     std::vector<int32_t> tables(static_cast<size_t>(num_blocks));
@@ -126,8 +132,8 @@ int run(const Options& o) {
     std::sort(times.begin(), times.end());
     const double median = times[times.size() / 2];
     const int32_t ctx = o.prompt + o.decode / 2;
-    const double kv_bytes = 2.0 * 4 * spec.num_layers * spec.num_kv_heads * spec.head_dim *
-                            static_cast<double>(ctx) * batch;
+    const double kv_bytes = 2.0 * static_cast<double>(kv_vector_bytes(o.kv_dtype, spec.head_dim)) *
+                            spec.num_layers * spec.num_kv_heads * static_cast<double>(ctx) * batch;
     const double floor_s = (weight_bytes + kv_bytes) / (bw * 1e9);
     std::printf("%-8s %6d %8d %10.2f %12.1f %12.2f %8.2f\n", "decode", batch, ctx, median * 1e3,
                 batch / median, floor_s * 1e3, floor_s / median);
@@ -158,6 +164,14 @@ int main(int argc, char** argv) {
         o.prompt = std::stoi(next());
       } else if (a == "--decode") {
         o.decode = std::stoi(next());
+      } else if (a == "--kv-dtype") {
+        const std::string name = next();
+        const std::optional<kvp::DType> dtype = kvp::parse_kv_cache_dtype(name);
+        if (!dtype) {
+          std::fprintf(stderr, "model_cpu_bench: --kv-dtype '%s': not a KV dtype\n", name.c_str());
+          return 2;
+        }
+        o.kv_dtype = *dtype;
       } else if (a == "--batch") {
         o.batches.clear();
         std::string list = next();
@@ -178,7 +192,7 @@ int main(int argc, char** argv) {
   if (o.model.empty() || o.threads < 1 || o.prompt < 1 || o.decode < 1 || o.batches.empty()) {
     std::fprintf(stderr,
                  "usage: model_cpu_bench --model FILE|DIR [--threads N] [--prompt 512] "
-                 "[--decode 64] [--batch 1,8]\n");
+                 "[--decode 64] [--batch 1,8] [--kv-dtype f32|bf16|f16|int8|fp8]\n");
     return 2;
   }
   return kvp::run(o);
