@@ -416,6 +416,15 @@ __global__ void __launch_bounds__(kTma ? kThreads + 128 : kThreads, 1)
   // Waits for this thread's copies of the tile in flight, then makes every thread's visible to the
   // tensor cores: cp.async writes through the generic proxy, wgmma reads through the async one.
   // The barrier also means every warpgroup is done with the previous iteration.
+  // 16-bit (TMA): the consumers take turns issuing their wgmma (named barriers 2 + wg, FA3's
+  // "pingpong"), so the tensor cores run one warpgroup's products while the other computes its
+  // softmax, instead of both queueing products at once and then both waiting on exp2.
+  auto my_turn = [&] {
+    if constexpr (kTma) asm volatile("bar.sync %0, %1;\n" ::"r"(2 + wg), "n"(kThreads) : "memory");
+  };
+  auto pass_turn = [&] {
+    if constexpr (kTma) asm volatile("bar.arrive %0, %1;\n" ::"r"(3 - wg), "n"(kThreads) : "memory");
+  };
   auto tile_landed = [] {
     cp_async_wait<0>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
@@ -486,6 +495,7 @@ __global__ void __launch_bounds__(kTma ? kThreads + 128 : kThreads, 1)
     cp_async_wait<0>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // Q, consumers only
+    if (wg == 1) pass_turn();  // warpgroup 0 issues first
     sm90::mbarrier_wait(bars, 0);
   } else {
     load_kv(0, 0);
@@ -496,8 +506,10 @@ __global__ void __launch_bounds__(kTma ? kThreads + 128 : kThreads, 1)
       cp_async_commit();
     }
   }
+  my_turn();
   sm90::wgmma_fence();
   issue_qk(0);
+  pass_turn();
   if constexpr (kKv8) kv8_step(0);
   sm90::wgmma_wait<0>();
   sm90::fence_operands(s);
@@ -520,9 +532,11 @@ __global__ void __launch_bounds__(kTma ? kThreads + 128 : kThreads, 1)
       }
     }
     // The tensor cores run P V of t - 1 while this warpgroup computes the softmax of t.
+    my_turn();
     sm90::wgmma_fence();
     issue_qk(t);
     issue_pv(t - 1);
+    pass_turn();
     if constexpr (kKv8) kv8_step(t);
     sm90::wgmma_wait<1>();  // S of t (groups complete in order)
     sm90::fence_operands(s);
@@ -545,8 +559,10 @@ __global__ void __launch_bounds__(kTma ? kThreads + 128 : kThreads, 1)
   if constexpr (kTma) {
     if (boundary(num_tiles - 1)) sm90::mbarrier_wait(vfix_bar(num_tiles - 1), 0);
   }
+  my_turn();
   sm90::wgmma_fence();
   issue_pv(num_tiles - 1);
+  if (wg == 0) pass_turn();  // warpgroup 1's last turn is not waited for
   sm90::wgmma_wait<0>();
   sm90::fence_operands(o);
 
