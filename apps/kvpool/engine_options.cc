@@ -64,9 +64,8 @@ void add_engine_options(CLI::App* cmd, EngineOptions* o, ModelChoice choice) {
   }
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:N (a build with CUDA: make cuda)")
       ->capture_default_str();
-  cmd->add_option(
-         "--kv-dtype", o->kv_dtype,
-         "KV cache dtype: auto (f32 on cpu, bf16 on cuda), f32, bf16, f16, int8, fp8 (e4m3)")
+  cmd->add_option("--kv-dtype", o->kv_dtype,
+                  "KV cache dtype: auto (bf16), f32, bf16, f16, int8, fp8 (e4m3)")
       ->capture_default_str();
   cmd->add_option("--block-size", o->block_size, "tokens per KV block (a power of two)")
       ->check(CLI::Range(1, 1024))
@@ -181,7 +180,7 @@ Result<int64_t> parse_size(const std::string& text, const std::string& option, b
 }
 
 Result<DType> parse_kv_dtype(const std::string& text, const std::string& device) {
-  if (text == "auto") return device == "cpu" ? DType::F32 : DType::BF16;
+  if (text == "auto") return DType::BF16;
   const std::optional<DType> dtype = parse_kv_cache_dtype(text);
   if (!dtype) {
     return Status::invalid_argument(

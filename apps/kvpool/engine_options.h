@@ -34,7 +34,7 @@ struct EngineOptions {
   std::string random_model;        // or a named shape with random weights (random_model.h)
   std::string tokenizer;           // with random_model: a GGUF file or directory's tokenizer
   std::string device = "cpu";      // cpu, cuda or cuda:N (model_loader.h's parse_device)
-  std::string kv_dtype = "auto";   // f32, bf16, f16; auto: f32 on cpu, bf16 on cuda
+  std::string kv_dtype = "auto";   // f32, bf16, f16, int8, fp8; auto: bf16 (cpu and cuda)
   int32_t block_size = 16;         // tokens per KV block, a power of two in [1, 1024]
   std::string kv_memory = "1GiB";  // the KV pool, all cache groups together
   int32_t blocks = 0;              // > 0: blocks per cache group (instead of kv_memory)
@@ -76,8 +76,9 @@ Status check_engine_options(const EngineOptions& o);
 Result<int64_t> parse_size(const std::string& text, const std::string& option,
                            bool allow_zero = false);
 
-// --kv-dtype: "f32", "bf16", "f16" (or their long names), "int8", "fp8"; "auto": f32 on cpu, bf16
-// on cuda (the CUDA backend holds no f32 KV). invalid_argument naming the option otherwise.
+// --kv-dtype: "f32", "bf16", "f16" (or their long names), "int8", "fp8"; "auto": bf16 on every
+// device (the CUDA backend holds no f32 KV; on the CPU bf16 halves the bytes decode attention
+// reads, docs/perf/model.md "KV dtype on the CPU"). invalid_argument naming the option otherwise.
 Result<DType> parse_kv_dtype(const std::string& text, const std::string& device);
 
 // The CPU threads the options ask for (all cores for 0).
