@@ -58,7 +58,7 @@
 
 #include <cudaTypedefs.h>
 
-#include <mutex>
+#include <type_traits>
 
 namespace kvp::cuda::detail {
 namespace {
