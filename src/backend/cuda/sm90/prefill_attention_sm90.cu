@@ -423,7 +423,9 @@ __global__ void __launch_bounds__(kTma ? kThreads + 128 : kThreads, 1)
     if constexpr (kTma) asm volatile("bar.sync %0, %1;\n" ::"r"(2 + wg), "n"(kThreads) : "memory");
   };
   auto pass_turn = [&] {
-    if constexpr (kTma) asm volatile("bar.arrive %0, %1;\n" ::"r"(3 - wg), "n"(kThreads) : "memory");
+    if constexpr (kTma) {
+      asm volatile("bar.arrive %0, %1;\n" ::"r"(3 - wg), "n"(kThreads) : "memory");
+    }
   };
   auto tile_landed = [] {
     cp_async_wait<0>();
@@ -495,7 +497,8 @@ __global__ void __launch_bounds__(kTma ? kThreads + 128 : kThreads, 1)
     cp_async_wait<0>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory");  // Q, consumers only
-    if (wg == 1) pass_turn();  // warpgroup 0 issues first
+    // warpgroup 0 goes first
+    if (wg == 1) pass_turn();
     sm90::mbarrier_wait(bars, 0);
   } else {
     load_kv(0, 0);
