@@ -179,7 +179,7 @@ Result<int64_t> parse_size(const std::string& text, const std::string& option, b
   return static_cast<int64_t>(bytes);
 }
 
-Result<DType> parse_kv_dtype(const std::string& text, const std::string& device) {
+Result<DType> parse_kv_dtype(const std::string& text) {
   if (text == "auto") return DType::BF16;
   const std::optional<DType> dtype = parse_kv_cache_dtype(text);
   if (!dtype) {
@@ -201,7 +201,7 @@ Status check_engine_options(const EngineOptions& o) {
   if (Result<Device> device = parse_device(o.device); !device.is_ok()) {
     return Status::invalid_argument("--device: {}", device.status().message());
   }
-  KVP_RETURN_IF_ERROR(parse_kv_dtype(o.kv_dtype, o.device).status());
+  KVP_RETURN_IF_ERROR(parse_kv_dtype(o.kv_dtype).status());
   if (o.block_size < 1 || o.block_size > 1024 || (o.block_size & (o.block_size - 1)) != 0) {
     return Status::invalid_argument("--block-size {}: not a power of two in [1, 1024]",
                                     o.block_size);
@@ -274,7 +274,7 @@ Result<EngineConfig> make_engine_config(const EngineOptions& o, const ForwardBac
   KVP_RETURN_IF_ERROR(check_engine_options(o));
   EngineConfig config;
   config.block_size = o.block_size;
-  KVP_ASSIGN_OR_RETURN(config.kv_dtype, parse_kv_dtype(o.kv_dtype, o.device));
+  KVP_ASSIGN_OR_RETURN(config.kv_dtype, parse_kv_dtype(o.kv_dtype));
   config.max_num_seqs = o.max_seqs;
   config.max_step_tokens = o.step_tokens;
   config.prefix_caching = o.prefix_caching;

@@ -79,7 +79,7 @@ Result<int64_t> parse_size(const std::string& text, const std::string& option,
 // --kv-dtype: "f32", "bf16", "f16" (or their long names), "int8", "fp8"; "auto": bf16 on every
 // device (the CUDA backend holds no f32 KV; on the CPU bf16 halves the bytes decode attention
 // reads, docs/perf/model.md "KV dtype on the CPU"). invalid_argument naming the option otherwise.
-Result<DType> parse_kv_dtype(const std::string& text, const std::string& device);
+Result<DType> parse_kv_dtype(const std::string& text);
 
 // The CPU threads the options ask for (all cores for 0).
 int32_t resolved_threads(const EngineOptions& o);

@@ -145,7 +145,7 @@ Status run(const PerplexityOptions& o, const Tokenizer& tokenizer, ForwardBacken
   const int32_t vocab_size = backend.spec().vocab_size;
   const int64_t num_rows = num_windows * rows_per_window;
 
-  KVP_ASSIGN_OR_RETURN(const DType dtype, parse_kv_dtype(o.engine.kv_dtype, o.engine.device));
+  KVP_ASSIGN_OR_RETURN(const DType dtype, parse_kv_dtype(o.engine.kv_dtype));
   KVP_RETURN_IF_ERROR(backend.check_kv_dtype(dtype));
   const int32_t block_size = o.engine.block_size;
   const int32_t num_blocks = (ctx + block_size - 1) / block_size;

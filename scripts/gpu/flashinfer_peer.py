@@ -21,7 +21,8 @@ import sys
 import torch
 
 import flashinfer
-from sdpa_peer import HEAD_DIM, KV_HEADS, Q_HEADS, copy_gbps, matmul_tflops, time_calls
+from sdpa_peer import (HEAD_DIM, KV_HEADS, Q_HEADS, copy_gbps, matmul_tflops, report,
+                       time_calls)
 
 PAGE = 16
 
@@ -124,14 +125,8 @@ def main():
                 print(f"flashinfer {kind} {mode} batch={b} ctx={c}: failed ({err})", flush=True)
                 torch.cuda.empty_cache()
                 continue
-            t = g if g == g else e  # graph time, or eager where no graph could be captured
-            gbps = nbytes / (t * 1e-6) / 1e9
-            tf = flops / (t * 1e-6) / 1e12
-            print(f"flashinfer {kind:8s} {mode:4s} batch={b:<3d} ctx={c:<5d} graph_us={g:9.2f} "
-                  f"eager_us={e:9.2f} GBps={gbps:6.0f} frac_copy={gbps / bw:.3f} "
-                  f"TFLOPs={tf:6.1f} frac_matmul={tf / mm:.3f}", flush=True)
-            f.write(f"{kind},{mode},{b},{c},{q_len},{g:.3f},{e:.3f},{nbytes},{flops:.0f},"
-                    f"{gbps:.1f},{gbps / bw:.4f},{tf:.2f},{tf / mm:.4f},{sets},{bw:.0f},{mm:.1f}\n")
+            report(f, f"flashinfer {kind:8s} {mode:4s} batch={b:<3d} ctx={c:<5d}",
+                   [kind, mode, b, c, q_len], g, e, nbytes, flops, sets, bw, mm)
 
 
 if __name__ == "__main__":

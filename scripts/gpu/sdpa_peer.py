@@ -118,6 +118,20 @@ def run(kind, batch, ctx, q_len, repeats):
     return graph_us, eager_us, kv_bytes + 2 * q_bytes, flops, num_sets
 
 
+def report(out, label, fields, graph_us, eager_us, nbytes, flops, sets, bw, mm):
+    """Prints one measured line after `label` and writes its CSV row (`fields`, then the times, the
+    rates and their fractions of the ceilings bw and mm). The rates use the graph time, or the
+    eager one where no graph was captured (graph_us NaN)."""
+    t = graph_us if graph_us == graph_us else eager_us
+    gbps = nbytes / (t * 1e-6) / 1e9
+    tf = flops / (t * 1e-6) / 1e12
+    print(f"{label} graph_us={graph_us:9.2f} eager_us={eager_us:9.2f} GBps={gbps:6.0f} "
+          f"frac_copy={gbps / bw:.3f} TFLOPs={tf:6.1f} frac_matmul={tf / mm:.3f}", flush=True)
+    out.write(",".join(str(x) for x in fields) +
+              f",{graph_us:.3f},{eager_us:.3f},{nbytes},{flops:.0f},{gbps:.1f},{gbps / bw:.4f},"
+              f"{tf:.2f},{tf / mm:.4f},{sets},{bw:.0f},{mm:.1f}\n")
+
+
 def main():
     out_path = sys.argv[1]
     quick = "--quick" in sys.argv[2:]
@@ -144,13 +158,8 @@ def main():
                 print(f"sdpa {kind} batch={b} ctx={c}: out of memory ({err})", flush=True)
                 torch.cuda.empty_cache()
                 continue
-            gbps = nbytes / (g * 1e-6) / 1e9
-            tf = flops / (g * 1e-6) / 1e12
-            print(f"sdpa {kind:8s} batch={b:<3d} ctx={c:<5d} graph_us={g:9.2f} eager_us={e:9.2f} "
-                  f"GBps={gbps:6.0f} frac_copy={gbps / bw:.3f} TFLOPs={tf:6.1f} "
-                  f"frac_matmul={tf / mm:.3f}", flush=True)
-            f.write(f"{kind},{b},{c},{q_len},{g:.3f},{e:.3f},{nbytes},{flops:.0f},{gbps:.1f},"
-                    f"{gbps / bw:.4f},{tf:.2f},{tf / mm:.4f},{sets},{bw:.0f},{mm:.1f}\n")
+            report(f, f"sdpa {kind:8s} batch={b:<3d} ctx={c:<5d}", [kind, b, c, q_len], g, e,
+                   nbytes, flops, sets, bw, mm)
 
 
 if __name__ == "__main__":
