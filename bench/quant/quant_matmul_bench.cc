@@ -1,7 +1,8 @@
 // matmul over GGUF block formats (quant_matmul.h) on the default models' shapes and the
 // Llama-3.1-8B shape's FFN.
 //
-//   quant_matmul_bench [TYPE...|all] [--rows N]... [--shape TEXT]... [--csv FILE]
+//   quant_matmul_bench [TYPE...|all] [--rows N]... [--shape TEXT]... [--hot] [--cpu-time]
+//                      [--csv FILE]
 //   default: Q4_1 Q8_0 Q5_0 Q4_K Q6_K F16, activation rows 1 8 512, every shape (--shape keeps
 //   those whose name contains TEXT, e.g. "8B" or "down")
 //
@@ -16,6 +17,9 @@
 //   (quant_matmul.h's
 //                 ActPrecision): "f32" dequantised panels through sgemm (kF32), "int8" int8
 //                 activations through the integer tiles (kInt8All); fewer rows: "int8" (decode).
+// --cpu-time times one thread only, by its CPU time instead of the wall clock.
+// --hot reads one copy of the matrix at every call (from cache where it fits): the kernel's
+// compute rate without the memory stream.
 // Times are the median of 7 runs of ≥ 50 ms each.
 #include <cblas.h>
 
@@ -23,6 +27,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -38,19 +43,29 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Seconds on the wall clock, or (thread_cpu) the calling thread's CPU time: on a shared machine
+// a one-thread compute-bound call's CPU time does not count the time another process held its
+// core.
+double now_seconds(bool thread_cpu) {
+  if (!thread_cpu) return std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 // Median seconds per call of fn over 7 runs, each repeating fn for at least 50 ms.
 template <typename Fn>
-double time_per_call(Fn&& fn) {
+double time_per_call(Fn&& fn, bool thread_cpu = false) {
   fn();
   std::vector<double> runs;
   for (int run = 0; run < 7; ++run) {
     int64_t calls = 0;
-    const auto start = Clock::now();
+    const double start = now_seconds(thread_cpu);
     double elapsed = 0;
     do {
       fn();
       ++calls;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      elapsed = now_seconds(thread_cpu) - start;
     } while (elapsed < 0.05);
     runs.push_back(elapsed / static_cast<double>(calls));
   }
@@ -120,9 +135,15 @@ int run(int argc, char** argv) {
   FILE* csv = nullptr;
   std::vector<int64_t> row_counts;
   std::vector<std::string> shape_filters;
+  bool hot = false;
+  bool thread_cpu = false;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--rows" && i + 1 < argc) {
+    if (arg == "--hot") {
+      hot = true;
+    } else if (arg == "--cpu-time") {
+      thread_cpu = true;
+    } else if (arg == "--rows" && i + 1 < argc) {
       row_counts.push_back(std::stoll(argv[++i]));
     } else if (arg == "--shape" && i + 1 < argc) {
       shape_filters.emplace_back(argv[++i]);
@@ -202,14 +223,15 @@ int run(int argc, char** argv) {
             type != GgmlType::BF16) {
           paths = {ActPrecision::kF32, ActPrecision::kInt8All};
         }
-        for (int th = 1; th <= 2; ++th) {
+        for (int th = 1; th <= (thread_cpu ? 1 : 2); ++th) {
           for (ActPrecision path : paths) {
             size_t next = 0;
-            const bool rotate = num_rows < 32;
-            const double t = time_per_call([&] {
+            const bool rotate = num_rows < 32 && !hot;
+            const auto call = [&] {
               const QuantMatrix& m = rotate ? ws[next++ % ws.size()] : w;
               matmul(m, x.data(), num_rows, shape.cols, y.data(), shape.rows, pools[th - 1], path);
-            });
+            };
+            const double t = time_per_call(call, thread_cpu);
             const char* path_name = num_rows < kPrefillMinRows       ? "int8"
                                     : path == ActPrecision::kF32     ? "f32"
                                     : path == ActPrecision::kInt8All ? "int8"
