@@ -18,7 +18,8 @@
 // with exact int32 dot products (AVX-512 VNNI dpbusd, or AVX2 maddubs + madd) and f32 scaling,
 // two blocks per register. Each pair of weight blocks is decoded once per tile and dotted with R
 // activation rows, C weight rows at a time; the int8 work still grows with every activation row
-// (docs/perf/model.md: batch 8 is compute-bound here).
+// (docs/perf/model.md: batch 8 is compute-bound here). A single activation row (decode) has its
+// own tile, row_tile, with less work per pair of blocks.
 #if defined(KVP_QUANT_KERNEL_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef KVP_QUANT_KERNEL_INL_H_
 #undef KVP_QUANT_KERNEL_INL_H_
@@ -338,6 +339,100 @@ HWY_NOINLINE void block_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& 
   }
 }
 
+// The f16 d of blocks b0 and b1 and the f16 their offset m is kMinScale times (the stored m of
+// Q4_1 / Q5_1 at byte 2; d itself for Q4_0 / Q5_0) as f32 [d0, m0, d1, m1]: one conversion for
+// both, in place of f16_pair and two word inserts.
+template <class Fmt>
+HWY_INLINE __m128 dm_pair(const uint8_t* b0, const uint8_t* b1) {
+  static_assert(Fmt::kMinAt == 0 || Fmt::kMinAt == 2, "m's f16 sits beside d or is d");
+  uint32_t w0, w1;
+  if constexpr (Fmt::kMinAt == 2) {
+    std::memcpy(&w0, b0, 4);
+    std::memcpy(&w1, b1, 4);
+  } else {
+    uint16_t h0, h1;
+    std::memcpy(&h0, b0, 2);
+    std::memcpy(&h1, b1, 2);
+    w0 = uint32_t{h0} * 0x10001u;
+    w1 = uint32_t{h1} * 0x10001u;
+  }
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<int64_t>(uint64_t{w0} | uint64_t{w1} << 32)));
+}
+
+// Blocks 2p and 2p + 1 of C weight rows (wr[c]: [num_blocks][Fmt::kBytes]) against the one
+// activation row (xq, xd, xs: quant_act.h's pair layout and sums). kOddTail: block 2p is the
+// row's last, its partner the zero block. Each weight row is decoded, dotted and scaled before
+// the next, so only its own registers are live; the offsets go to macc[c] in the [d, m, d, m]
+// lanes of dm_pair (sums[b] in the m lanes, 0 in the d lanes).
+template <class Fmt, int C, bool kOddTail>
+HWY_INLINE void row_pair(const uint8_t* const* wr, int64_t p, const uint8_t* xq, const float* xd,
+                         const float* xs, __m256* acc, __m128* macc) {
+  const __m256i xlo = load256(xq + 64 * p);
+  const __m256i xhi = load256(xq + 64 * p + 32);
+  const __m256 dx = _mm256_loadu_ps(xd + 8 * p);
+  __m128 sv = _mm_setzero_ps();
+  if constexpr (Fmt::kHasMin) {
+    // sums is zero past the last block, so the odd tail's partner reads 0.
+    const __m128 s = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(xs + 2 * p)));
+    sv = _mm_unpacklo_ps(_mm_setzero_ps(), s);
+    if constexpr (Fmt::kMinScale != 1.0f) sv = _mm_mul_ps(sv, _mm_set1_ps(Fmt::kMinScale));
+  }
+  for (int c = 0; c < C; ++c) {
+    const uint8_t* blk0 = wr[c] + 2 * p * Fmt::kBytes;
+    const uint8_t* blk1 = kOddTail ? kZeroBlock : blk0 + Fmt::kBytes;
+    prefetch_ahead<2 * Fmt::kBytes>(blk0);
+    __m256i lo, hi;
+    Fmt::load_pair(blk0, blk1, lo, hi);
+    __m256i dot;
+    if constexpr (Fmt::kSigned) {
+      dot = _mm256_add_epi32(dot_u8_i8(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(xlo, lo)),
+                             dot_u8_i8(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(xhi, hi)));
+    } else {
+      static_assert(Fmt::kMaxQ <= 64, "dot2_small_u8_i8 adds the halves in int16");
+      dot = dot2_small_u8_i8(lo, xlo, hi, xhi);
+    }
+    __m256 dw;
+    if constexpr (Fmt::kHasMin) {
+      const __m128 dm = dm_pair<Fmt>(blk0, blk1);
+      dw = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dm),
+                                    _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+      macc[c] = _mm_fmadd_ps(dm, sv, macc[c]);
+    } else {
+      dw = f16_pair(blk0, blk1);
+    }
+    acc[c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(dw, dx), acc[c]);
+  }
+}
+
+// C weight rows (from o0) x the one activation row t0 (decode): y[t0][o0 + c]. The same sums as
+// block_tile<Fmt, C, 1>, with its per-pair work cut down for a lone activation row: no
+// bounds test per pair (the odd tail is its own step), one f16 conversion per pair for d and m,
+// and each weight row finished before the next is decoded.
+template <class Fmt, int C>
+HWY_NOINLINE void row_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& a, int64_t t0,
+                           float* y) {
+  const int64_t num_blocks = w.cols / 32;
+  const uint8_t* wr[C];
+  __m256 acc[C];
+  __m128 macc[C];
+  for (int c = 0; c < C; ++c) {
+    wr[c] = reinterpret_cast<const uint8_t*>(w.row(o0 + c));
+    acc[c] = _mm256_setzero_ps();
+    macc[c] = _mm_setzero_ps();
+  }
+  const auto* xq = reinterpret_cast<const uint8_t*>(a.q_row(t0));
+  const float* xd = a.d_row(t0);
+  const float* xs = a.sums_row(t0);
+  const int64_t num_full_pairs = num_blocks / 2;
+  for (int64_t p = 0; p < num_full_pairs; ++p) {
+    row_pair<Fmt, C, false>(wr, p, xq, xd, xs, acc, macc);
+  }
+  if (num_blocks % 2 != 0) row_pair<Fmt, C, true>(wr, num_full_pairs, xq, xd, xs, acc, macc);
+  for (int c = 0; c < C; ++c) {
+    y[o0 + c] = hsum(_mm256_add_ps(acc[c], _mm256_insertf128_ps(_mm256_setzero_ps(), macc[c], 0)));
+  }
+}
+
 // Weight rows per tile when R activation rows share it: more rows where fewer activation rows
 // leave registers free (AVX-512 targets have 32, AVX2 16). Eight activation rows take one weight
 // row: its decoded pair of registers then serves 8 rows. Measured with 1 thread at 8 rows (thread
@@ -383,6 +478,12 @@ constexpr int tile_weight_rows() {
   return 1;
 }
 
+template <class Fmt, int C>
+HWY_INLINE void row_tile(const QuantMatrix& w, int64_t o0, const ActBlocks& a, int64_t t0,
+                         float* y) {
+  block_tile<Fmt, C, 1>(w, o0, a, t0, y, 0);
+}
+
 #endif  // KVP_QUANT_X86
 
 // From this many bytes per weight row, a single activation row (decode) is tiled with one weight
@@ -393,13 +494,23 @@ constexpr int tile_weight_rows() {
 // read like one stream, and C = 4 shares the tile's fixed work (576-column Q4_1 rows, 360 B:
 // 0.071 ms instead of 0.084).
 inline constexpr size_t kOneRowTileBytes = 512;
+// Weight rows per decode tile (row_tile) below kOneRowTileBytes.
+inline constexpr int kRowTileRows = 4;
 
 template <class Fmt, int R>
 HWY_INLINE void block_rows_r(const RowRange& rr, const ActBlocks& a, int64_t t0) {
   constexpr int kC = tile_weight_rows<R>();
   int64_t o = rr.row_begin;
-  if (R == 1 && rr.w->row_bytes >= kOneRowTileBytes) {
-    for (; o < rr.row_end; ++o) block_tile<Fmt, 1, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
+  if constexpr (R == 1) {
+    float* y = rr.y + t0 * rr.ldy;
+    if (rr.w->row_bytes >= kOneRowTileBytes) {
+      for (; o < rr.row_end; ++o) row_tile<Fmt, 1>(*rr.w, o, a, t0, y);
+      return;
+    }
+    for (; o + kRowTileRows <= rr.row_end; o += kRowTileRows) {
+      row_tile<Fmt, kRowTileRows>(*rr.w, o, a, t0, y);
+    }
+    for (; o < rr.row_end; ++o) row_tile<Fmt, 1>(*rr.w, o, a, t0, y);
     return;
   }
   for (; o + kC <= rr.row_end; o += kC) block_tile<Fmt, kC, R>(*rr.w, o, a, t0, rr.y, rr.ldy);
