@@ -125,10 +125,11 @@ struct ShapeCase {
   const char* what;
 };
 
-constexpr ShapeCase kShapes[] = {{1536, 576, "SmolLM2 gate/up"},   {576, 1536, "SmolLM2 down"},
-                                 {49152, 576, "SmolLM2 lm-head"},  {2048, 640, "Gemma3 gate/up"},
-                                 {640, 2048, "Gemma3 down"},       {262144, 640, "Gemma3 lm-head"},
-                                 {14336, 4096, "Llama8B gate/up"}, {4096, 14336, "Llama8B down"}};
+constexpr ShapeCase kShapes[] = {{576, 576, "SmolLM2 q/o"},       {1536, 576, "SmolLM2 gate/up"},
+                                 {576, 1536, "SmolLM2 down"},     {49152, 576, "SmolLM2 lm-head"},
+                                 {2048, 640, "Gemma3 gate/up"},   {640, 2048, "Gemma3 down"},
+                                 {262144, 640, "Gemma3 lm-head"}, {14336, 4096, "Llama8B gate/up"},
+                                 {4096, 14336, "Llama8B down"}};
 
 int run(int argc, char** argv) {
   std::vector<GgmlType> types;
