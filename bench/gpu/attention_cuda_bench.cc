@@ -5,9 +5,12 @@
 // --kv: KV dtypes to run each case with (default bf16). int8 and fp8 (e4m3) are the 8-bit pools of
 // cache/kv_layout.h (q and out stay bf16); their bytes count the 8-bit rows and their f16 scales,
 // what the kernels read. --kinds: case families to run (default all: decode, decode_block,
-// prefill, prefill_portable, decode_split). prefill runs the library's choice of kernel (on an
-// H100 the Hopper wgmma kernel, for bf16 KV); prefill_portable the same shapes on the portable
-// mma.sync kernel, for a same-run comparison.
+// prefill, prefill_portable, decode_split, decode_lanes). prefill runs the library's choice of
+// kernel (on an H100 the Hopper wgmma kernel, for bf16 KV); prefill_portable the same shapes on
+// the portable mma.sync kernel, for a same-run comparison. decode runs the library's choice (the
+// tensor-core kernel at head dim 128); decode_lanes the decode grid on the per-lane kernel;
+// decode_split and decode_factor the library's split-KV choice varied (fewest keys per split;
+// the split count halved and doubled).
 //
 // Cases: decode 32 q / 8 KV heads, head dim 128, bf16, block 16, batch {1,16,64,256} x context
 // {512,4096,16384}; decode against block size {16..256}; causal prefill, batch 1, length
@@ -159,12 +162,15 @@ double measure_copy_gbps(cudaStream_t stream) {
 }
 
 struct Shape {
-  const char* kind;  // "decode", "decode_block", "prefill", "prefill_portable" or "decode_split"
+  // "decode", "decode_block", "prefill", "prefill_portable", "decode_split", "decode_factor" or
+  // "decode_lanes"
+  const char* kind;
   int32_t batch;
   int32_t ctx;    // kv_len of every sequence
   int32_t q_len;  // 1 (decode) or ctx (prefill)
   int32_t block_size;
   int32_t min_keys_per_split = 0;  // 0: the library's default
+  float split_factor = 1.0f;       // decode_factor: set_decode_split_factor
   DType kv_dtype = DType::BF16;    // BF16, I8 or FP8
 };
 
@@ -324,6 +330,9 @@ int bench_main(int argc, char** argv) {
   for (int32_t b : {1, 16, 64, 256}) {
     for (int32_t ctx : {512, 4096, 16384}) all_shapes.push_back({"decode", b, ctx, 1, 16});
   }
+  for (int32_t b : {1, 16, 64, 256}) {
+    for (int32_t ctx : {512, 4096, 16384}) all_shapes.push_back({"decode_lanes", b, ctx, 1, 16});
+  }
   for (int32_t bs : {16, 32, 64, 128, 256}) {
     all_shapes.push_back({"decode_block", 16, 4096, 1, bs});
     all_shapes.push_back({"decode_block", 1, 16384, 1, bs});
@@ -337,6 +346,14 @@ int bench_main(int argc, char** argv) {
     for (int32_t b : {1, 16}) {
       for (int32_t ctx : {512, 4096, 16384}) {
         all_shapes.push_back({"decode_split", b, ctx, 1, 16, min_keys});
+      }
+    }
+  }
+  // decode split counts scaled (halved, doubled) from the library's choice
+  for (float factor : {0.5f, 2.0f}) {
+    for (int32_t b : {1, 16, 64}) {
+      for (int32_t ctx : {512, 4096, 16384}) {
+        all_shapes.push_back({"decode_factor", b, ctx, 1, 16, 0, factor});
       }
     }
   }
@@ -356,16 +373,20 @@ int bench_main(int argc, char** argv) {
   uint64_t seed = 12345;
   for (const Shape& s : shapes) {
     set_decode_min_keys_per_split(s.min_keys_per_split);
+    set_decode_split_factor(s.split_factor);
     set_prefill_kernel(std::strcmp(s.kind, "prefill_portable") == 0 ? PrefillKernel::Portable
                                                                     : PrefillKernel::Auto);
+    set_decode_kernel(std::strcmp(s.kind, "decode_lanes") == 0 ? DecodeKernel::Lanes
+                                                               : DecodeKernel::Auto);
     const CaseResult r = run_shape(s, stream, quick, seed += 101);
     const double gbps = r.bytes / (r.timing.graph_us * 1e-6) / 1e9;
     const double tflops = r.flops / (r.timing.graph_us * 1e-6) / 1e12;
     std::printf(
         "%-12s kv=%-4s batch=%-3d ctx=%-5d q_len=%-5d block=%-3d graph_us=%9.2f eager_us=%9.2f "
-        "GBps=%6.0f frac_copy=%.3f TFLOPs=%6.1f sets=%d\n",
+        "GBps=%6.0f frac_copy=%.3f TFLOPs=%6.1f sets=%d%s\n",
         s.kind, kv_name(s.kv_dtype), s.batch, s.ctx, s.q_len, s.block_size, r.timing.graph_us,
-        r.timing.eager_us, gbps, gbps / copy_gbps, tflops, r.num_sets);
+        r.timing.eager_us, gbps, gbps / copy_gbps, tflops, r.num_sets,
+        s.split_factor != 1.0f ? (s.split_factor < 1.0f ? " splits/2" : " splits*2") : "");
     std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%.3f,%.3f,%.0f,%.0f,%.1f,%.4f,%.2f,%d,%.0f,%s\n", s.kind,
                  s.batch, s.ctx, s.q_len, s.block_size, s.min_keys_per_split, r.timing.graph_us,
                  r.timing.eager_us, r.bytes, r.flops, gbps, gbps / copy_gbps, tflops, r.num_sets,

@@ -8,6 +8,9 @@
 //   model_cuda_bench OUT.csv --tensor-parallel N --70b   # the 70B shape, split only
 //   model_cuda_bench OUT.csv --tensor-parallel N --moe   # the MoE shapes whole and split
 //   model_cuda_bench OUT.csv --moe [NAME ...]  # the mixture-of-experts shapes only (or the named)
+//   model_cuda_bench OUT.csv --decode-kernels  # 8B graph decode steps with 16-bit decode
+//                                               # attention on the tensor-core kernel, then the
+//                                               # per-lane one, twice
 //   model_cuda_bench OUT.csv --prefill-kernels # 8B prefill of 2048 and 8192 tokens with the
 //                                               # Hopper attention kernel, then the portable one
 //   model_cuda_bench OUT.csv --gemm            # the decode products at 1…8 rows, cuBLAS against
@@ -649,10 +652,10 @@ void all_reduce_rows(int32_t n) {
 
 int run(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(
-        stderr,
-        "usage: model_cuda_bench OUT.csv [--quick | --moe | --gemm | --tensor-parallel N "
-        "[--70b | --moe] | --profile-decode | --profile-moe-prefill | --profile-moe-decode]\n");
+    std::fprintf(stderr,
+                 "usage: model_cuda_bench OUT.csv [--quick | --moe | --gemm | --tensor-parallel N "
+                 "[--70b | --moe] | --prefill-kernels | --decode-kernels | --profile-decode | "
+                 "--profile-moe-prefill | --profile-moe-decode]\n");
     return 2;
   }
   const bool quick = argc > 2 && std::string(argv[2]) == "--quick";
@@ -662,6 +665,7 @@ int run(int argc, char** argv) {
   const bool profile_moe_decode = argc > 2 && std::string(argv[2]) == "--profile-moe-decode";
   const bool gemm_only = argc > 2 && std::string(argv[2]) == "--gemm";
   const bool prefill_kernels = argc > 2 && std::string(argv[2]) == "--prefill-kernels";
+  const bool decode_kernels = argc > 2 && std::string(argv[2]) == "--decode-kernels";
   const int32_t tensor_parallel =
       argc > 3 && std::string(argv[2]) == "--tensor-parallel" ? std::atoi(argv[3]) : 1;
   const bool shape_70b = tensor_parallel > 1 && argc > 4 && std::string(argv[4]) == "--70b";
@@ -721,6 +725,25 @@ int run(int argc, char** argv) {
       }
     }
     set_prefill_kernel(PrefillKernel::Auto);
+  }
+  if (decode_kernels) {
+    // 8B graph decode steps with 16-bit decode attention on the tensor-core kernel and on the
+    // per-lane kernel, alternated twice
+    ModelBench bench("llama31-8b", llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, quick);
+    for (int round = 0; round < 2; ++round) {
+      for (const DecodeKernel kernel : {DecodeKernel::Auto, DecodeKernel::Lanes}) {
+        set_decode_kernel(kernel);
+        for (int batch : {1, 4, 64}) {
+          for (int context : {512, 4096}) {
+            rows.push_back(bench.decode(batch, context, true));
+            rows.back().mode = kernel == DecodeKernel::Auto ? "graph, decode tensor cores"
+                                                            : "graph, decode per-lane";
+            print(rows.back());
+          }
+        }
+      }
+    }
+    set_decode_kernel(DecodeKernel::Auto);
   }
   if (tensor_parallel > 1) all_reduce_rows(tensor_parallel);
   if (shape_70b) {
@@ -803,7 +826,7 @@ int run(int argc, char** argv) {
       bench.set_moe_gemm_mode(MoeGemmMode::kGrouped);
     }
   }
-  if (tensor_parallel == 1 && !moe && !prefill_kernels) {
+  if (tensor_parallel == 1 && !moe && !prefill_kernels && !decode_kernels) {
     ModelBench bench("llama31-8b", llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, quick);
     for (int batch : {1, 4, 64}) {
       for (int context : {512, 4096}) {
@@ -819,7 +842,7 @@ int run(int argc, char** argv) {
     rows.push_back(bench.prefill(2048));
     print(rows.back());
   }
-  if (tensor_parallel == 1 && !moe && !prefill_kernels) {
+  if (tensor_parallel == 1 && !moe && !prefill_kernels && !decode_kernels) {
     ModelBench bench("smollm2-135m", smollm2_135m(), 4096, bandwidth, matmul, quick);
     for (bool graphs : {false, true}) {
       rows.push_back(bench.decode(1, 512, graphs));

@@ -55,6 +55,20 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 }
+// Four 8x8 matrices of 16-bit elements from shared memory: lanes 8i .. 8i+7 address matrix i's rows
+// (16 bytes each), r[i] is lane (g, t)'s fragment of it: row g, columns 2t, 2t+1 (_trans: rows 2t,
+// 2t+1 of column g, the fragment of the transpose).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
 __device__ __forceinline__ uint32_t half2_bits(__half2 h) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
@@ -332,7 +346,7 @@ R dispatch_heads_per_cta(int32_t heads, R otherwise, F&& f) {
   }
 }
 
-// The end of a decode CTA (decode_attention.cu, decode_attention_kv8.cu): the online-softmax
+// The end of a decode CTA (decode_attention.cu, decode_attention_mma.cu): the online-softmax
 // states of its kStreams token streams, in shared memory as s_acc [kStreams][G][D] (unnormalised),
 // s_m and s_l [kStreams][G] (max and sum, log2 units), are merged into the output rows of query
 // heads head0 .. head0 + G - 1 (one split) or into the split's partial state for

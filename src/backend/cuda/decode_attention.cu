@@ -13,7 +13,7 @@
 // memory, so two steps of loads are in flight while one is computed.
 //
 // 8-bit KV (kKv8: int8 or fp8 e4m3) at head dim 256 (64 and 128 go to the tensor-core kernel of
-// decode_attention_kv8.cu, which launch_decode_attention picks): a lane still owns 8 dims of a row
+// decode_attention_mma.cu, which launch_decode_attention picks): a lane still owns 8 dims of a row
 // (8 bytes), but the ring is filled per warp, not per thread: the warp's 32 threads copy all the K
 // and V rows its streams need for a step in 16-byte pieces (4 per thread, the same bytes in flight
 // per copy as the 16-bit path), and one lane per (token, K|V) copies the 4-byte word holding that
@@ -425,7 +425,7 @@ int decode_occupancy_typed(int32_t heads_per_cta) {
 
 template <typename T, int D>
 int decode_occupancy_kv(KvFormat kv, int32_t heads_per_cta) {
-  // 8-bit KV below head dim 256 runs on decode_attention_kv8.cu's kernel (decode_ctas_per_sm asks
+  // 8-bit KV below head dim 256 runs on decode_attention_mma.cu's kernel (decode_ctas_per_sm asks
   // it first): this kernel is not instantiated for it
   if constexpr (D < 256) {
     return decode_occupancy_typed<T, D, KvFormat::Native>(heads_per_cta);
@@ -459,7 +459,7 @@ cudaError_t launch_decode_typed(const AttentionKernelArgs& args, int32_t heads_p
 template <typename T, KvFormat kKv>
 cudaError_t launch_decode_dim(const AttentionKernelArgs& args, int32_t head_dim,
                               int32_t heads_per_cta, cudaStream_t stream) {
-  // 8-bit KV below head dim 256 runs on decode_attention_kv8.cu's kernel
+  // 8-bit KV below head dim 256 runs on decode_attention_mma.cu's kernel
   // (launch_decode_attention sends it there first): this kernel is not instantiated for it
   constexpr bool kNative = kKv == KvFormat::Native;
   switch (head_dim) {
@@ -506,9 +506,10 @@ cudaError_t launch_decode_kv(const AttentionKernelArgs& args, bool bf16, int32_t
 }  // namespace
 
 cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
-                                    int32_t head_dim, int32_t heads_per_cta, cudaStream_t stream) {
-  if (decode_kv8_covers(kv, head_dim)) {
-    return launch_decode_attention_kv8(args, bf16, kv, head_dim, heads_per_cta, stream);
+                                    int32_t head_dim, int32_t heads_per_cta, bool native_on_mma,
+                                    cudaStream_t stream) {
+  if (decode_mma_covers(kv, head_dim, native_on_mma)) {
+    return launch_decode_attention_mma(args, bf16, kv, head_dim, heads_per_cta, stream);
   }
   switch (kv) {
     case KvFormat::Int8:
@@ -520,9 +521,10 @@ cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, 
   }
 }
 
-int decode_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta) {
-  if (decode_kv8_covers(kv, head_dim)) {
-    return decode_kv8_ctas_per_sm(bf16, kv, head_dim, heads_per_cta);
+int decode_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta,
+                       bool native_on_mma) {
+  if (decode_mma_covers(kv, head_dim, native_on_mma)) {
+    return decode_mma_ctas_per_sm(bf16, kv, head_dim, heads_per_cta);
   }
   switch (head_dim) {
     case 64:

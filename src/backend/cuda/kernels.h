@@ -53,18 +53,22 @@ struct AttentionKernelArgs {
 };
 
 // bf16: q and out are bf16 (else f16); kv: K/V of q's dtype, or 8-bit with f16 scales. 8-bit
-// requires block_size % 8 == 0 (16-byte aligned rows and scale runs).
+// requires block_size % 8 == 0 (16-byte aligned rows and scale runs). native_on_mma: 16-bit KV at
+// head dim 64 or 128 runs on the tensor-core kernel (else on the per-lane one).
 cudaError_t launch_decode_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
-                                    int32_t head_dim, int32_t heads_per_cta, cudaStream_t stream);
+                                    int32_t head_dim, int32_t heads_per_cta, bool native_on_mma,
+                                    cudaStream_t stream);
 // CTAs of the decode kernel for (dtype, KV format, head_dim, heads per CTA) resident on one SM.
-int decode_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta);
-// The tensor-core decode kernel for 8-bit KV (decode_attention_kv8.cu): launch_decode_attention
-// and decode_ctas_per_sm hand it the shapes it covers (int8 / fp8 KV at head dim 64 or 128).
-bool decode_kv8_covers(KvFormat kv, int32_t head_dim);
-cudaError_t launch_decode_attention_kv8(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
+int decode_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta,
+                       bool native_on_mma);
+// The tensor-core decode kernel (decode_attention_mma.cu): launch_decode_attention and
+// decode_ctas_per_sm hand it the shapes it covers (head dim 64 or 128: 8-bit KV always, 16-bit KV
+// when native_on_mma).
+bool decode_mma_covers(KvFormat kv, int32_t head_dim, bool native_on_mma);
+cudaError_t launch_decode_attention_mma(const AttentionKernelArgs& args, bool bf16, KvFormat kv,
                                         int32_t head_dim, int32_t heads_per_cta,
                                         cudaStream_t stream);
-int decode_kv8_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta);
+int decode_mma_ctas_per_sm(bool bf16, KvFormat kv, int32_t head_dim, int32_t heads_per_cta);
 cudaError_t launch_merge_splits(const AttentionKernelArgs& args, bool bf16, int32_t head_dim,
                                 cudaStream_t stream);
 cudaError_t launch_prefill_attention(const AttentionKernelArgs& args, bool bf16, KvFormat kv,

@@ -16,6 +16,13 @@ namespace {
 constexpr int32_t kDefaultMinKeysPerSplit = 32;
 std::atomic<int32_t> g_min_keys_per_split{kDefaultMinKeysPerSplit};
 std::atomic<PrefillKernel> g_prefill_kernel{PrefillKernel::Auto};
+std::atomic<DecodeKernel> g_decode_kernel{DecodeKernel::Auto};
+std::atomic<float> g_decode_split_factor{1.0f};
+
+// Whether 16-bit KV decodes on the tensor-core kernel (decode_attention_mma.cu).
+bool native_decode_on_mma() {
+  return g_decode_kernel.load(std::memory_order_relaxed) == DecodeKernel::Auto;
+}
 
 // Heads of one KV group handled by one decode CTA: the largest of 8, 4, 2, 1 dividing the group.
 int32_t decode_heads_per_cta(int32_t group) {
@@ -42,7 +49,9 @@ detail::KvFormat kv_format(DType dtype) {
 
 // Splits per sequence for decode: as many as keep all CTAs in one wave (as many CTAs as are
 // resident at once, from the occupancy of the kernel that will run), never fewer than
-// min_keys_per_split keys per split, and about 32 at most for contexts up to 8K.
+// min_keys_per_split keys per split, and about 32 at most for contexts up to 8K (16 on the
+// tensor-core kernel over 16-bit KV, which also splits a grid that already covers half the SMs
+// only into splits of 512 keys or more).
 int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch, const PagedKv& kv,
                       int32_t num_sms) {
   const int32_t group = params.num_q_heads / kv.num_kv_heads;
@@ -50,17 +59,28 @@ int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch
   const int64_t ctas = int64_t{batch.num_seqs} * kv.num_kv_heads * (group / heads_per_cta);
   const int32_t span =
       params.window > 0 ? std::min(batch.max_kv_len, params.window) : batch.max_kv_len;
+  const detail::KvFormat format = kv_format(kv.dtype);
+  const bool mma16 = format == detail::KvFormat::Native &&
+                     detail::decode_mma_covers(format, kv.head_dim, native_decode_on_mma());
   const int64_t resident =
-      int64_t{detail::decode_ctas_per_sm(kv.dtype != DType::F16, kv_format(kv.dtype), kv.head_dim,
-                                         heads_per_cta)} *
+      int64_t{detail::decode_ctas_per_sm(kv.dtype != DType::F16, format, kv.head_dim, heads_per_cta,
+                                         native_decode_on_mma())} *
       num_sms;
   const int64_t by_occupancy = resident / std::max<int64_t>(ctas, 1);
-  const int64_t by_length = span / g_min_keys_per_split.load(std::memory_order_relaxed);
-  // Short contexts: past ~32 splits the merge costs more than the shorter splits save (batch 1,
-  // context 4K on the H100: 32 splits 16.0 us, 64 splits 17.2 us).
-  const int64_t by_merge = std::max<int64_t>(32, span / 256);
-  return static_cast<int32_t>(std::clamp<int64_t>(std::min({by_occupancy, by_length, by_merge}), 1,
-                                                  detail::kMaxDecodeSplits));
+  int64_t min_keys = g_min_keys_per_split.load(std::memory_order_relaxed);
+  // Tensor-core kernel, one CTA or more per two SMs: the merge costs more than shorter splits
+  // save below 512 keys a split (H100, batch 16 x 512: one split 17.3 us, two 18.4 us; batch 16 x
+  // 4K: two splits of 2048 keys 96.9 us, one 98.5 us; docs/perf/attention-cuda.md)
+  if (mma16 && 2 * ctas >= num_sms) min_keys = std::max<int64_t>(min_keys, 512);
+  const int64_t by_length = span / min_keys;
+  // Short contexts: past ~32 splits (per-lane kernel) or ~16 (tensor-core kernel) the merge costs
+  // more than the shorter splits save (H100, batch 1 x 4K: per-lane 32 splits 16.0 us, 64 splits
+  // 17.2 us; tensor-core 16 splits 13.0 us, 32 splits 13.9 us).
+  const int64_t by_merge = std::max<int64_t>(mma16 ? 16 : 32, span / 256);
+  const double factor = g_decode_split_factor.load(std::memory_order_relaxed);
+  return static_cast<int32_t>(std::clamp<int64_t>(
+      std::llround(static_cast<double>(std::min({by_occupancy, by_length, by_merge})) * factor), 1,
+      detail::kMaxDecodeSplits));
 }
 
 Status check_launchable(const AttentionParams& params, const AttentionBatch& batch,
@@ -179,6 +199,18 @@ bool uses_hopper_prefill(DType kv_dtype, int32_t head_dim) {
   return hopper_prefill(kv_format(kv_dtype), head_dim);
 }
 
+void set_decode_kernel(DecodeKernel kernel) {
+  g_decode_kernel.store(kernel, std::memory_order_relaxed);
+}
+
+bool uses_tensor_core_decode(DType kv_dtype, int32_t head_dim) {
+  return detail::decode_mma_covers(kv_format(kv_dtype), head_dim, native_decode_on_mma());
+}
+
+void set_decode_split_factor(float factor) {
+  g_decode_split_factor.store(factor > 0.0f ? factor : 1.0f, std::memory_order_relaxed);
+}
+
 void set_decode_min_keys_per_split(int32_t min_keys) {
   g_min_keys_per_split.store(min_keys > 0 ? min_keys : kDefaultMinKeysPerSplit,
                              std::memory_order_relaxed);
@@ -221,9 +253,10 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
     args.partial_acc = static_cast<float*>(workspace.data());
     args.partial_ml = reinterpret_cast<float*>(static_cast<char*>(workspace.data()) + acc_bytes);
   }
-  KVP_RETURN_IF_ERROR(cuda_status(
-      detail::launch_decode_attention(args, bf16, kv_kind, kv.head_dim, heads_per_cta, stream),
-      "decode_attention_kernel"));
+  KVP_RETURN_IF_ERROR(
+      cuda_status(detail::launch_decode_attention(args, bf16, kv_kind, kv.head_dim, heads_per_cta,
+                                                  native_decode_on_mma(), stream),
+                  "decode_attention_kernel"));
   if (args.num_splits > 1) {
     KVP_RETURN_IF_ERROR(cuda_status(detail::launch_merge_splits(args, bf16, kv.head_dim, stream),
                                     "merge_splits_kernel"));

@@ -43,6 +43,9 @@ class AttentionWorkspace {
 // Tuning knob for benchmarks: the fewest keys a decode split may get (default 32; <= 0 restores
 // the default). Process-wide; changes the results only by rounding.
 void set_decode_min_keys_per_split(int32_t min_keys);
+// Tuning knob for benchmarks: scales the split count the library picks for a decode call (then
+// clamped to 1 .. the most splits; default 1, <= 0 restores it). Process-wide.
+void set_decode_split_factor(float factor);
 
 // Which kernel runs prefill rows (benchmarks and tests compare them in one process): Auto takes
 // the Hopper kernel (wgmma, sm90/prefill_attention_sm90.cu) on compute capability 9.0 devices
@@ -53,6 +56,16 @@ void set_prefill_kernel(PrefillKernel kernel);
 // Whether prefill rows of a pool of this dtype and head dim run on the Hopper kernel on the
 // current device under the current setting.
 bool uses_hopper_prefill(DType kv_dtype, int32_t head_dim);
+
+// Which kernel runs decode rows over a 16-bit pool: Auto takes the tensor-core kernel
+// (decode_attention_mma.cu, mma.sync) at head dim 64 or 128 and the per-lane kernel
+// (decode_attention.cu) at 256; Lanes always takes the per-lane kernel. 8-bit pools decode on the
+// tensor-core kernel at 64 and 128 either way. Process-wide; the default is Auto.
+enum class DecodeKernel { Auto, Lanes };
+void set_decode_kernel(DecodeKernel kernel);
+// Whether decode rows over a pool of this dtype and head dim run on the tensor-core kernel under
+// the current setting.
+bool uses_tensor_core_decode(DType kv_dtype, int32_t head_dim);
 
 // Bytes of workspace a call with these arguments needs (0 when no split is used).
 size_t attention_workspace_bytes(const AttentionParams& params, const AttentionBatch& batch,

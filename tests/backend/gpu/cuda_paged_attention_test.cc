@@ -97,10 +97,13 @@ DeviceBuffer write_kv8_pool(const KvLayout& layout, DType row_dtype, std::mt1993
   return d_slab;
 }
 
-// Puts the prefill kernel choice back to Auto when a test leaves, also through a failed ASSERT,
-// so that one failure does not move the tests after it onto another kernel.
-struct AutoPrefillKernelAfterwards {
-  ~AutoPrefillKernelAfterwards() { set_prefill_kernel(PrefillKernel::Auto); }
+// Puts the prefill and decode kernel choices back to Auto when a test leaves, also through a
+// failed ASSERT, so that one failure does not move the tests after it onto other kernels.
+struct AutoKernelsAfterwards {
+  ~AutoKernelsAfterwards() {
+    set_prefill_kernel(PrefillKernel::Auto);
+    set_decode_kernel(DecodeKernel::Auto);
+  }
 };
 
 // Builds random inputs, runs the reference and the GPU, and checks the GPU output.
@@ -212,17 +215,22 @@ void run_case(const Case& c, std::mt19937_64& rng) {
     params.sinks = d_sinks.as<float>();
   }
   AttentionWorkspace workspace;
-  // Prefill rows run on the Hopper kernel where the device and shape allow it: then the portable
-  // kernel is checked as well, on the same inputs.
-  std::vector<PrefillKernel> kernels = {PrefillKernel::Auto};
-  if (max_q >= 2 && uses_hopper_prefill(c.dtype, c.head_dim)) {
-    kernels.push_back(PrefillKernel::Portable);
-  }
-  const AutoPrefillKernelAfterwards reset;
-  for (const PrefillKernel kernel : kernels) {
-    set_prefill_kernel(kernel);
-    const char* kernel_name =
-        kernel == PrefillKernel::Auto && kernels.size() > 1 ? "hopper prefill" : "";
+  // Prefill rows run on the Hopper kernel and 16-bit decode rows on the tensor-core kernel where
+  // the device and shape allow it: then the portable prefill kernel and the per-lane decode kernel
+  // are checked as well, on the same inputs.
+  const bool has_decode =
+      std::any_of(c.seqs.begin(), c.seqs.end(), [](const SeqSpec& s) { return s.q_len == 1; });
+  const bool other_prefill = max_q >= 2 && uses_hopper_prefill(c.dtype, c.head_dim);
+  const bool other_decode =
+      has_decode && !is_kv8(c.dtype) && uses_tensor_core_decode(c.dtype, c.head_dim);
+  const int num_configs = other_prefill || other_decode ? 2 : 1;
+  const AutoKernelsAfterwards reset;
+  for (int config = 0; config < num_configs; ++config) {
+    set_prefill_kernel(config == 0 ? PrefillKernel::Auto : PrefillKernel::Portable);
+    set_decode_kernel(config == 0 ? DecodeKernel::Auto : DecodeKernel::Lanes);
+    const char* kernel_name = num_configs == 1 ? ""
+                              : config == 0    ? "hopper prefill / tensor-core decode"
+                                               : "portable prefill / per-lane decode";
     // Twice with one workspace: a reused workspace (split states of the first call) must not
     // leak into the second.
     for (int call = 0; call < 2; ++call) {
@@ -403,7 +411,7 @@ TEST_F(PagedAttention, LongContextWindowedDecode) {
 // tiles cut by the causal diagonal at every offset, a window cutting tiles, GQA 1 and 8, a soft
 // cap, and sequences whose prefix ends inside a key tile.
 TEST_F(PagedAttention, HopperPrefillRunsOnComputeCapability90) {
-  const AutoPrefillKernelAfterwards reset;
+  const AutoKernelsAfterwards reset;
   int device = 0, major = 0, minor = 0;
   KVP_ASSERT_CUDA(cudaGetDevice(&device));
   KVP_ASSERT_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
@@ -417,6 +425,20 @@ TEST_F(PagedAttention, HopperPrefillRunsOnComputeCapability90) {
   EXPECT_FALSE(uses_hopper_prefill(DType::FP8, 256));
   set_prefill_kernel(PrefillKernel::Portable);
   EXPECT_FALSE(uses_hopper_prefill(DType::BF16, 128));
+}
+
+// The tensor-core decode kernel takes 16-bit KV at head dims 64 and 128 unless the per-lane
+// kernel is asked for, and 8-bit KV there either way (run_case checks both kernels' outputs).
+TEST_F(PagedAttention, TensorCoreDecodeCoversHeadDims64And128) {
+  const AutoKernelsAfterwards reset;
+  EXPECT_TRUE(uses_tensor_core_decode(DType::BF16, 128));
+  EXPECT_TRUE(uses_tensor_core_decode(DType::F16, 64));
+  EXPECT_FALSE(uses_tensor_core_decode(DType::BF16, 256));
+  EXPECT_TRUE(uses_tensor_core_decode(DType::I8, 128));
+  set_decode_kernel(DecodeKernel::Lanes);
+  EXPECT_FALSE(uses_tensor_core_decode(DType::BF16, 128));
+  EXPECT_FALSE(uses_tensor_core_decode(DType::F16, 64));
+  EXPECT_TRUE(uses_tensor_core_decode(DType::FP8, 64));
 }
 
 TEST_F(PagedAttention, PrefillTilesCutByTheDiagonalAndWindows) {
