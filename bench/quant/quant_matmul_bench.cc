@@ -2,7 +2,7 @@
 // Llama-3.1-8B shape's FFN.
 //
 //   quant_matmul_bench [TYPE...|all] [--rows N]... [--shape TEXT]... [--hot] [--cpu-time]
-//                      [--csv FILE]
+//                      [--variant V]... [--rounds K] [--csv FILE]
 //   default: Q4_1 Q8_0 Q5_0 Q4_K Q6_K F16, activation rows 1 8 512, every shape (--shape keeps
 //   those whose name contains TEXT, e.g. "8B" or "down")
 //
@@ -20,6 +20,10 @@
 // --cpu-time times one thread only, by its CPU time instead of the wall clock.
 // --hot reads one copy of the matrix at every call (from cache where it fits): the kernel's
 // compute rate without the memory stream.
+// --variant picks the weights' row layout of the decode cases (below 32 activation rows; the
+// path column names it), several in turn: 1 the file's layout (row_tile), 2 Q4_1 repacked into
+// groups of 8 blocks (RowLayout::kDecodeGroup, repack_for_decode); default 1. --rounds K runs
+// the variants of each case K times in turn, one line each, so an A/B shares one process.
 // Times are the median of 7 runs of ≥ 50 ms each.
 #include <cblas.h>
 
@@ -30,6 +34,7 @@
 #include <ctime>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -138,9 +143,19 @@ int run(int argc, char** argv) {
   std::vector<std::string> shape_filters;
   bool hot = false;
   bool thread_cpu = false;
+  std::vector<int> variants;
+  int rounds = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--hot") {
+    if (arg == "--variant" && i + 1 < argc) {
+      variants.push_back(std::stoi(argv[++i]));
+      if (variants.back() < 1 || variants.back() > 2) {
+        std::fprintf(stderr, "--variant: 1 (file layout) or 2 (decode groups)\n");
+        return 2;
+      }
+    } else if (arg == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::stoi(argv[++i]));
+    } else if (arg == "--hot") {
       hot = true;
     } else if (arg == "--cpu-time") {
       thread_cpu = true;
@@ -177,6 +192,7 @@ int run(int argc, char** argv) {
              GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16};
   }
   if (row_counts.empty()) row_counts = {1, 8, 512};
+  if (variants.empty()) variants = {1};
   ThreadPool pool2(2);
   ThreadPool* pools[2] = {nullptr, &pool2};
   double copy_gbs[2] = {copy_bandwidth(nullptr), copy_bandwidth(&pool2)};
@@ -206,6 +222,15 @@ int run(int argc, char** argv) {
       std::vector<std::vector<uint8_t>> cold(copies - 1, data);
       std::vector<QuantMatrix> ws{w};
       for (auto& c : cold) ws.push_back(make_matrix(type, c.data(), shape.rows, shape.cols));
+      // Variant 2: the same copies in the decode layout.
+      const bool has_v2 = type == GgmlType::Q4_1 &&
+                          std::find(variants.begin(), variants.end(), 2) != variants.end();
+      std::vector<std::vector<std::byte>> grouped(has_v2 ? ws.size() : 0);
+      std::vector<QuantMatrix> ws2;
+      for (size_t c = 0; c < grouped.size(); ++c) {
+        grouped[c].resize(w.size_bytes());
+        ws2.push_back(repack_for_decode(ws[c], grouped[c].data()));
+      }
       std::vector<float> f32;  // dequantised, for sgemm
       for (int64_t num_rows : row_counts) {
         if (num_rows >= 32 && shape.rows * shape.cols > 30000000) continue;  // lm-heads, 8B
@@ -224,16 +249,35 @@ int run(int argc, char** argv) {
             type != GgmlType::BF16) {
           paths = {ActPrecision::kF32, ActPrecision::kInt8All};
         }
+        // (path, variant) pairs: the variants at decode sizes, K rounds in turn.
+        std::vector<std::pair<ActPrecision, int>> runs;
+        for (ActPrecision path : paths) {
+          if (num_rows >= kPrefillMinRows) {
+            runs.emplace_back(path, 1);
+            continue;
+          }
+          for (int k = 0; k < rounds; ++k) {
+            for (int v : variants) {
+              if (v == 1 || !ws2.empty()) runs.emplace_back(path, v);
+            }
+          }
+        }
         for (int th = 1; th <= (thread_cpu ? 1 : 2); ++th) {
-          for (ActPrecision path : paths) {
+          for (const auto& run_case : runs) {
+            const ActPrecision path = run_case.first;
+            const int variant = run_case.second;
             size_t next = 0;
             const bool rotate = num_rows < 32 && !hot;
+            const std::vector<QuantMatrix>& mats = variant == 2 ? ws2 : ws;
             const auto call = [&] {
-              const QuantMatrix& m = rotate ? ws[next++ % ws.size()] : w;
+              const QuantMatrix& m = rotate ? mats[next++ % mats.size()] : mats[0];
               matmul(m, x.data(), num_rows, shape.cols, y.data(), shape.rows, pools[th - 1], path);
             };
             const double t = time_per_call(call, thread_cpu);
-            const char* path_name = num_rows < kPrefillMinRows       ? "int8"
+            const char* path_name = num_rows < kPrefillMinRows
+                                        ? (variants.size() > 1 ? (variant == 2 ? "v2" : "v1")
+                                           : variant == 2      ? "int8g"
+                                                               : "int8")
                                     : path == ActPrecision::kF32     ? "f32"
                                     : path == ActPrecision::kInt8All ? "int8"
                                                                      : "auto";

@@ -39,6 +39,15 @@ void block_rows_32_prefill(const RowRange& range, const ActBlocks& acts);
 // decode tiles.
 bool prefill_tiles_repack();
 
+// Q4_1 rows in RowLayout::kDecodeGroup (quant_matmul.h) for every activation row, one at a
+// time (quant_kernels_decode.cc). requires: rr.w->type == Q4_1, rr.w->layout == kDecodeGroup;
+// acts.num_blocks * 32 == w.cols.
+void block_rows_32_decode_group(const RowRange& range, const ActBlocks& acts);
+// Whether the target the kernels run on has the vector kernel of that layout (x86).
+bool decode_group_kernel_is_vector();
+// Row r of a kDecodeGroup matrix back in the file's layout: w.row_bytes bytes to out.
+void decode_group_row_to_ggml(const QuantMatrix& w, int64_t r, std::byte* out);
+
 // F32 / F16 / BF16 weights against f32 activations x [num_rows][ldx], multiply-add in f32.
 void float_rows(const RowRange& range, const float* x, int64_t ldx);
 

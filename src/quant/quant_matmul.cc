@@ -174,6 +174,14 @@ bool prefill_prefers_int8(GgmlType type) {
 }
 
 void dequantize_row(const QuantMatrix& w, int64_t r, float* out) {
+  if (w.layout == RowLayout::kDecodeGroup) {
+    // [row_bytes] the row back in the file's layout; per thread, reused across calls.
+    thread_local std::vector<std::byte> row;
+    row.resize(w.row_bytes);
+    decode_group_row_to_ggml(w, r, row.data());
+    dequantize(w.type, row.data(), static_cast<size_t>(w.cols), out);
+    return;
+  }
   dequantize(w.type, w.row(r), static_cast<size_t>(w.cols), out);
 }
 
@@ -203,6 +211,8 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
   for (const QuantMatrix& w : parts) {
     KVP_CHECK(matmul_supports(w.type), "matmul: no kernel for {}", ggml_type_name(w.type));
     KVP_CHECK(w.cols == cols, "matmul: parts of {} and {} columns", cols, w.cols);
+    KVP_CHECK(w.layout == RowLayout::kGgml || w.type == GgmlType::Q4_1,
+              "matmul: {} in the decode layout", ggml_type_name(w.type));
     any_k = any_k || is_k_type(w.type);
     any_32 = any_32 || (!is_float_type(w.type) && !is_k_type(w.type));
   }
@@ -252,19 +262,41 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
   const std::vector<bool>& repacked = s.repacked;
   parallel_for(pool, static_cast<int64_t>(items.size()), [&](int64_t i, int) {
     const Item& item = items[static_cast<size_t>(i)];
-    const QuantMatrix& w = parts[static_cast<size_t>(item.part)];
+    const size_t p = static_cast<size_t>(item.part);
+    const QuantMatrix& part = parts[p];
     RowRange rr;
-    rr.w = &w;
     rr.row_begin = item.row_begin;
     rr.row_end = item.row_end;
     rr.num_rows = num_rows;
-    rr.y = y + offsets[static_cast<size_t>(item.part)];
+    rr.y = y + offsets[p];
     rr.ldy = ldy;
-    if (panels[static_cast<size_t>(item.part)]) {
-      const int64_t panel_rows = item.row_end - item.row_begin;
-      float* out = rr.y + item.row_begin;
+    // A decode-layout part's kernel takes one activation row; the kernels of more (block_tile,
+    // the prefill panels, the f32 panels) get the item's rows back in the file's layout, a
+    // copy of the item's bytes.
+    QuantMatrix file_rows;
+    if (part.layout == RowLayout::kDecodeGroup && (num_rows > 1 || panels[p])) {
+      // [item rows][row_bytes], per pool thread, reused across calls.
+      thread_local std::vector<std::byte> file_bytes;
+      file_bytes.resize(static_cast<size_t>(item.row_end - item.row_begin) * part.row_bytes);
+      for (int64_t r = item.row_begin; r < item.row_end; ++r) {
+        decode_group_row_to_ggml(
+            part, r, file_bytes.data() + static_cast<size_t>(r - item.row_begin) * part.row_bytes);
+      }
+      file_rows =
+          make_matrix(part.type, file_bytes.data(), item.row_end - item.row_begin, part.cols);
+      rr.y += item.row_begin;
+      rr.row_begin = 0;
+      rr.row_end = file_rows.rows;
+    }
+    const QuantMatrix& w = file_rows.data != nullptr ? file_rows : part;
+    rr.w = &w;
+    if (w.layout == RowLayout::kDecodeGroup) {
+      block_rows_32_decode_group(rr, acts);
+    } else if (panels[p]) {
+      const int64_t panel_rows = rr.row_end - rr.row_begin;
+      float* out = rr.y + rr.row_begin;
       if (w.type == GgmlType::F32) {
-        sgemm_panel(x, num_rows, ldx, reinterpret_cast<const float*>(w.row(item.row_begin)),
+        sgemm_panel(x, num_rows, ldx, reinterpret_cast<const float*>(w.row(rr.row_begin)),
                     panel_rows, cols, out, ldy);
         return;
       }
@@ -274,12 +306,11 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
       if (panel.size() < static_cast<size_t>(panel_rows * cols)) {
         panel.resize(static_cast<size_t>(panel_rows * cols));
       }
-      dequantize(w.type, w.row(item.row_begin), static_cast<size_t>(panel_rows * cols),
-                 panel.data());
+      dequantize(w.type, w.row(rr.row_begin), static_cast<size_t>(panel_rows * cols), panel.data());
       sgemm_panel(x, num_rows, ldx, panel.data(), panel_rows, cols, out, ldy);
     } else if (is_float_type(w.type)) {
       float_rows(rr, x, ldx);
-    } else if (repacked[static_cast<size_t>(item.part)]) {
+    } else if (repacked[p]) {
       if (is_k_type(w.type)) {
         block_rows_k_prefill(rr, acts_k);
       } else {

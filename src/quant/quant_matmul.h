@@ -21,12 +21,23 @@
 
 namespace kvp::quant {
 
+// How a matrix's rows hold their blocks.
+//   kGgml:        the file's layout (dequant.h)
+//   kDecodeGroup: Q4_1 only, repacked at load for one activation row (repack_for_decode): each
+//                 row is groups of 8 blocks, then the row's last num_blocks % 8 blocks in the
+//                 file's layout; same bytes per row as kGgml.
+//                   group [160 B] = d[8] f16 | m[8] f16 | qs[8][16]
+//                   d in block order 0 2 4 6 1 3 5 7 (the lanes in which the kernel's sums of
+//                   a group come out), m and qs in block order
+enum class RowLayout { kGgml, kDecodeGroup };
+
 struct QuantMatrix {
   GgmlType type = GgmlType::F32;
   const std::byte* data = nullptr;  // rows * row_bytes bytes, any alignment; not owned
   int64_t rows = 0;
   int64_t cols = 0;      // a multiple of the type's block size
   size_t row_bytes = 0;  // ggml_row_size_bytes(type, cols)
+  RowLayout layout = RowLayout::kGgml;
 
   const std::byte* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
   size_t size_bytes() const { return static_cast<size_t>(rows) * row_bytes; }
@@ -79,6 +90,19 @@ void matmul(const QuantMatrix& w, const float* x, int64_t num_rows, int64_t ldx,
 // different types. requires: as above for each part; ldy >= the sum of their rows.
 void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows, int64_t ldx,
             float* y, int64_t ldy, ThreadPool* pool, ActPrecision precision = ActPrecision::kInt8);
+
+// Whether repack_for_decode's layout has a kernel that pays on the target the kernels run on
+// (x86 targets) for `type` (Q4_1). Elsewhere the layout still works, through a portable loop.
+bool decode_layout_pays(GgmlType type);
+
+// w's rows in RowLayout::kDecodeGroup, written to out, and the matrix viewing out. Every
+// function here (matmul at any number of rows and precision, dequantize_row, matmul_reference)
+// takes either layout: matmul runs the layout's kernel at one activation row with int8
+// activations, and otherwise the file layout's kernels over a copy of each item's rows turned
+// back (the weights' bytes copied once more per call: fine for prefill, a cost at 2-31 rows).
+// requires: w.type == Q4_1; w.layout == kGgml; out holds w.size_bytes() bytes and does not
+// overlap w. Does not modify w.
+QuantMatrix repack_for_decode(const QuantMatrix& w, std::byte* out);
 
 // The exact product of the dequantised weights with x (f64 accumulation), one thread: the
 // reference the kernels are tested against.

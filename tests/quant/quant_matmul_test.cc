@@ -159,20 +159,24 @@ int64_t cols_of(GgmlType t, int64_t blocks) {
 }
 
 // Runs matmul on every target and checks every output against its bound; returns the largest
-// |y - ref| / bound seen.
+// |y - ref| / bound seen. decode_layout: matmul reads the matrix repacked by repack_for_decode
+// (the reference and the bound read the file's layout), followed by 256 bytes of 0xff (f16
+// NaNs) that it must not read.
 double check_type(GgmlType type, const Shape& shape, uint32_t seed,
-                  ActPrecision precision = ActPrecision::kInt8) {
+                  ActPrecision precision = ActPrecision::kInt8, bool decode_layout = false) {
   std::mt19937 rng(seed);
   const int64_t cols = cols_of(type, shape.blocks);
   const int64_t ldx = cols + 5, ldy = shape.rows + 3;
   const std::vector<uint8_t> data = random_matrix(type, shape.rows, cols, rng);
-  const QuantMatrix w = make_matrix(type, data.data(), shape.rows, cols);
+  const QuantMatrix w_file = make_matrix(type, data.data(), shape.rows, cols);
+  std::vector<std::byte> grouped(decode_layout ? w_file.size_bytes() + 256 : 0, std::byte{0xff});
+  const QuantMatrix w = decode_layout ? repack_for_decode(w_file, grouped.data()) : w_file;
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(shape.num_rows * ldx));
   for (float& v : x) v = u(rng) * (u(rng) > 0.8f ? 8.0f : 1.0f);  // some outliers
   std::vector<float> ref(static_cast<size_t>(shape.num_rows * ldy), 0.0f);
-  matmul_reference(w, x.data(), shape.num_rows, ldx, ref.data(), ldy);
-  const std::vector<double> bounds = error_bounds(w, x.data(), shape.num_rows, ldx, ref, ldy);
+  matmul_reference(w_file, x.data(), shape.num_rows, ldx, ref.data(), ldy);
+  const std::vector<double> bounds = error_bounds(w_file, x.data(), shape.num_rows, ldx, ref, ldy);
   ThreadPool pool(2);
   double worst_overall = 0;
   for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
@@ -260,6 +264,53 @@ INSTANTIATE_TEST_SUITE_P(BlockTypes, PrefillParity,
                          [](const ::testing::TestParamInfo<GgmlType>& info) {
                            return std::string(ggml_type_name(info.param));
                          });
+
+// Q4_1 repacked for decode (RowLayout::kDecodeGroup: groups of 8 blocks, then the row's last
+// blocks % 8 in the file's layout), against the reference over the file's layout: block counts
+// below one group (1, 3), of whole groups (8, 16, 48: SmolLM2's 1536 columns), and with a tail of
+// each parity (9, 17, 18: SmolLM2's 576 columns, 23); weight-row counts off a multiple of the
+// 4-row tile; rows of 512+ bytes (one weight row a tile) from 26 blocks; 1 activation row (the
+// layout's kernel), 2, 3 and 40 (the file layout's kernels over rows turned back), the last also
+// through the f32 panels.
+constexpr Shape kDecodeLayoutShapes[] = {{1, 1, 1},  {5, 3, 1},   {13, 8, 1},   {7, 9, 1},
+                                         {9, 16, 1}, {11, 17, 1}, {6, 18, 1},   {21, 23, 1},
+                                         {5, 48, 1}, {67, 18, 1}, {13, 9, 3},   {37, 17, 40},
+                                         {3, 26, 1}, {2, 33, 2},  {130, 18, 1}, {100, 18, 36}};
+
+TEST(QuantMatmul, DecodeLayoutMatchesReferenceWithinDerivedBoundOnEveryTarget) {
+  uint32_t seed = 300;
+  double worst = 0;
+  for (const Shape& shape : kDecodeLayoutShapes) {
+    worst = std::max(worst, check_type(GgmlType::Q4_1, shape, seed++, ActPrecision::kInt8, true));
+    if (shape.num_rows >= kPrefillMinRows) {
+      worst = std::max(worst, check_type(GgmlType::Q4_1, shape, seed++, ActPrecision::kF32, true));
+    }
+  }
+  std::printf("Q4_1 decode layout: largest |y - ref| / bound %.3g\n", worst);
+}
+
+// The layout's rows turn back into the file's exactly (embedding lookups of a tied lm-head).
+TEST(QuantMatmul, DecodeLayoutDequantizesToTheFileRows) {
+  std::mt19937 rng(31);
+  for (int64_t blocks : {1, 8, 9, 18, 23}) {
+    const int64_t rows = 5, cols = blocks * 32;
+    const std::vector<uint8_t> data = random_matrix(GgmlType::Q4_1, rows, cols, rng);
+    const QuantMatrix w = make_matrix(GgmlType::Q4_1, data.data(), rows, cols);
+    std::vector<std::byte> grouped(w.size_bytes());
+    const QuantMatrix g = repack_for_decode(w, grouped.data());
+    EXPECT_EQ(g.layout, RowLayout::kDecodeGroup);
+    if (blocks >= 8) {
+      EXPECT_NE(std::memcmp(grouped.data(), data.data(), data.size()), 0);
+    }
+    std::vector<float> a(static_cast<size_t>(cols)), b(a.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(w, r, a.data());
+      dequantize_row(g, r, b.data());
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << blocks << " blocks, row " << r;
+    }
+  }
+}
 
 // kF32 at prefill sizes stays the f32 panel path for every block format: exact up to f32
 // summation, far inside the int8 bound, so the comparison uses the float types' bound.
