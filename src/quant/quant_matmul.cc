@@ -270,11 +270,11 @@ void matmul(std::span<const QuantMatrix> parts, const float* x, int64_t num_rows
     rr.num_rows = num_rows;
     rr.y = y + offsets[p];
     rr.ldy = ldy;
-    // A decode-layout part's kernel takes one activation row; the kernels of more (block_tile,
-    // the prefill panels, the f32 panels) get the item's rows back in the file's layout, a
-    // copy of the item's bytes.
+    // A decode-layout part's kernel takes decode rows one at a time (the item's weight rows
+    // stay in L2 between them); the prefill kernels (repacked int8 panels, f32 panels) get the
+    // item's rows back in the file's layout, a copy of the item's bytes.
     QuantMatrix file_rows;
-    if (part.layout == RowLayout::kDecodeGroup && (num_rows > 1 || panels[p])) {
+    if (part.layout == RowLayout::kDecodeGroup && (panels[p] || repacked[p])) {
       // [item rows][row_bytes], per pool thread, reused across calls.
       thread_local std::vector<std::byte> file_bytes;
       file_bytes.resize(static_cast<size_t>(item.row_end - item.row_begin) * part.row_bytes);

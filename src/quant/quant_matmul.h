@@ -97,9 +97,9 @@ bool decode_layout_pays(GgmlType type);
 
 // w's rows in RowLayout::kDecodeGroup, written to out, and the matrix viewing out. Every
 // function here (matmul at any number of rows and precision, dequantize_row, matmul_reference)
-// takes either layout: matmul runs the layout's kernel at one activation row with int8
-// activations, and otherwise the file layout's kernels over a copy of each item's rows turned
-// back (the weights' bytes copied once more per call: fine for prefill, a cost at 2-31 rows).
+// takes either layout: matmul runs the layout's kernel on decode rows (int8 activations, below
+// kPrefillMinRows rows; one activation row at a time), and the file layout's prefill kernels
+// over a copy of each item's rows turned back.
 // requires: w.type == Q4_1; w.layout == kGgml; out holds w.size_bytes() bytes and does not
 // overlap w. Does not modify w.
 QuantMatrix repack_for_decode(const QuantMatrix& w, std::byte* out);
