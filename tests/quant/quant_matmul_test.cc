@@ -269,13 +269,13 @@ INSTANTIATE_TEST_SUITE_P(BlockTypes, PrefillParity,
 // blocks % 8 in the file's layout), against the reference over the file's layout: block counts
 // below one group (1, 3), of whole groups (8, 16, 48: SmolLM2's 1536 columns), and with a tail of
 // each parity (9, 17, 18: SmolLM2's 576 columns, 23); weight-row counts off a multiple of the
-// 4-row tile; rows of 512+ bytes (one weight row a tile) from 26 blocks; 1, 2 and 3 activation
-// rows (the layout's kernel, a row at a time), 36 and 40 (the file layout's prefill kernels
-// over rows turned back, int8 and f32 panels).
-constexpr Shape kDecodeLayoutShapes[] = {{1, 1, 1},  {5, 3, 1},   {13, 8, 1},   {7, 9, 1},
-                                         {9, 16, 1}, {11, 17, 1}, {6, 18, 1},   {21, 23, 1},
-                                         {5, 48, 1}, {67, 18, 1}, {13, 9, 3},   {37, 17, 40},
-                                         {3, 26, 1}, {2, 33, 2},  {130, 18, 1}, {100, 18, 36}};
+// 4-row tile; rows of 512+ bytes (one weight row a tile) from 26 blocks; 1, 2, 3, 5 and 8
+// activation rows (the layout's kernel, a row at a time), 36 and 40 (the file layout's prefill
+// kernels over rows turned back, int8 and f32 panels).
+constexpr Shape kDecodeLayoutShapes[] = {
+    {1, 1, 1},  {5, 3, 1},   {13, 8, 1},   {7, 9, 1},     {9, 16, 1},  {11, 17, 1},
+    {6, 18, 1}, {21, 23, 1}, {5, 48, 1},   {67, 18, 1},   {13, 9, 3},  {37, 17, 40},
+    {3, 26, 1}, {2, 33, 2},  {130, 18, 1}, {100, 18, 36}, {11, 18, 8}, {7, 23, 5}};
 
 TEST(QuantMatmul, DecodeLayoutMatchesReferenceWithinDerivedBoundOnEveryTarget) {
   uint32_t seed = 300;
