@@ -1,8 +1,6 @@
 #include "model/model_runner.h"
 
 #include <fmt/format.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -22,35 +20,6 @@ Status read_into(const WeightSource& source, const std::string& name,
                  std::initializer_list<int64_t> shape, std::vector<float>* out) {
   KVP_ASSIGN_OR_RETURN(*out, source.read_f32(name, std::span(shape.begin(), shape.size())));
   return Status::ok();
-}
-
-// The Q4_1 matrices of w (dense layers, embedding / lm-head) in the decode layout
-// (quant::repack_for_decode), each an owned copy kept in w.keep_alive. The pages of the bytes
-// each copy replaces are handed back to the kernel (MADV_PAGEOUT: a file mapping's are dropped,
-// any other memory keeps its contents; advice, ignored where unsupported), so resident memory
-// stays about the file's size. Experts keep the file's layout.
-void repack_q4_1_for_decode(ModelWeights& w) {
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  auto repack = [&](quant::QuantMatrix& m) {
-    if (m.type != GgmlType::Q4_1 || m.layout != quant::RowLayout::kGgml || m.rows == 0) return;
-    auto bytes = std::make_shared<std::vector<std::byte>>(m.size_bytes());
-    const quant::QuantMatrix file = m;
-    m = quant::repack_for_decode(file, bytes->data());
-    w.keep_alive.push_back(std::move(bytes));
-    const auto begin = reinterpret_cast<uintptr_t>(file.data);
-    const uintptr_t first = (begin + page - 1) / page * page;
-    const uintptr_t last = (begin + file.size_bytes()) / page * page;
-#ifdef MADV_PAGEOUT
-    if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_PAGEOUT);
-#endif
-  };
-  repack(w.embed);
-  repack(w.lm_head);
-  for (LayerWeights& lw : w.layers) {
-    for (LinearWeight* l : {&lw.qkv, &lw.o, &lw.gate_up, &lw.down}) {
-      for (quant::QuantMatrix& m : l->parts) repack(m);
-    }
-  }
 }
 
 // Appends matrix `name` [rows][cols] (as stored) to `linear`, keeping its memory alive in `w`.
@@ -326,7 +295,6 @@ ModelRunner::ModelRunner(ModelSpec spec, ModelWeights weights, ThreadPool* pool)
   layer_slot_ = std::move(groups.layer_slot);
   inv_freq_global_ = rope_inverse_frequencies(spec_, spec_.rope_global);
   inv_freq_local_ = rope_inverse_frequencies(spec_, spec_.rope_local);
-  if (quant::decode_layout_pays(GgmlType::Q4_1)) repack_q4_1_for_decode(weights_);
 }
 
 bool ModelRunner::group_is_sliding(int32_t group) const {

@@ -124,9 +124,7 @@ std::vector<float> rope_inverse_frequencies(const ModelSpec& spec, const RopeSpe
 
 class ModelRunner {
  public:
-  // pool: threads for attention (null: the calling thread only); not owned. Where the target
-  // has its kernel (quant::decode_layout_pays), the dense Q4_1 matrices are copied into the
-  // decode layout (quant::repack_for_decode) and the file pages they replace handed back.
+  // pool: threads for attention (null: the calling thread only); not owned.
   ModelRunner(ModelSpec spec, ModelWeights weights, ThreadPool* pool = nullptr);
 
   const ModelSpec& spec() const { return spec_; }
