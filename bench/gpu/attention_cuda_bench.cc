@@ -5,10 +5,12 @@
 // --kv: KV dtypes to run each case with (default bf16). int8 and fp8 (e4m3) are the 8-bit pools of
 // cache/kv_layout.h (q and out stay bf16); their bytes count the 8-bit rows and their f16 scales,
 // what the kernels read. --kinds: case families to run (default all: decode, decode_block,
-// prefill, prefill_portable, decode_split, decode_lanes). prefill runs the library's choice of
-// kernel (on an H100 the Hopper wgmma kernel, for bf16 KV); prefill_portable the same shapes on
-// the portable mma.sync kernel, for a same-run comparison. decode runs the library's choice (the
-// tensor-core kernel at head dim 128); decode_lanes the decode grid on the per-lane kernel;
+// prefill, prefill_portable, decode_split, decode_lanes, decode_tc, decode_small{,_tc,_lanes},
+// decode_factor). prefill runs the library's choice of kernel (on an H100 the Hopper wgmma kernel,
+// for bf16 KV); prefill_portable the same shapes on the portable mma.sync kernel, for a same-run
+// comparison. decode runs the library's choice (DecodeKernel::Auto: the tensor-core kernel at
+// head dim 128 but for short splits in one wave); decode_lanes / decode_tc the decode grid on the
+// per-lane / tensor-core kernel; decode_small* batch {1,2,4,8} x context {256..2048} on each;
 // decode_split and decode_factor the library's split-KV choice varied (fewest keys per split;
 // the split count halved and doubled).
 //
@@ -162,8 +164,8 @@ double measure_copy_gbps(cudaStream_t stream) {
 }
 
 struct Shape {
-  // "decode", "decode_block", "prefill", "prefill_portable", "decode_split", "decode_factor" or
-  // "decode_lanes"
+  // "decode", "decode_block", "prefill", "prefill_portable", "decode_split", "decode_factor",
+  // "decode_lanes", "decode_tc" or "decode_small" (+ "_tc", "_lanes")
   const char* kind;
   int32_t batch;
   int32_t ctx;    // kv_len of every sequence
@@ -333,6 +335,15 @@ int bench_main(int argc, char** argv) {
   for (int32_t b : {1, 16, 64, 256}) {
     for (int32_t ctx : {512, 4096, 16384}) all_shapes.push_back({"decode_lanes", b, ctx, 1, 16});
   }
+  for (int32_t b : {1, 16, 64, 256}) {
+    for (int32_t ctx : {512, 4096, 16384}) all_shapes.push_back({"decode_tc", b, ctx, 1, 16});
+  }
+  // small decode calls, where Auto chooses between the two kernels, on each of the three settings
+  for (const char* kind : {"decode_small", "decode_small_tc", "decode_small_lanes"}) {
+    for (int32_t b : {1, 2, 4, 8}) {
+      for (int32_t ctx : {256, 512, 1024, 2048}) all_shapes.push_back({kind, b, ctx, 1, 16});
+    }
+  }
   for (int32_t bs : {16, 32, 64, 128, 256}) {
     all_shapes.push_back({"decode_block", 16, 4096, 1, bs});
     all_shapes.push_back({"decode_block", 1, 16384, 1, bs});
@@ -376,8 +387,14 @@ int bench_main(int argc, char** argv) {
     set_decode_split_factor(s.split_factor);
     set_prefill_kernel(std::strcmp(s.kind, "prefill_portable") == 0 ? PrefillKernel::Portable
                                                                     : PrefillKernel::Auto);
-    set_decode_kernel(std::strcmp(s.kind, "decode_lanes") == 0 ? DecodeKernel::Lanes
-                                                               : DecodeKernel::Auto);
+    const std::string kind = s.kind;
+    const auto ends_with = [&kind](const std::string& tail) {
+      return kind.size() > tail.size() &&
+             kind.compare(kind.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    set_decode_kernel(ends_with("_lanes") ? DecodeKernel::Lanes
+                      : ends_with("_tc")  ? DecodeKernel::TensorCores
+                                          : DecodeKernel::Auto);
     const CaseResult r = run_shape(s, stream, quick, seed += 101);
     const double gbps = r.bytes / (r.timing.graph_us * 1e-6) / 1e9;
     const double tflops = r.flops / (r.timing.graph_us * 1e-6) / 1e12;

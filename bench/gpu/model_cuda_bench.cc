@@ -727,17 +727,19 @@ int run(int argc, char** argv) {
     set_prefill_kernel(PrefillKernel::Auto);
   }
   if (decode_kernels) {
-    // 8B graph decode steps with 16-bit decode attention on the tensor-core kernel and on the
-    // per-lane kernel, alternated twice
+    // 8B graph decode steps with 16-bit decode attention on the library's choice, the
+    // tensor-core kernel and the per-lane kernel, alternated twice
     ModelBench bench("llama31-8b", llama31_8b(), 64 * 4096 + 2048, bandwidth, matmul, quick);
     for (int round = 0; round < 2; ++round) {
-      for (const DecodeKernel kernel : {DecodeKernel::Auto, DecodeKernel::Lanes}) {
+      for (const DecodeKernel kernel :
+           {DecodeKernel::Auto, DecodeKernel::TensorCores, DecodeKernel::Lanes}) {
         set_decode_kernel(kernel);
         for (int batch : {1, 4, 64}) {
           for (int context : {512, 4096}) {
             rows.push_back(bench.decode(batch, context, true));
-            rows.back().mode = kernel == DecodeKernel::Auto ? "graph, decode tensor cores"
-                                                            : "graph, decode per-lane";
+            rows.back().mode = kernel == DecodeKernel::Auto          ? "graph, decode auto"
+                               : kernel == DecodeKernel::TensorCores ? "graph, decode tensor cores"
+                                                                     : "graph, decode per-lane";
             print(rows.back());
           }
         }

@@ -19,11 +19,6 @@ std::atomic<PrefillKernel> g_prefill_kernel{PrefillKernel::Auto};
 std::atomic<DecodeKernel> g_decode_kernel{DecodeKernel::Auto};
 std::atomic<float> g_decode_split_factor{1.0f};
 
-// Whether 16-bit KV decodes on the tensor-core kernel (decode_attention_mma.cu).
-bool native_decode_on_mma() {
-  return g_decode_kernel.load(std::memory_order_relaxed) == DecodeKernel::Auto;
-}
-
 // Heads of one KV group handled by one decode CTA: the largest of 8, 4, 2, 1 dividing the group.
 int32_t decode_heads_per_cta(int32_t group) {
   for (int32_t h : {8, 4, 2}) {
@@ -47,26 +42,36 @@ detail::KvFormat kv_format(DType dtype) {
                                : detail::KvFormat::Native;
 }
 
+// Keys a decode row attends to at most (the window's, when there is one).
+int32_t decode_span(const AttentionParams& params, const AttentionBatch& batch) {
+  return params.window > 0 ? std::min(batch.max_kv_len, params.window) : batch.max_kv_len;
+}
+
+// Decode CTAs resident on the device at once, from the occupancy of the kernel that will run.
+int64_t decode_resident_ctas(const PagedKv& kv, int32_t heads_per_cta, int32_t num_sms,
+                             bool native_on_mma) {
+  return int64_t{detail::decode_ctas_per_sm(kv.dtype != DType::F16, kv_format(kv.dtype),
+                                            kv.head_dim, heads_per_cta, native_on_mma)} *
+         num_sms;
+}
+
 // Splits per sequence for decode: as many as keep all CTAs in one wave (as many CTAs as are
 // resident at once, from the occupancy of the kernel that will run), never fewer than
 // min_keys_per_split keys per split, and about 32 at most for contexts up to 8K (16 on the
 // tensor-core kernel over 16-bit KV, which also splits a grid that already covers half the SMs
 // only into splits of 512 keys or more).
+// native_on_mma: 16-bit KV on the tensor-core kernel (where it covers the head dim).
 int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch, const PagedKv& kv,
-                      int32_t num_sms) {
+                      int32_t num_sms, bool native_on_mma) {
   const int32_t group = params.num_q_heads / kv.num_kv_heads;
   const int32_t heads_per_cta = decode_heads_per_cta(group);
   const int64_t ctas = int64_t{batch.num_seqs} * kv.num_kv_heads * (group / heads_per_cta);
-  const int32_t span =
-      params.window > 0 ? std::min(batch.max_kv_len, params.window) : batch.max_kv_len;
+  const int32_t span = decode_span(params, batch);
   const detail::KvFormat format = kv_format(kv.dtype);
   const bool mma16 = format == detail::KvFormat::Native &&
-                     detail::decode_mma_covers(format, kv.head_dim, native_decode_on_mma());
-  const int64_t resident =
-      int64_t{detail::decode_ctas_per_sm(kv.dtype != DType::F16, format, kv.head_dim, heads_per_cta,
-                                         native_decode_on_mma())} *
-      num_sms;
-  const int64_t by_occupancy = resident / std::max<int64_t>(ctas, 1);
+                     detail::decode_mma_covers(format, kv.head_dim, native_on_mma);
+  const int64_t by_occupancy =
+      decode_resident_ctas(kv, heads_per_cta, num_sms, native_on_mma) / std::max<int64_t>(ctas, 1);
   int64_t min_keys = g_min_keys_per_split.load(std::memory_order_relaxed);
   // Tensor-core kernel, one CTA or more per two SMs: the merge costs more than shorter splits
   // save below 512 keys a split (H100, batch 16 x 512: one split 17.3 us, two 18.4 us; batch 16 x
@@ -81,6 +86,41 @@ int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch
   return static_cast<int32_t>(std::clamp<int64_t>(
       std::llround(static_cast<double>(std::min({by_occupancy, by_length, by_merge})) * factor), 1,
       detail::kMaxDecodeSplits));
+}
+
+// The decode kernel and split count of one call.
+struct DecodePlan {
+  bool native_on_mma = false;  // 16-bit KV on the tensor-core kernel
+  int32_t splits = 1;
+};
+
+// Auto's shortest tensor-core split when the whole grid fits in one wave: below it the
+// per-lane kernel, whose CTAs start sooner, is faster (H100, batch 1 x 512, 16 splits of 32 keys:
+// per-lane 8.08 us, tensor cores 8.74; batch 1 x 4K, 16 splits of 256 keys: 15.02 against 13.23;
+// docs/perf/attention-cuda.md).
+constexpr int64_t kMinTensorCoreSplitKeys = 128;
+
+DecodePlan plan_decode(const AttentionParams& params, const AttentionBatch& batch,
+                       const PagedKv& kv, int32_t num_sms) {
+  const DecodeKernel mode = g_decode_kernel.load(std::memory_order_relaxed);
+  DecodePlan plan;
+  plan.native_on_mma = mode != DecodeKernel::Lanes;
+  plan.splits = decode_splits(params, batch, kv, num_sms, plan.native_on_mma);
+  const detail::KvFormat format = kv_format(kv.dtype);
+  if (mode != DecodeKernel::Auto || format != detail::KvFormat::Native ||
+      !detail::decode_mma_covers(format, kv.head_dim, true)) {
+    return plan;
+  }
+  const int32_t group = params.num_q_heads / kv.num_kv_heads;
+  const int32_t heads_per_cta = decode_heads_per_cta(group);
+  const int64_t grid =
+      int64_t{batch.num_seqs} * kv.num_kv_heads * (group / heads_per_cta) * plan.splits;
+  if (decode_span(params, batch) < kMinTensorCoreSplitKeys * plan.splits &&
+      grid <= decode_resident_ctas(kv, heads_per_cta, num_sms, true)) {
+    plan.native_on_mma = false;
+    plan.splits = decode_splits(params, batch, kv, num_sms, false);
+  }
+  return plan;
 }
 
 Status check_launchable(const AttentionParams& params, const AttentionBatch& batch,
@@ -204,7 +244,17 @@ void set_decode_kernel(DecodeKernel kernel) {
 }
 
 bool uses_tensor_core_decode(DType kv_dtype, int32_t head_dim) {
-  return detail::decode_mma_covers(kv_format(kv_dtype), head_dim, native_decode_on_mma());
+  return detail::decode_mma_covers(
+      kv_format(kv_dtype), head_dim,
+      g_decode_kernel.load(std::memory_order_relaxed) != DecodeKernel::Lanes);
+}
+
+bool decode_on_tensor_cores(const AttentionParams& params, const AttentionBatch& batch,
+                            const PagedKv& kv) {
+  Result<int32_t> sms = sm_count();
+  if (!sms.is_ok() || params.num_q_heads <= 0 || kv.num_kv_heads <= 0) return false;
+  const DecodePlan plan = plan_decode(params, batch, kv, *sms);
+  return detail::decode_mma_covers(kv_format(kv.dtype), kv.head_dim, plan.native_on_mma);
 }
 
 void set_decode_split_factor(float factor) {
@@ -228,7 +278,7 @@ size_t attention_workspace_bytes(const AttentionParams& params, const AttentionB
   if (batch.num_seqs == 0 || kv.num_kv_heads <= 0 || params.num_q_heads <= 0) return 0;
   Result<int32_t> sms = sm_count();
   if (!sms.is_ok()) return 0;
-  const int32_t splits = decode_splits(params, batch, kv, *sms);
+  const int32_t splits = plan_decode(params, batch, kv, *sms).splits;
   if (splits <= 1) return 0;
   return static_cast<size_t>(batch.num_seqs) * params.num_q_heads * splits *
          (static_cast<size_t>(kv.head_dim) + 2) * sizeof(float);
@@ -245,7 +295,8 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   const int32_t heads_per_cta = decode_heads_per_cta(args.group);
   args.head_chunks = args.group / heads_per_cta;
   KVP_ASSIGN_OR_RETURN(const int32_t num_sms, sm_count());
-  args.num_splits = decode_splits(params, batch, kv, num_sms);
+  const DecodePlan plan = plan_decode(params, batch, kv, num_sms);
+  args.num_splits = plan.splits;
   if (args.num_splits > 1) {
     const size_t rows = static_cast<size_t>(batch.num_seqs) * params.num_q_heads * args.num_splits;
     const size_t acc_bytes = rows * kv.head_dim * sizeof(float);
@@ -255,7 +306,7 @@ Status paged_attention(const AttentionParams& params, const AttentionBatch& batc
   }
   KVP_RETURN_IF_ERROR(
       cuda_status(detail::launch_decode_attention(args, bf16, kv_kind, kv.head_dim, heads_per_cta,
-                                                  native_decode_on_mma(), stream),
+                                                  plan.native_on_mma, stream),
                   "decode_attention_kernel"));
   if (args.num_splits > 1) {
     KVP_RETURN_IF_ERROR(cuda_status(detail::launch_merge_splits(args, bf16, kv.head_dim, stream),

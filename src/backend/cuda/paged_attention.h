@@ -57,15 +57,20 @@ void set_prefill_kernel(PrefillKernel kernel);
 // current device under the current setting.
 bool uses_hopper_prefill(DType kv_dtype, int32_t head_dim);
 
-// Which kernel runs decode rows over a 16-bit pool: Auto takes the tensor-core kernel
+// Which kernel runs decode rows over a 16-bit pool: TensorCores takes the tensor-core kernel
 // (decode_attention_mma.cu, mma.sync) at head dim 64 or 128 and the per-lane kernel
-// (decode_attention.cu) at 256; Lanes always takes the per-lane kernel. 8-bit pools decode on the
-// tensor-core kernel at 64 and 128 either way. Process-wide; the default is Auto.
-enum class DecodeKernel { Auto, Lanes };
+// (decode_attention.cu) at 256; Lanes always takes the per-lane kernel; Auto is TensorCores but
+// for calls whose grid fits in one wave with splits of under 128 keys (batch 1 x 512, say), which
+// take the per-lane kernel. 8-bit pools decode on the tensor-core kernel at 64 and 128 either
+// way. Process-wide; the default is Auto.
+enum class DecodeKernel { Auto, TensorCores, Lanes };
 void set_decode_kernel(DecodeKernel kernel);
-// Whether decode rows over a pool of this dtype and head dim run on the tensor-core kernel under
-// the current setting.
+// Whether decode rows over a pool of this dtype and head dim may run on the tensor-core kernel
+// under the current setting (under Auto, depending on the call's shape).
 bool uses_tensor_core_decode(DType kv_dtype, int32_t head_dim);
+// Whether the decode rows of this call run on the tensor-core kernel on the current device.
+bool decode_on_tensor_cores(const AttentionParams& params, const AttentionBatch& batch,
+                            const PagedKv& kv);
 
 // Bytes of workspace a call with these arguments needs (0 when no split is used).
 size_t attention_workspace_bytes(const AttentionParams& params, const AttentionBatch& batch,

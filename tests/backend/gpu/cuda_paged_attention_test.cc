@@ -227,7 +227,8 @@ void run_case(const Case& c, std::mt19937_64& rng) {
   const AutoKernelsAfterwards reset;
   for (int config = 0; config < num_configs; ++config) {
     set_prefill_kernel(config == 0 ? PrefillKernel::Auto : PrefillKernel::Portable);
-    set_decode_kernel(config == 0 ? DecodeKernel::Auto : DecodeKernel::Lanes);
+    // TensorCores, not Auto: Auto sends the small cases here to the per-lane kernel
+    set_decode_kernel(config == 0 ? DecodeKernel::TensorCores : DecodeKernel::Lanes);
     const char* kernel_name = num_configs == 1 ? ""
                               : config == 0    ? "hopper prefill / tensor-core decode"
                                                : "portable prefill / per-lane decode";
@@ -439,6 +440,49 @@ TEST_F(PagedAttention, TensorCoreDecodeCoversHeadDims64And128) {
   EXPECT_FALSE(uses_tensor_core_decode(DType::BF16, 128));
   EXPECT_FALSE(uses_tensor_core_decode(DType::F16, 64));
   EXPECT_TRUE(uses_tensor_core_decode(DType::FP8, 64));
+}
+
+// Auto sends a call whose grid fits in one wave with splits of under 128 keys to the per-lane
+// kernel (16-bit KV only), everything else where the tensor-core kernel covers the head dim;
+// TensorCores and Lanes decide by the head dim alone. 32 q / 8 KV heads, d128, pages of 16.
+TEST_F(PagedAttention, AutoDecodeTakesThePerLaneKernelForShortSplitsInOneWave) {
+  const AutoKernelsAfterwards reset;
+  AttentionParams params;
+  params.num_q_heads = 32;
+  params.scale = 0.088f;
+  PagedKv kv;
+  kv.k = kv.v = reinterpret_cast<void*>(256);  // never read: no launch
+  kv.num_kv_heads = 8;
+  kv.block_size = 16;
+  kv.head_dim = 128;
+  kv.num_blocks = 1 << 16;
+  kv.block_pitch = int64_t{kv.num_kv_heads} * kv.block_size * kv.head_dim;
+  const auto batch_of = [](int32_t seqs, int32_t ctx) {
+    AttentionBatch b;
+    b.num_seqs = b.num_tokens = seqs;
+    b.max_q_len = 1;
+    b.max_kv_len = ctx;
+    return b;
+  };
+  for (const DType dtype : {DType::BF16, DType::F16, DType::I8}) {
+    kv.dtype = dtype;
+    const bool kv8 = is_kv8(dtype);
+    // one sequence of 512 keys: 8 CTAs, split into 16 of 32 keys (short splits, one wave)
+    EXPECT_EQ(decode_on_tensor_cores(params, batch_of(1, 512), kv), kv8) << dtype_name(dtype);
+    // 4K keys: 16 splits of 256
+    EXPECT_TRUE(decode_on_tensor_cores(params, batch_of(1, 4096), kv)) << dtype_name(dtype);
+    // 256 sequences of 100 keys: splits are short but the grid takes several waves
+    EXPECT_TRUE(decode_on_tensor_cores(params, batch_of(256, 100), kv)) << dtype_name(dtype);
+    set_decode_kernel(DecodeKernel::TensorCores);
+    EXPECT_TRUE(decode_on_tensor_cores(params, batch_of(1, 512), kv)) << dtype_name(dtype);
+    set_decode_kernel(DecodeKernel::Lanes);
+    EXPECT_EQ(decode_on_tensor_cores(params, batch_of(1, 4096), kv), kv8) << dtype_name(dtype);
+    set_decode_kernel(DecodeKernel::Auto);
+  }
+  kv.dtype = DType::BF16;
+  kv.head_dim = 256;
+  kv.block_pitch = int64_t{kv.num_kv_heads} * kv.block_size * kv.head_dim;
+  EXPECT_FALSE(decode_on_tensor_cores(params, batch_of(1, 4096), kv));
 }
 
 TEST_F(PagedAttention, PrefillTilesCutByTheDiagonalAndWindows) {
