@@ -202,11 +202,13 @@ def parse_args(doc: str, default_out: str) -> argparse.Namespace:
 
 
 def new_writer(path: str, arch: str, name: str, *, vocab: int, context: int, hidden: int,
-               layers: int, ffn: int, heads: int, kv_heads: int) -> "gguf.GGUFWriter":
-    """A GGUFWriter with the metadata every random file has (Q4_K_M file type, the shape)."""
+               layers: int, ffn: int, heads: int, kv_heads: int,
+               file_type: int = int(gguf.LlamaFileType.MOSTLY_Q4_K_M)) -> "gguf.GGUFWriter":
+    """A GGUFWriter with the metadata every random file has (file type, Q4_K_M unless told, and
+    the shape)."""
     w = gguf.GGUFWriter(path, arch)
     w.add_name(name)
-    w.add_file_type(int(gguf.LlamaFileType.MOSTLY_Q4_K_M))
+    w.add_file_type(file_type)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_vocab_size(vocab)
     w.add_context_length(context)
