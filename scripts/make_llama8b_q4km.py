@@ -158,9 +158,10 @@ def check_disk(path: str, plan) -> bool:
 
 
 def write_tensors(w: "gguf.GGUFWriter", plan, f32_data, seed: int, chunk_mib: int,
-                  progress=lambda name: False) -> None:
+                  progress=lambda name: False, write_matrix=None) -> None:
     """Writes the header, metadata (already added to w) and every tensor of plan: F32 tensors from
-    f32_data(name, shape), quantised ones as random blocks, generated chunk_mib at a time."""
+    f32_data(name, shape), quantised ones as random blocks, generated chunk_mib at a time (or by
+    write_matrix(fout, qtype, nbytes) when given)."""
     for name, shape, qtype in plan:
         w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes_of(shape, qtype),
                           raw_dtype=qtype)
@@ -179,6 +180,8 @@ def write_tensors(w: "gguf.GGUFWriter", plan, f32_data, seed: int, chunk_mib: in
             data = f32_data(name, shape)
             assert data.nbytes == nbytes
             data.tofile(fout)
+        elif write_matrix is not None:
+            write_matrix(fout, qtype, nbytes)
         else:
             block, size = GGML_QUANT_SIZES[qtype]
             nblocks = nbytes // size

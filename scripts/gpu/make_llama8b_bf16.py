@@ -27,7 +27,7 @@ from gguf.constants import GGMLQuantizationType as QT
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from make_llama8b_q4km import (  # noqa: E402
     CONTEXT, FFN, HEAD_DIM, HIDDEN, N_HEADS, N_KV_HEADS, N_LAYERS, RMS_EPS, ROPE_THETA, VOCAB,
-    check_disk, llama31_rope_factors, nbytes_of, new_writer, parse_args, tensor_plan)
+    check_disk, llama31_rope_factors, new_writer, parse_args, tensor_plan, write_tensors)
 
 
 def main() -> int:
@@ -43,31 +43,20 @@ def main() -> int:
     w.add_rope_freq_base(ROPE_THETA)
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_tokenizer_model("none")
-    for name, shape, qtype in plan:
-        w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes_of(shape, qtype),
-                          raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-
     rng = np.random.default_rng(args.seed)
     values = rng.uniform(-0.035, 0.035, size=args.chunk_mib * (1 << 19)).astype(np.float32)
     pool = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)  # bf16 by truncation
-    fout = w.fout[0]
+
+    def write_matrix(fout, qtype, nbytes):
+        for start in range(0, nbytes, pool.size):
+            pool[:min(pool.size, nbytes - start)].tofile(fout)
+
     t0 = time.time()
-    for name, shape, qtype in plan:
-        w.write_padding(fout, fout.tell())
-        nbytes = nbytes_of(shape, qtype)
-        if qtype == QT.F32:
-            data = (llama31_rope_factors() if name == "rope_freqs.weight"
-                    else np.ones(shape, np.float32))
-            assert data.nbytes == nbytes
-            data.tofile(fout)
-        else:
-            for start in range(0, nbytes, pool.size):
-                pool[:min(pool.size, nbytes - start)].tofile(fout)
-        w.write_padding(fout, nbytes)
-    w.close()
+    write_tensors(
+        w, plan,
+        lambda name, shape: llama31_rope_factors() if name == "rope_freqs.weight"
+        else np.ones(shape, np.float32),
+        args.seed, args.chunk_mib, write_matrix=write_matrix)
     print(f"wrote {args.out}: {os.path.getsize(args.out) / 1e9:.2f} GB in {time.time() - t0:.0f} s")
     return 0
 
