@@ -5,8 +5,7 @@
 //   embed(+scale) → rms_norm ─┐
 //   per layer:  GEMM qkv (f32 out) → qkv_post: +bias, q/k norm, rope, → KV dtype, pad head_dim
 //               (a copy into the pool ordered layer by layer: wait for this layer's blocks)
-//               → cuda::launch_kv_write (int8 / fp8 pool: quantising; a 16-bit pool gets its
-//               rows from qkv_post itself) → cuda::paged_attention
+//               → cuda::launch_kv_write (int8 / fp8 pool: quantising) → cuda::paged_attention
 //               (q bf16 over a bf16, int8 or fp8 pool, f16 over an f16 one; GPT-OSS's sinks) →
 //               GEMM o (f32 out) (+ o bias)
 //               (→ all-reduce of o when split over GPUs, model/tensor_parallel.h: NCCL, or
@@ -292,7 +291,6 @@ class CudaModelRunner {
   bool graphs_enabled_ = true;
   bool skinny_gemm_ = true;  // products of <= 8 rows through skinny_gemm.h, not cuBLAS
   detail::SkinnyLaunch skinny_launch_;
-  bool fused_kv_write_ = true;      // 16-bit pools: K, V written by qkv_post (model_kernels.h)
   std::vector<GraphEntry> graphs_;  // captured decode steps (any buffer reallocation clears them)
 
   // Mixture-of-experts steps' expert GEMMs (moe_gemm.h): steps of at least moe_gemm_min_tokens_

@@ -214,19 +214,15 @@ __global__ void qkv_post_kernel(QkvPostArgs a) {
     }
     __syncwarp();
     T* out;
-    const int32_t kv_head = is_v ? h - a.num_q_heads - a.num_kv_heads : h - a.num_q_heads;
     if (is_q) {
       out = static_cast<T*>(a.q) + (int64_t{t} * a.num_q_heads + h) * Dp;
-    } else if (a.pool_k != nullptr) {  // straight into the pool's slot (or nowhere)
-      const int64_t slot = a.slot_mapping[t];
-      const bool in_pool = slot >= 0 && slot < a.num_slots;
-      const int64_t row = (slot / a.block_size) * a.block_pitch +
-                          (int64_t{kv_head} * a.block_size + slot % a.block_size) * Dp;
-      out = in_pool ? static_cast<T*>(is_v ? a.pool_v : a.pool_k) + row : nullptr;
+    } else if (!is_v) {
+      out = static_cast<T*>(a.k) + (int64_t{t} * a.num_kv_heads + (h - a.num_q_heads)) * Dp;
     } else {
-      out = static_cast<T*>(is_v ? a.v : a.k) + (int64_t{t} * a.num_kv_heads + kv_head) * Dp;
+      out = static_cast<T*>(a.v) +
+            (int64_t{t} * a.num_kv_heads + (h - a.num_q_heads - a.num_kv_heads)) * Dp;
     }
-    for (int32_t d = lane; out != nullptr && d < Dp; d += 32) {
+    for (int32_t d = lane; d < Dp; d += 32) {
       float v = 0.0f;
       if (d < D) {
         v = s[d];

@@ -52,17 +52,6 @@ struct QkvPostArgs {
   void* q;        // [num_tokens][num_q_heads][padded_head_dim], pad lanes zero
   void* k;        // [num_tokens][num_kv_heads][padded_head_dim]
   void* v;        // [num_tokens][num_kv_heads][padded_head_dim]
-  // The KV write fused in (a 16-bit pool of the output dtype, rows of padded_head_dim): when
-  // pool_k is set, token t's K and V rows go to slot slot_mapping[t] of one layer's pool
-  // (PagedKv's layout: block * block_pitch + (head * block_size + slot % block_size) * row,
-  // block = slot / block_size, in elements) instead of k and v; a slot < 0 or >= num_slots is
-  // skipped, as cuda::launch_kv_write does. Saves that kernel's launch and its read of k, v.
-  void* pool_k = nullptr;
-  void* pool_v = nullptr;
-  const int64_t* slot_mapping = nullptr;  // [num_tokens], device
-  int32_t block_size = 0;
-  int64_t block_pitch = 0;  // elements from one block's K to the next
-  int64_t num_slots = 0;
 };
 // Splits the fused projection into heads: + bias, q/k RMS norm, rope on q and k, conversion to
 // the KV dtype, zero padding of head_dim to padded_head_dim. requires: head_dim <= 256.
