@@ -94,11 +94,12 @@ struct DecodePlan {
   int32_t splits = 1;
 };
 
-// Auto's shortest tensor-core split when the whole grid fits in one wave: below it the
-// per-lane kernel, whose CTAs start sooner, is faster (H100, batch 1 x 512, 16 splits of 32 keys:
-// per-lane 8.08 us, tensor cores 8.74; batch 1 x 4K, 16 splits of 256 keys: 15.02 against 13.23;
-// docs/perf/attention-cuda.md).
-constexpr int64_t kMinTensorCoreSplitKeys = 128;
+// Auto's shortest tensor-core split when the whole grid fits in one wave: below it (splits of 32
+// keys) the per-lane kernel, whose CTAs start sooner, is faster. H100, graph us, tensor cores /
+// per-lane: batch 1 x 256 (8 splits of 32) 8.47 / 8.05, 1 x 512 (16 of 32) 8.35 / 8.12, 2 x 512
+// 9.62 / 9.08, 4 x 256 9.58 / 9.31; but 1 x 1024 (16 of 64) 8.55 / 9.33, 2 x 1024 10.44 / 13.75,
+// 4 x 512 10.46 / 12.96, 8 x 256 (4 of 64) 10.18 / 12.95 (docs/perf/gpu-decode-routing.md).
+constexpr int64_t kMinTensorCoreSplitKeys = 64;
 
 DecodePlan plan_decode(const AttentionParams& params, const AttentionBatch& batch,
                        const PagedKv& kv, int32_t num_sms) {

@@ -60,7 +60,7 @@ bool uses_hopper_prefill(DType kv_dtype, int32_t head_dim);
 // Which kernel runs decode rows over a 16-bit pool: TensorCores takes the tensor-core kernel
 // (decode_attention_mma.cu, mma.sync) at head dim 64 or 128 and the per-lane kernel
 // (decode_attention.cu) at 256; Lanes always takes the per-lane kernel; Auto is TensorCores but
-// for calls whose grid fits in one wave with splits of under 128 keys (batch 1 x 512, say), which
+// for calls whose grid fits in one wave with splits of under 64 keys (batch 1 x 512, say), which
 // take the per-lane kernel. 8-bit pools decode on the tensor-core kernel at 64 and 128 either
 // way. Process-wide; the default is Auto.
 enum class DecodeKernel { Auto, TensorCores, Lanes };

@@ -442,7 +442,7 @@ TEST_F(PagedAttention, TensorCoreDecodeCoversHeadDims64And128) {
   EXPECT_TRUE(uses_tensor_core_decode(DType::FP8, 64));
 }
 
-// Auto sends a call whose grid fits in one wave with splits of under 128 keys to the per-lane
+// Auto sends a call whose grid fits in one wave with splits of under 64 keys to the per-lane
 // kernel (16-bit KV only), everything else where the tensor-core kernel covers the head dim;
 // TensorCores and Lanes decide by the head dim alone. 32 q / 8 KV heads, d128, pages of 16.
 TEST_F(PagedAttention, AutoDecodeTakesThePerLaneKernelForShortSplitsInOneWave) {
@@ -469,7 +469,8 @@ TEST_F(PagedAttention, AutoDecodeTakesThePerLaneKernelForShortSplitsInOneWave) {
     const bool kv8 = is_kv8(dtype);
     // one sequence of 512 keys: 8 CTAs, split into 16 of 32 keys (short splits, one wave)
     EXPECT_EQ(decode_on_tensor_cores(params, batch_of(1, 512), kv), kv8) << dtype_name(dtype);
-    // 4K keys: 16 splits of 256
+    // 1K keys: 16 splits of 64; 4K keys: 16 splits of 256
+    EXPECT_TRUE(decode_on_tensor_cores(params, batch_of(1, 1024), kv)) << dtype_name(dtype);
     EXPECT_TRUE(decode_on_tensor_cores(params, batch_of(1, 4096), kv)) << dtype_name(dtype);
     // 256 sequences of 100 keys: splits are short but the grid takes several waves
     EXPECT_TRUE(decode_on_tensor_cores(params, batch_of(256, 100), kv)) << dtype_name(dtype);
