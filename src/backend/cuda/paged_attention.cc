@@ -47,6 +47,13 @@ int32_t decode_span(const AttentionParams& params, const AttentionBatch& batch) 
   return params.window > 0 ? std::min(batch.max_kv_len, params.window) : batch.max_kv_len;
 }
 
+// Decode CTAs of one split: a CTA per (sequence, KV head, chunk of heads_per_cta query heads).
+int64_t decode_ctas_per_split(const AttentionParams& params, const AttentionBatch& batch,
+                              const PagedKv& kv, int32_t heads_per_cta) {
+  return int64_t{batch.num_seqs} * kv.num_kv_heads *
+         (params.num_q_heads / kv.num_kv_heads / heads_per_cta);
+}
+
 // Decode CTAs resident on the device at once, from the occupancy of the kernel that will run.
 int64_t decode_resident_ctas(const PagedKv& kv, int32_t heads_per_cta, int32_t num_sms,
                              bool native_on_mma) {
@@ -65,7 +72,7 @@ int32_t decode_splits(const AttentionParams& params, const AttentionBatch& batch
                       int32_t num_sms, bool native_on_mma) {
   const int32_t group = params.num_q_heads / kv.num_kv_heads;
   const int32_t heads_per_cta = decode_heads_per_cta(group);
-  const int64_t ctas = int64_t{batch.num_seqs} * kv.num_kv_heads * (group / heads_per_cta);
+  const int64_t ctas = decode_ctas_per_split(params, batch, kv, heads_per_cta);
   const int32_t span = decode_span(params, batch);
   const detail::KvFormat format = kv_format(kv.dtype);
   const bool mma16 = format == detail::KvFormat::Native &&
@@ -112,10 +119,8 @@ DecodePlan plan_decode(const AttentionParams& params, const AttentionBatch& batc
       !detail::decode_mma_covers(format, kv.head_dim, true)) {
     return plan;
   }
-  const int32_t group = params.num_q_heads / kv.num_kv_heads;
-  const int32_t heads_per_cta = decode_heads_per_cta(group);
-  const int64_t grid =
-      int64_t{batch.num_seqs} * kv.num_kv_heads * (group / heads_per_cta) * plan.splits;
+  const int32_t heads_per_cta = decode_heads_per_cta(params.num_q_heads / kv.num_kv_heads);
+  const int64_t grid = decode_ctas_per_split(params, batch, kv, heads_per_cta) * plan.splits;
   if (decode_span(params, batch) < kMinTensorCoreSplitKeys * plan.splits &&
       grid <= decode_resident_ctas(kv, heads_per_cta, num_sms, true)) {
     plan.native_on_mma = false;
