@@ -34,7 +34,8 @@ test: build
 	ctest --preset release
 
 # The sanitizer build (preset asan, clang 14): every module with ASan + UBSan, DCHECKs and
-# libFuzzer's coverage instrumentation; the tests run here and the fuzz targets link here.
+# libFuzzer's coverage instrumentation; the tests run here and the fuzz targets link here. Its
+# test preset leaves out four slow tests that the release run has (docs/reliability.md).
 asan: setup
 	$(call ninja_dir,asan)
 	cmake --preset asan >/dev/null
@@ -71,13 +72,17 @@ fuzz: setup
 	if [ -n "$$failed" ]; then echo "fuzz: FAILED:$$failed (inputs in build/fuzz/artifacts/)"; exit 1; fi
 
 # Compiles the CUDA backend (runs nowhere without a GPU; see docs/cuda.md). CUDA_ARCHS overrides
-# the preset's architectures ("90;80"); CUDA_TARGETS builds only the named targets (CI builds
-# the CUDA code and what links it, on sm_90 only: .ci/run).
+# the preset's architectures ("90;80"); CUDA_TARGETS builds only the named targets;
+# CUDA_HWY_DISABLED leaves Highway targets out of the CPU kernels (KVP_HWY_DISABLED_TARGETS).
+# CI builds the CUDA code and what links it, on sm_90 only, with the CPU kernels for fewer
+# targets (the release step compiled and tested them for all): .ci/run.
 CUDA_ARCHS ?=
 CUDA_TARGETS ?=
+CUDA_HWY_DISABLED ?=
 cuda: setup
 	$(call ninja_dir,cuda)
-	cmake --preset cuda $(if $(CUDA_ARCHS),-DKVP_CUDA_ARCHS="$(CUDA_ARCHS)") >/dev/null
+	cmake --preset cuda $(if $(CUDA_ARCHS),-DKVP_CUDA_ARCHS="$(CUDA_ARCHS)") \
+	  -DKVP_HWY_DISABLED_TARGETS="$(CUDA_HWY_DISABLED)" >/dev/null
 	cmake --build --preset cuda $(if $(CUDA_TARGETS),--target $(CUDA_TARGETS)) -j $(JOBS)
 
 format:

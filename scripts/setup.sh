@@ -26,6 +26,7 @@ PIP_PACKAGES=(
   "openai==3.51.0"
   "prometheus-client==0.26.0"
   "pytest==9.2.0"
+  "pytest-timeout==2.4.0"
 )
 
 missing=()

@@ -35,8 +35,8 @@
 namespace kvp {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr int64_t kDefaultOps = 600'000;
+#if defined(KVP_SANITIZED)  // tests/CMakeLists.txt: the ASan + UBSan build
+constexpr int64_t kDefaultOps = 300'000;
 #else
 constexpr int64_t kDefaultOps = 2'000'000;
 #endif
