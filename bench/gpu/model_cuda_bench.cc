@@ -861,11 +861,20 @@ int run(int argc, char** argv) {
   std::fprintf(csv,
                "device,model,kind,mode,batch,context,tokens,logit_rows,step_us,tok_per_s,bound_us,"
                "ratio,bound,copy_gbps,gemm_tflops\n");
+  // RFC 4180: a text field with a comma or a quote ("graph, decode auto") goes in quotes, its
+  // quotes doubled, so a CSV reader sees the columns the header names.
+  auto field = [](const std::string& text) {
+    if (text.find_first_of(",\"\n") == std::string::npos) return text;
+    std::string out = "\"";
+    for (char ch : text) out += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    return out + "\"";
+  };
   for (const Row& r : rows) {
-    std::fprintf(csv, "%s,%s,%s,%s,%d,%d,%d,%d,%.2f,%.1f,%.2f,%.3f,%s,%.1f,%.1f\n", prop.name,
-                 r.model.c_str(), r.kind.c_str(), r.mode.c_str(), r.batch, r.context, r.tokens,
-                 r.logit_rows, r.step_us, r.tok_per_s, r.bound_us, r.ratio, r.bound.c_str(),
-                 bandwidth / 1e9, matmul / 1e12);
+    std::fprintf(csv, "%s,%s,%s,%s,%d,%d,%d,%d,%.2f,%.1f,%.2f,%.3f,%s,%.1f,%.1f\n",
+                 field(prop.name).c_str(), field(r.model).c_str(), field(r.kind).c_str(),
+                 field(r.mode).c_str(), r.batch, r.context, r.tokens, r.logit_rows, r.step_us,
+                 r.tok_per_s, r.bound_us, r.ratio, field(r.bound).c_str(), bandwidth / 1e9,
+                 matmul / 1e12);
   }
   std::fclose(csv);
   return 0;
