@@ -173,7 +173,8 @@ HWY_INLINE void sum_of_four(DF df, const VF* a, float* HWY_RESTRICT out) {
 #endif  // HWY_TARGET != HWY_SCALAR
 
 // Query rows per pass: four, so one pass covers a decode tile's GQA group of 4 and every K and V
-// vector loaded from the pool serves all of its rows. Keys per logit pass and value vectors per
+// vector loaded from the pool serves all of its rows (a group of 3, or a tile's last 3 rows, is
+// one 3-row pass). Keys per logit pass and value vectors per
 // output pass fit the register file: 4 x 4 accumulators on 512-bit targets (32 registers), 4 x 2
 // on narrower ones (16 registers).
 constexpr int kRowGroup = 4;
@@ -212,22 +213,21 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const T* const* k, i
       for (int t = 0; t < kKeys; ++t) acc[r][t] = hn::MulAdd(qv, kv[t], acc[r][t]);
     }
   }
+  const VF* flat = &acc[0][0];  // [kRows * kKeys], row-major
+  int i = 0;
 #if HWY_TARGET != HWY_SCALAR
-  if constexpr ((kRows * kKeys) % 4 == 0 && hn::MaxLanes(DF()) >= 4) {
-    // Four dot products per transpose-and-add tree, whatever rows and keys they belong to.
-    const VF* flat = &acc[0][0];  // [kRows * kKeys], row-major
-    for (int i = 0; i < kRows * kKeys; i += 4) {
+  if constexpr (hn::MaxLanes(DF()) >= 4) {
+    // Four dot products per transpose-and-add tree, whatever rows and keys they belong to; a
+    // 3-row pass's last two (3 x 2 keys) each get their own horizontal sum.
+    for (; i + 4 <= kRows * kKeys; i += 4) {
       float sums[4];
       sum_of_four(df, flat + i, sums);
       for (int j = 0; j < 4; ++j) s[(i + j) / kKeys * s_stride + (i + j) % kKeys] = sums[j];
     }
-  } else
+  }
 #endif
-  {
-    for (int r = 0; r < kRows; ++r) {
-      for (int t = 0; t < kKeys; ++t)
-        s[r * s_stride + t] = hn::GetLane(hn::SumOfLanes(df, acc[r][t]));
-    }
+  for (; i < kRows * kKeys; ++i) {
+    s[i / kKeys * s_stride + i % kKeys] = hn::GetLane(hn::SumOfLanes(df, flat[i]));
   }
   for (int r = 0; r < kRows; ++r) {
     for (int t = 0; t < kKeys; ++t) {
@@ -373,10 +373,10 @@ HWY_INLINE void logits_for_rows(DF df, const float* q, const T* const* k_rows, i
     float* s_rows = s + int64_t{r} * kChunkKeys;  // [n][kChunkKeys]
     if (n == kRowGroup) {
       dot_rows<T, kRowGroup, kPaired>(df, qr, k_rows, num_keys, head_dim, s_rows);
-    } else if (n >= 2) {
+    } else if (n == 3) {  // a GQA group of 3 (SmolLM2) in one pass: each K vector widened once
+      dot_rows<T, 3, kPaired>(df, qr, k_rows, num_keys, head_dim, s_rows);
+    } else if (n == 2) {
       dot_rows<T, 2, kPaired>(df, qr, k_rows, num_keys, head_dim, s_rows);
-      if (n == 3)
-        dot_rows<T, 1, kPaired>(df, qr + 2, k_rows, num_keys, head_dim, s_rows + 2 * kChunkKeys);
     } else {
       dot_rows<T, 1, kPaired>(df, qr, k_rows, num_keys, head_dim, s_rows);
     }
@@ -399,10 +399,10 @@ HWY_INLINE void values_for_rows(DF df, float* o, const float* p, const T* const*
     }
     if (n == kRowGroup) {
       accumulate_pv<T, kRowGroup, kPaired>(df, orows, prows, v_rows, num_keys, head_dim);
-    } else if (n >= 2) {
+    } else if (n == 3) {
+      accumulate_pv<T, 3, kPaired>(df, orows, prows, v_rows, num_keys, head_dim);
+    } else if (n == 2) {
       accumulate_pv<T, 2, kPaired>(df, orows, prows, v_rows, num_keys, head_dim);
-      if (n == 3)
-        accumulate_pv<T, 1, kPaired>(df, orows + 2, prows + 2, v_rows, num_keys, head_dim);
     } else {
       accumulate_pv<T, 1, kPaired>(df, orows, prows, v_rows, num_keys, head_dim);
     }

@@ -483,6 +483,28 @@ TEST(CpuAttention, UnusualHeadDimAndGroup) {
   }
 }
 
+// A GQA group of 3 (SmolLM2: 9 query heads on 3 KV heads) runs as one 3-row pass, a group of 7
+// as a 4-row pass and a 3-row one: one-token tiles (bf16's paired path), tiles of several tokens
+// (K and V widened once per chunk), every KV dtype, head dims of one and two paired passes.
+TEST(CpuAttention, GroupsOfThreeAndSevenMatchReference) {
+  std::mt19937_64 rng(43);
+  for (int32_t group : {3, 7}) {
+    for (DType kv_dtype : {DType::F32, DType::BF16, DType::F16, DType::I8, DType::FP8}) {
+      for (int32_t head_dim : {64, 128}) {
+        CaseSpec spec;
+        spec.block_size = 16;
+        spec.head_dim = head_dim;
+        spec.num_kv_heads = group == 3 ? 3 : 1;
+        spec.group = group;
+        spec.kv_dtype = kv_dtype;
+        spec.params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+        spec.seqs = {{1, 70}, {1, 33}, {6, 40}};
+        expect_matches_reference(spec, rng, /*also_scalar=*/false);
+      }
+    }
+  }
+}
+
 TEST(CpuAttention, LongContextsUpTo32K) {
   std::mt19937_64 rng(17);
   for (DType kv_dtype : {DType::BF16, DType::F32}) {
