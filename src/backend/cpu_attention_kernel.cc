@@ -174,9 +174,8 @@ HWY_INLINE void sum_of_four(DF df, const VF* a, float* HWY_RESTRICT out) {
 
 // Query rows per pass: four, so one pass covers a decode tile's GQA group of 4 and every K and V
 // vector loaded from the pool serves all of its rows (a group of 3, or a tile's last 3 rows, is
-// one 3-row pass). Keys per logit pass and value vectors per
-// output pass fit the register file: 4 x 4 accumulators on 512-bit targets (32 registers), 4 x 2
-// on narrower ones (16 registers).
+// one 3-row pass). Keys per logit pass and value vectors per output pass fit the register file:
+// 4 x 4 accumulators on 512-bit targets (32 registers), 4 x 2 on narrower ones (16 registers).
 constexpr int kRowGroup = 4;
 constexpr int kKeyGroup = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
 constexpr int kValueVectors = hn::MaxLanes(DF()) >= 16 ? 4 : 2;
@@ -217,8 +216,8 @@ HWY_INLINE void dot_rows_keys(DF df, const float* const* q, const T* const* k, i
   int i = 0;
 #if HWY_TARGET != HWY_SCALAR
   if constexpr (hn::MaxLanes(DF()) >= 4) {
-    // Four dot products per transpose-and-add tree, whatever rows and keys they belong to; a
-    // 3-row pass's last two (3 x 2 keys) each get their own horizontal sum.
+    // Four dot products per transpose-and-add tree, whatever rows and keys they belong to; what
+    // is left of a count not a multiple of 4 (3 rows x 2 keys: two) gets horizontal sums below.
     for (; i + 4 <= kRows * kKeys; i += 4) {
       float sums[4];
       sum_of_four(df, flat + i, sums);
